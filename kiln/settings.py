@@ -1,0 +1,258 @@
+"""Typed settings: one dataclass per section of ``configs/default.yaml``.
+
+The YAML file holds the defaults and a comment per key; the allowed range of
+each key lives here, in the field's metadata, so a value from YAML, a CLI flag
+or the web UI is checked by the same rule and rejected with the key's dotted
+name and its allowed range.
+
+Pure Python on purpose: the app, the CLI and the worker all import it, and it
+must never pull in torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
+
+
+class SettingsError(ValueError):
+    """A setting is unknown, mistyped or out of range. The message names the key."""
+
+
+def _num(lo: float, hi: float, help: str = "") -> dict:
+    return {"range": (lo, hi), "help": help}
+
+
+def _choice(*options: str, help: str = "") -> dict:
+    return {"choices": options, "help": help}
+
+
+@dataclass(frozen=True)
+class ReconstructSettings:
+    backend: str = field(default="builtin", metadata=_choice("builtin", "sam3d"))
+    resolution: int = field(default=160, metadata=_num(64, 384))
+    thickness: float = field(default=0.6, metadata=_num(0.1, 2.0))
+    num_gaussians: int = field(default=40000, metadata=_num(1000, 500000))
+    max_image_side: int = field(default=1024, metadata=_num(256, 4096))
+    sam3d_config: str = field(default="", metadata={})
+
+
+@dataclass(frozen=True)
+class ViewSettings:
+    count: int = field(default=16, metadata=_num(1, 64))
+    resolution: int = field(default=512, metadata=_num(64, 2048))
+    radius: float = field(default=2.4, metadata=_num(1.2, 10.0))
+    fov_deg: float = field(default=40.0, metadata=_num(10.0, 90.0))
+    backend: str = field(default="auto", metadata=_choice("auto", "gsplat", "cpu"))
+
+
+@dataclass(frozen=True)
+class MeshSettings:
+    simplify_ratio: float = field(default=0.95, metadata=_num(0.0, 0.999))
+    fill_holes: bool = False
+    min_component_fraction: float = field(default=0.01, metadata=_num(0.0, 0.5))
+    max_faces_for_uv: int = field(default=200000, metadata=_num(1000, 2000000))
+
+
+@dataclass(frozen=True)
+class BakeSettings:
+    enabled: bool = True
+    mode: str = field(default="opt", metadata=_choice("fast", "opt"))
+    texture_size: int = field(default=1024, metadata={**_num(256, 4096), "power_of_two": True})
+    steps: int = field(default=120, metadata=_num(1, 5000))
+    lr: float = field(default=0.03, metadata=_num(1e-4, 1.0))
+    tv_weight: float = field(default=0.02, metadata=_num(0.0, 10.0))
+    gutter: int = field(default=4, metadata=_num(1, 32))
+
+
+@dataclass(frozen=True)
+class RasterizeSettings:
+    backend: str = field(default="auto", metadata=_choice("auto", "nvdiffrast", "moderngl"))
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    gaussians_ply: bool = False
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    count: int = field(default=0, metadata=_num(0, 16))
+    device: str = field(default="auto", metadata=_choice("auto", "cpu", "cuda"))
+    stage_timeout_s: float = field(default=600.0, metadata=_num(5, 7200))
+    heartbeat_s: float = field(default=2.0, metadata=_num(0.1, 60))
+    probe_timeout_s: float = field(default=60.0, metadata=_num(5, 600))
+    retry_with_fallback: bool = True
+    max_queue: int = field(default=16, metadata=_num(1, 1000))
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    host: str = "127.0.0.1"
+    port: int = field(default=7860, metadata=_num(1, 65535))
+    max_upload_mb: float = field(default=20.0, metadata=_num(1, 200))
+    max_pixels: int = field(default=40_000_000, metadata=_num(65536, 200_000_000))
+    sam2_checkpoint: str = ""
+    sam2_config: str = ""
+    jobs_dir: str = "var/jobs"
+    cache_dir: str = "var/cache"
+
+
+@dataclass(frozen=True)
+class Settings:
+    seed: int = field(default=0, metadata=_num(0, 2**31 - 1))
+    reconstruct: ReconstructSettings = field(default_factory=ReconstructSettings)
+    views: ViewSettings = field(default_factory=ViewSettings)
+    mesh: MeshSettings = field(default_factory=MeshSettings)
+    bake: BakeSettings = field(default_factory=BakeSettings)
+    rasterize: RasterizeSettings = field(default_factory=RasterizeSettings)
+    export: ExportSettings = field(default_factory=ExportSettings)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    app: AppSettings = field(default_factory=AppSettings)
+
+    # -- conversions -------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def override(self, changes: Mapping[str, Any]) -> "Settings":
+        """Return a copy with dotted-key changes applied, e.g. {"bake.mode": "fast"}."""
+        data = self.to_dict()
+        for dotted, value in changes.items():
+            if value is None:
+                continue
+            node = data
+            parts = dotted.split(".")
+            for p in parts[:-1]:
+                if p not in node or not isinstance(node[p], dict):
+                    raise SettingsError(f"unknown setting '{dotted}'")
+                node = node[p]
+            if parts[-1] not in node:
+                raise SettingsError(f"unknown setting '{dotted}'")
+            node[parts[-1]] = value
+        return from_dict(data)
+
+
+def _coerce(key: str, f: dataclasses.Field, value: Any) -> Any:
+    typ = f.type if isinstance(f.type, str) else f.type.__name__
+    if typ == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+            return value.lower() in ("true", "yes", "on", "1")
+        raise SettingsError(f"setting '{key}' must be true or false, got {value!r}")
+    if typ == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise SettingsError(f"setting '{key}' must be an integer, got {value!r}")
+        try:
+            num = float(value)
+        except ValueError:
+            raise SettingsError(f"setting '{key}' must be an integer, got {value!r}") from None
+        if not math.isfinite(num) or num != int(num):
+            raise SettingsError(f"setting '{key}' must be an integer, got {value!r}")
+        return int(num)
+    if typ == "float":
+        if isinstance(value, bool):
+            raise SettingsError(f"setting '{key}' must be a number, got {value!r}")
+        try:
+            num = float(value)
+        except (TypeError, ValueError):
+            raise SettingsError(f"setting '{key}' must be a number, got {value!r}") from None
+        if not math.isfinite(num):
+            raise SettingsError(f"setting '{key}' must be a finite number, got {value!r}")
+        return num
+    if typ == "str":
+        if not isinstance(value, str):
+            raise SettingsError(f"setting '{key}' must be text, got {value!r}")
+        return value
+    raise AssertionError(f"unhandled settings type {typ}")
+
+
+def _check(key: str, f: dataclasses.Field, value: Any) -> None:
+    meta = f.metadata
+    if "range" in meta:
+        lo, hi = meta["range"]
+        if not (lo <= value <= hi):
+            raise SettingsError(f"setting '{key}' = {value!r} is out of range; allowed {lo} to {hi}")
+    if meta.get("power_of_two") and (value & (value - 1)) != 0:
+        raise SettingsError(f"setting '{key}' = {value!r} must be a power of two between "
+                            f"{meta['range'][0]} and {meta['range'][1]}")
+    if "choices" in meta and value not in meta["choices"]:
+        raise SettingsError(f"setting '{key}' = {value!r} is not allowed; choose one of "
+                            + ", ".join(meta["choices"]))
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise SettingsError(f"section '{prefix.rstrip('.') or 'top level'}' must be a mapping")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        where = f" in section '{prefix.rstrip('.')}'" if prefix else ""
+        raise SettingsError(f"unknown setting '{prefix}{unknown[0]}'{where}; known keys: "
+                            + ", ".join(sorted(known)))
+    kwargs = {}
+    for name, f in known.items():
+        if name not in data:
+            continue
+        key = prefix + name
+        value = data[name]
+        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+            kwargs[name] = _build(f.default_factory, value or {}, key + ".")
+            continue
+        value = _coerce(key, f, value)
+        _check(key, f, value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def from_dict(data: Mapping[str, Any]) -> Settings:
+    return _build(Settings, data or {}, "")
+
+
+def load(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Load settings from YAML (the packaged default when ``path`` is None) and apply overrides."""
+    import yaml
+
+    path = Path(path) if path else DEFAULT_CONFIG
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SettingsError(f"cannot read settings file {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise SettingsError(f"settings file {path} is not valid YAML: {e}") from None
+    settings = from_dict(data)
+    return settings.override(overrides or {})
+
+
+def describe() -> list[tuple[str, Any, str]]:
+    """(dotted key, default, allowed) for every leaf setting; used by --help texts."""
+    out = []
+
+    def walk(cls, prefix):
+        for f in fields(cls):
+            if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
+                walk(f.default_factory, prefix + f.name + ".")
+                continue
+            meta = f.metadata
+            if "range" in meta:
+                allowed = f"{meta['range'][0]}..{meta['range'][1]}"
+            elif "choices" in meta:
+                allowed = "|".join(meta["choices"])
+            else:
+                allowed = f.type if isinstance(f.type, str) else f.type.__name__
+            out.append((prefix + f.name, f.default, allowed))
+
+    walk(Settings, "")
+    return out

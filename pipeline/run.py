@@ -1,0 +1,171 @@
+"""The whole pipeline as one function: image + mask + settings -> GLB on disk.
+
+Knows nothing about processes or the UI: progress goes out through a callback,
+the caller (CLI in-process, or the worker) decides what to do with it.
+Stage names, in order, are ``STAGES``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from kiln.settings import Settings
+
+from .types import ImageInput, Reconstruction
+
+STAGES = ("reconstruct", "render_views", "mesh", "uv", "bake", "export")
+
+# on_event(stage, fraction in [0, 1] within the stage, message)
+EventFn = Callable[[str, float, str], None]
+
+
+@dataclass
+class PipelineResult:
+    glb_path: Path
+    ply_path: Optional[Path]
+    timings: dict = field(default_factory=dict)   # stage -> seconds
+    stats: dict = field(default_factory=dict)     # faces, vertices, psnr, backends used, cache hit
+    reconstruction_cached: bool = False
+
+
+@dataclass
+class Backends:
+    """Which implementation each stage uses; resolved from settings + what works here."""
+
+    render: str = "cpu"        # "cpu" | "gsplat"
+    rasterize: str = "moderngl"  # "moderngl" | "nvdiffrast"
+    device: str = "cpu"        # torch device for bake optimisation / rendering
+
+
+def resolve_backends(settings: Settings, capabilities: Optional[dict] = None) -> Backends:
+    """Pick backends: explicit settings win; "auto" takes the GPU path only when the
+    capability probe (worker start-up) said it works."""
+    caps = capabilities or {}
+    device = settings.worker.device
+    if device == "auto":
+        device = "cuda" if caps.get("cuda") else "cpu"
+    render = settings.views.backend
+    if render == "auto":
+        render = "gsplat" if (device == "cuda" and caps.get("gsplat")) else "cpu"
+    raster = settings.rasterize.backend
+    if raster == "auto":
+        raster = "nvdiffrast" if (device == "cuda" and caps.get("nvdiffrast")) else "moderngl"
+    return Backends(render=render, rasterize=raster, device=device)
+
+
+def _noop(stage: str, fraction: float, message: str) -> None:
+    pass
+
+
+def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
+                 on_event: EventFn | None = None,
+                 backends: Backends | None = None,
+                 cache_dir: Path | None = None,
+                 name: str = "model") -> PipelineResult:
+    """Run every stage and write ``<out_dir>/<name>.glb`` (and ``.ply`` on request).
+
+    ``cache_dir``: when given, the reconstruction is looked up there under a key of
+    the input hashes, the reconstruction settings and the code version, and
+    stored after computing it.
+    """
+    from . import bake as bake_mod
+    from . import cache as cache_mod
+    from . import export as export_mod
+    from . import mesh_ops, reconstruct, render_views, uv
+    from .cameras import sphere_cameras
+
+    emit = on_event or _noop
+    backends = backends or resolve_backends(settings)
+    image.validate()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    stats: dict = {"backends": backends.__dict__.copy()}
+
+    def stage(name_: str):
+        emit(name_, 0.0, "started")
+        return time.perf_counter()
+
+    def done(name_: str, t0: float, message: str = "done"):
+        timings[name_] = time.perf_counter() - t0
+        emit(name_, 1.0, message)
+
+    # reconstruct (cached)
+    t0 = stage("reconstruct")
+    recon: Reconstruction | None = None
+    key = None
+    if cache_dir is not None:
+        key = cache_mod.reconstruction_key(image, settings)
+        recon = cache_mod.load_reconstruction(Path(cache_dir), key)
+    cached = recon is not None
+    if recon is None:
+        recon = reconstruct.reconstruct(image, settings.reconstruct, seed=settings.seed,
+                                        progress=lambda f, m="": emit("reconstruct", f, m))
+        if cache_dir is not None:
+            cache_mod.save_reconstruction(Path(cache_dir), key, recon)
+    stats["reconstruction_cached"] = cached
+    stats["reconstruct_faces"] = recon.mesh.num_faces
+    stats["gaussians"] = len(recon.gaussians)
+    done("reconstruct", t0, "cache hit" if cached else "done")
+
+    if settings.export.gaussians_ply:
+        ply_path = export_mod.export_gaussians_ply(recon.gaussians, out_dir / f"{name}.ply")
+    else:
+        ply_path = None
+
+    views = None
+    if settings.bake.enabled:
+        t0 = stage("render_views")
+        v = settings.views
+        cams = sphere_cameras(v.count, v.radius, v.fov_deg, v.resolution)
+        views = render_views.render_gaussians(
+            recon.gaussians, cams, backend=backends.render, device=backends.device,
+            progress=lambda f, m="": emit("render_views", f, m))
+        done("render_views", t0)
+
+    t0 = stage("mesh")
+    m = settings.mesh
+    mesh = mesh_ops.clean_mesh(recon.mesh, min_component_fraction=m.min_component_fraction,
+                               fill_holes=m.fill_holes)
+    mesh = mesh_ops.simplify_mesh(mesh, ratio=m.simplify_ratio)
+    stats["faces"] = mesh.num_faces
+    stats["vertices"] = mesh.num_vertices
+    done("mesh", t0, f"{mesh.num_faces} faces")
+
+    texture = None
+    if settings.bake.enabled:
+        t0 = stage("uv")
+        mesh = uv.unwrap(mesh, texture_size=settings.bake.texture_size,
+                         gutter=settings.bake.gutter, max_faces=m.max_faces_for_uv)
+        done("uv", t0)
+
+        t0 = stage("bake")
+        texture, bake_stats = bake_mod.bake_texture(
+            mesh, views, settings.bake, raster_backend=backends.rasterize,
+            device=backends.device, seed=settings.seed,
+            progress=lambda f, m="": emit("bake", f, m))
+        stats.update(bake_stats)
+        done("bake", t0)
+
+    t0 = stage("export")
+    glb_path = export_mod.export_glb(mesh, texture, out_dir / f"{name}.glb")
+    done("export", t0)
+    stats["glb_bytes"] = glb_path.stat().st_size
+    return PipelineResult(glb_path=glb_path, ply_path=ply_path, timings=timings, stats=stats,
+                          reconstruction_cached=cached)
+
+
+def image_digest(image: ImageInput) -> str:
+    """Content hash of the image and mask (shape included)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for arr in (image.rgb, image.mask):
+        h.update(str(arr.shape).encode())
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()

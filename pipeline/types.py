@@ -1,0 +1,208 @@
+"""Plain data passed between stages. Every array's dtype and shape is documented.
+
+Conventions used everywhere in Kiln (see ``pipeline/cameras.py``):
+
+* World space is right-handed, **y up**, the object's front faces **+z**; the
+  reconstructed object is normalised into the cube [-0.5, 0.5]^3 at the origin.
+  This is glTF's convention, so export needs no axis change.
+* Cameras follow OpenCV (and gsplat): camera x right, y down, looking along +z.
+  ``viewmats`` map world to camera; ``Ks`` are pinhole intrinsics in pixels,
+  with pixel (col, row) covering [col, col+1) x [row, row+1), so the centre of
+  the top-left pixel is (0.5, 0.5). Image row 0 is the top of the image.
+* Colours are float32 in [0, 1], linear in the sense of "what the image file
+  holds" (no colour management).
+* Triangle ids are int32 with -1 meaning "no triangle"; barycentric weights are
+  for the triangle's vertices (v0, v1, v2) and sum to 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .validate import StageInputError, check_array, check_finite
+
+
+@dataclass
+class ImageInput:
+    """A photo and the object's mask.
+
+    rgb:  (H, W, 3) uint8
+    mask: (H, W) bool, True on the object
+    """
+
+    rgb: np.ndarray
+    mask: np.ndarray
+
+    def validate(self) -> "ImageInput":
+        check_array("image", self.rgb, dtype=np.uint8, shape=(None, None, 3))
+        check_array("mask", self.mask, dtype=np.bool_, shape=self.rgb.shape[:2])
+        return self
+
+
+@dataclass
+class Mesh:
+    """A triangle mesh, optionally with per-vertex colours and a UV layout.
+
+    vertices:      (V, 3) float32, world space
+    faces:         (F, 3) int32, indices into vertices, counter-clockwise seen from outside
+    vertex_colors: (V, 3) float32 in [0, 1] or None
+    uvs:           (V, 2) float32 in [0, 1] or None; v = 0 is the *bottom* row of
+                   the texture image (glTF flips this on export, see export.py)
+    """
+
+    vertices: np.ndarray
+    faces: np.ndarray
+    vertex_colors: Optional[np.ndarray] = None
+    uvs: Optional[np.ndarray] = None
+
+    @property
+    def num_vertices(self) -> int:
+        return int(self.vertices.shape[0])
+
+    @property
+    def num_faces(self) -> int:
+        return int(self.faces.shape[0])
+
+    def validate(self, name: str = "mesh", max_faces: int | None = None) -> "Mesh":
+        check_array(f"{name}.vertices", self.vertices, dtype=np.float32, shape=(None, 3))
+        check_finite(f"{name}.vertices", self.vertices)
+        check_array(f"{name}.faces", self.faces, dtype=np.int32, shape=(None, 3))
+        if self.num_faces == 0:
+            raise StageInputError(f"{name} has no faces")
+        if self.faces.min() < 0 or self.faces.max() >= self.num_vertices:
+            raise StageInputError(f"{name}.faces index vertices outside 0..{self.num_vertices - 1}")
+        if max_faces is not None and self.num_faces > max_faces:
+            raise StageInputError(f"{name} has {self.num_faces} faces, more than the limit {max_faces}; "
+                             "simplify more (raise mesh.simplify_ratio)")
+        if self.vertex_colors is not None:
+            check_array(f"{name}.vertex_colors", self.vertex_colors, dtype=np.float32,
+                        shape=(self.num_vertices, 3))
+            check_finite(f"{name}.vertex_colors", self.vertex_colors)
+        if self.uvs is not None:
+            check_array(f"{name}.uvs", self.uvs, dtype=np.float32, shape=(self.num_vertices, 2))
+            check_finite(f"{name}.uvs", self.uvs)
+        return self
+
+
+@dataclass
+class Gaussians:
+    """3D Gaussians, the parametrisation gsplat and the 3DGS .ply format use.
+
+    means:     (N, 3) float32, world space centres
+    scales:    (N, 3) float32, > 0, standard deviations along the local axes (not log)
+    quats:     (N, 4) float32, rotation as (w, x, y, z), unit length
+    opacities: (N,)   float32 in (0, 1] (not logit)
+    colors:    (N, 3) float32 in [0, 1], view-independent colour
+    """
+
+    means: np.ndarray
+    scales: np.ndarray
+    quats: np.ndarray
+    opacities: np.ndarray
+    colors: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.means.shape[0])
+
+    def validate(self, name: str = "gaussians") -> "Gaussians":
+        n = len(self)
+        if n == 0:
+            raise StageInputError(f"{name} is empty")
+        check_array(f"{name}.means", self.means, dtype=np.float32, shape=(n, 3))
+        check_array(f"{name}.scales", self.scales, dtype=np.float32, shape=(n, 3))
+        check_array(f"{name}.quats", self.quats, dtype=np.float32, shape=(n, 4))
+        check_array(f"{name}.opacities", self.opacities, dtype=np.float32, shape=(n,))
+        check_array(f"{name}.colors", self.colors, dtype=np.float32, shape=(n, 3))
+        for k in ("means", "scales", "quats", "opacities", "colors"):
+            check_finite(f"{name}.{k}", getattr(self, k))
+        if (self.scales <= 0).any():
+            raise StageInputError(f"{name}.scales must be positive")
+        return self
+
+
+@dataclass
+class Cameras:
+    """C pinhole cameras sharing one image size.
+
+    viewmats: (C, 4, 4) float32, world -> camera (OpenCV axes)
+    Ks:       (C, 3, 3) float32, intrinsics in pixels
+    width, height: image size in pixels
+    """
+
+    viewmats: np.ndarray
+    Ks: np.ndarray
+    width: int
+    height: int
+
+    def __len__(self) -> int:
+        return int(self.viewmats.shape[0])
+
+    def validate(self, name: str = "cameras") -> "Cameras":
+        c = len(self)
+        if c == 0:
+            raise StageInputError(f"{name} is empty")
+        check_array(f"{name}.viewmats", self.viewmats, dtype=np.float32, shape=(c, 4, 4))
+        check_array(f"{name}.Ks", self.Ks, dtype=np.float32, shape=(c, 3, 3))
+        check_finite(f"{name}.viewmats", self.viewmats)
+        check_finite(f"{name}.Ks", self.Ks)
+        if not (1 <= self.width <= 8192 and 1 <= self.height <= 8192):
+            raise StageInputError(f"{name} image size {self.width}x{self.height} is outside 1..8192")
+        return self
+
+
+@dataclass
+class Views:
+    """Rendered images of the object, one per camera.
+
+    rgb:   (C, H, W, 3) float32 in [0, 1], straight (not premultiplied) colour
+    alpha: (C, H, W)    float32 in [0, 1], accumulated opacity
+    """
+
+    rgb: np.ndarray
+    alpha: np.ndarray
+    cameras: Cameras
+
+
+@dataclass
+class Raster:
+    """Per-pixel visibility from rasterizing a mesh, in camera views or UV space.
+
+    tri_id: (C, H, W)    int32, index of the visible face, -1 where none
+    bary:   (C, H, W, 3) float32, weights of the face's vertices v0, v1, v2 (0 where none)
+    depth:  (C, H, W)    float32, camera-space z (distance along the view axis), 0 where none;
+                         for UV-space rasterization it is 0 everywhere
+    Row 0 is the top of the image. For UV space, texel (row, col) is at
+    uv = ((col + 0.5) / S, 1 - (row + 0.5) / S).
+    """
+
+    tri_id: np.ndarray
+    bary: np.ndarray
+    depth: np.ndarray
+
+    @property
+    def covered(self) -> np.ndarray:
+        return self.tri_id >= 0
+
+
+@dataclass
+class Reconstruction:
+    """What a reconstructor returns: the object as a mesh and as Gaussians, same frame."""
+
+    mesh: Mesh
+    gaussians: Gaussians
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Texture:
+    """A baked texture image.
+
+    image: (S, S, 3) uint8, row 0 is the top of the image (v = 1)
+    seen:  (S, S) bool, texels some view coloured (the rest were inpainted or are gutter)
+    """
+
+    image: np.ndarray
+    seen: np.ndarray
