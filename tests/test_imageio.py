@@ -1,0 +1,200 @@
+"""kiln.imageio: every PIL mode a person may upload, limits, corruption, EXIF, atomic PNG."""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from kiln.imageio import ImageError, load_image, save_png
+
+BIG = 10_000_000
+
+
+def _encode(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def _gradient(h=24, w=32) -> np.ndarray:
+    """(h, w, 3) uint8 with distinct columns/rows so orientation errors show."""
+    y, x = np.mgrid[0:h, 0:w]
+    return np.stack([x * 255 // (w - 1), y * 255 // (h - 1), np.full_like(x, 77)], -1).astype(np.uint8)
+
+
+def test_rgb_png_roundtrip_from_bytes_and_path(tmp_path):
+    rgb = _gradient()
+    data = _encode(Image.fromarray(rgb))
+    got, alpha = load_image(data, BIG)
+    assert got.dtype == np.uint8 and got.shape == (24, 32, 3)
+    assert np.array_equal(got, rgb) and alpha is None
+    p = tmp_path / "x.png"
+    p.write_bytes(data)
+    got2, _ = load_image(p, BIG)
+    got3, _ = load_image(str(p), BIG)
+    assert np.array_equal(got2, rgb) and np.array_equal(got3, rgb)
+
+
+def test_rgba_alpha_returned_and_opaque_alpha_is_none():
+    rgba = np.zeros((10, 12, 4), np.uint8)
+    rgba[..., :3] = 200
+    rgba[2:8, 3:9, 3] = 255
+    rgb, alpha = load_image(_encode(Image.fromarray(rgba, "RGBA")), BIG)
+    assert alpha is not None and alpha.shape == (10, 12) and alpha.dtype == np.uint8
+    assert np.array_equal(alpha, rgba[..., 3])
+    rgba[..., 3] = 255
+    _, alpha = load_image(_encode(Image.fromarray(rgba, "RGBA")), BIG)
+    assert alpha is None
+
+
+def test_grey_and_grey_alpha():
+    g = np.arange(0, 240, 2, dtype=np.uint8).reshape(12, 10)
+    rgb, alpha = load_image(_encode(Image.fromarray(g, "L")), BIG)
+    assert rgb.shape == (12, 10, 3) and alpha is None
+    assert np.array_equal(rgb[..., 0], g) and np.array_equal(rgb[..., 2], g)
+    la = Image.merge("LA", [Image.fromarray(g), Image.fromarray(255 - g)])
+    rgb, alpha = load_image(_encode(la), BIG)
+    assert np.array_equal(rgb[..., 1], g) and np.array_equal(alpha, 255 - g)
+
+
+def test_sixteen_bit_grey_scaled_to_8bit():
+    a = np.array([[0, 257, 65535, 32896]], dtype=np.uint16).repeat(4, 0)
+    img = Image.fromarray(a)
+    assert img.mode == "I;16"
+    rgb, alpha = load_image(_encode(img), BIG)
+    assert alpha is None
+    assert rgb[0, :, 0].tolist() == [0, 1, 255, 128]
+    # TIFF keeps 16 bits too
+    rgb_t, _ = load_image(_encode(img, "TIFF"), BIG)
+    assert rgb_t[0, :, 1].tolist() == [0, 1, 255, 128]
+
+
+def test_cmyk_jpeg_becomes_rgb():
+    img = Image.new("CMYK", (16, 16), (0, 255, 255, 0))   # pure red in CMYK
+    rgb, alpha = load_image(_encode(img, "JPEG", quality=95), BIG)
+    assert alpha is None and rgb.shape == (16, 16, 3)
+    r, g, b = rgb[8, 8].astype(int)
+    assert r > 220 and g < 40 and b < 40
+
+
+def test_palette_with_transparency():
+    p = Image.new("P", (8, 6), 0)
+    p.putpalette([0, 0, 0, 10, 200, 30] + [0] * (254 * 3))
+    px = p.load()
+    for x in range(2, 6):
+        px[x, 3] = 1
+    rgb, alpha = load_image(_encode(p, transparency=0), BIG)
+    assert alpha is not None
+    assert alpha[3, 2] == 255 and alpha[0, 0] == 0
+    assert rgb[3, 3].tolist() == [10, 200, 30]
+    # palette without transparency: plain RGB
+    rgb2, alpha2 = load_image(_encode(p), BIG)
+    assert alpha2 is None and rgb2[3, 4].tolist() == [10, 200, 30]
+
+
+def test_exif_orientation_applied():
+    rgb = _gradient(20, 30)
+    img = Image.fromarray(rgb)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 CW to display
+    got, _ = load_image(_encode(img, "JPEG", quality=100, exif=exif.tobytes()), BIG)
+    assert got.shape == (30, 20, 3)
+    # orientation 6 = the stored image's left column becomes the displayed top row
+    expected = np.rot90(rgb, k=-1)
+    assert np.abs(got.astype(int) - expected.astype(int)).mean() < 6
+
+
+def test_too_many_pixels_refused_before_decoding(monkeypatch):
+    # A valid PNG header claiming 30000 x 30000 with no real pixel data behind it:
+    # refusing it must not need (or try) to decode anything.
+    def chunk(tag, payload):
+        return struct.pack(">I", len(payload)) + tag + payload + struct.pack(">I", zlib.crc32(tag + payload))
+    header = struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0)
+    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 10)) + chunk(b"IEND", b"")
+
+    def no_decode(self):
+        raise AssertionError("decoded before checking the pixel limit")
+    monkeypatch.setattr(Image.Image, "load", no_decode)
+    with pytest.raises(ImageError, match="900,000,000 pixels; the limit is 40,000,000"):
+        load_image(data, 40_000_000)
+
+
+def test_pixel_limit_small():
+    data = _encode(Image.fromarray(_gradient(100, 100)))
+    with pytest.raises(ImageError, match="10,000 pixels; the limit is 9,999"):
+        load_image(data, 9_999)
+    assert load_image(data, 10_000)[0].shape == (100, 100, 3)
+
+
+def test_file_too_big(tmp_path):
+    data = _encode(Image.fromarray(_gradient(64, 64)))
+    with pytest.raises(ImageError, match="limit is"):
+        load_image(data, BIG, max_bytes=len(data) - 1)
+    p = tmp_path / "big.png"
+    p.write_bytes(data)
+    with pytest.raises(ImageError, match="big.png is .* the limit is"):
+        load_image(p, BIG, max_bytes=100)
+    assert load_image(p, BIG, max_bytes=len(data))[0].shape == (64, 64, 3)
+
+
+@pytest.mark.parametrize("payload,match", [
+    (b"", "empty"),
+    (b"this is plainly text, not a picture" * 10, "not an image"),
+])
+def test_not_an_image(payload, match):
+    with pytest.raises(ImageError, match=match):
+        load_image(payload, BIG)
+
+
+def test_truncated_png_refused():
+    data = _encode(Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)))
+    with pytest.raises(ImageError, match="corrupt or truncated"):
+        load_image(data[: len(data) // 2], BIG)
+
+
+def test_missing_file_and_folder(tmp_path):
+    with pytest.raises(ImageError, match="not found"):
+        load_image(tmp_path / "nope.png", BIG)
+    with pytest.raises(ImageError, match="folder"):
+        load_image(tmp_path, BIG)
+
+
+def test_save_png_atomic_roundtrip(tmp_path):
+    rgba = np.random.default_rng(1).integers(0, 256, (9, 7, 4), dtype=np.uint8)
+    out = save_png(tmp_path / "sub" / "a.png", rgba)
+    assert out.exists()
+    assert np.array_equal(np.asarray(Image.open(out)), rgba)
+    mask = np.zeros((5, 6), bool)
+    mask[1:3, 2:5] = True
+    save_png(tmp_path / "m.png", mask)
+    m = np.asarray(Image.open(tmp_path / "m.png"))
+    assert m.dtype == np.uint8 and np.array_equal(m > 0, mask) and m.max() == 255
+    # no temp files left behind
+    assert sorted(os.listdir(tmp_path / "sub")) == ["a.png"]
+
+
+def test_save_png_failure_leaves_old_file(tmp_path, monkeypatch):
+    target = tmp_path / "keep.png"
+    save_png(target, np.full((4, 4, 3), 10, np.uint8))
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(Image.Image, "save", boom)
+    with pytest.raises(OSError, match="disk full"):
+        save_png(target, np.full((4, 4, 3), 99, np.uint8))
+    monkeypatch.undo()
+    assert np.asarray(Image.open(target))[0, 0, 0] == 10
+    assert sorted(os.listdir(tmp_path)) == ["keep.png"]
+
+
+def test_save_png_rejects_bad_arrays(tmp_path):
+    with pytest.raises(ValueError, match="uint8 or bool"):
+        save_png(tmp_path / "f.png", np.zeros((4, 4, 3), np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        save_png(tmp_path / "f.png", np.zeros((4, 4, 2), np.uint8))

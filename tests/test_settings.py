@@ -1,0 +1,74 @@
+import dataclasses
+
+import pytest
+import yaml
+
+from kiln import settings as S
+
+
+def _leaf_keys(d, prefix=""):
+    out = set()
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _leaf_keys(v, prefix + k + ".")
+        else:
+            out.add(prefix + k)
+    return out
+
+
+def test_default_yaml_matches_schema_exactly():
+    data = yaml.safe_load(S.DEFAULT_CONFIG.read_text())
+    assert _leaf_keys(data) == {k for k, _, _ in S.describe()}
+    loaded = S.load()
+    # the yaml defaults and the dataclass defaults must not drift apart
+    assert loaded == S.Settings()
+
+
+def test_every_yaml_key_has_a_comment():
+    for line in S.DEFAULT_CONFIG.read_text().splitlines():
+        if ":" in line and not line.strip().startswith("#") and not line.rstrip().endswith(":"):
+            assert "#" in line, f"setting without a comment: {line!r}"
+
+
+def test_override_and_types():
+    s = S.load(overrides={"bake.mode": "fast", "mesh.simplify_ratio": "0.9", "bake.enabled": "false",
+                          "views.count": "8"})
+    assert s.bake.mode == "fast" and s.mesh.simplify_ratio == 0.9
+    assert s.bake.enabled is False and s.views.count == 8
+
+
+@pytest.mark.parametrize("changes,needle", [
+    ({"bake.texture_size": 3}, "bake.texture_size"),
+    ({"bake.texture_size": 1000}, "power of two"),
+    ({"mesh.simplify_ratio": 1.5}, "allowed 0.0 to 0.999"),
+    ({"views.count": 0}, "views.count"),
+    ({"bake.mode": "slow"}, "fast, opt"),
+    ({"bake.nonsense": 1}, "unknown setting 'bake.nonsense'"),
+    ({"views.count": 2.5}, "must be an integer"),
+    ({"bake.lr": float("nan")}, "finite"),
+    ({"bake.enabled": "maybe"}, "true or false"),
+])
+def test_bad_values_name_the_key(changes, needle):
+    with pytest.raises(S.SettingsError, match=needle.replace(".", r"\.").replace("(", r"\(")):
+        S.Settings().override(changes)
+
+
+def test_unknown_yaml_key_rejected(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("bake:\n  colour: red\n")
+    with pytest.raises(S.SettingsError, match="unknown setting 'bake.colour'"):
+        S.load(p)
+    p.write_text("bake: [1, 2]\n")
+    with pytest.raises(S.SettingsError, match="section 'bake' must be a mapping"):
+        S.load(p)
+    p.write_text("bake: {mode: [\n")
+    with pytest.raises(S.SettingsError, match="not valid YAML"):
+        S.load(p)
+
+
+def test_settings_are_frozen_and_json_roundtrip():
+    s = S.Settings()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.seed = 3
+    import json
+    assert S.from_dict(json.loads(s.to_json())) == s
