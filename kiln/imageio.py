@@ -65,7 +65,12 @@ def _bomb_message(name: str, err: Exception, max_pixels: int) -> str:
     """PIL refuses absurd headers itself (beyond 2x its own limit) before we see the size."""
     import re
 
+    from PIL import Image
+
     m = re.search(r"\((\d+) pixels\)", str(err))
+    if m and int(m.group(1)) <= max_pixels:
+        return (f"{name} is {int(m.group(1)):,} pixels, above the image decoder's own safety limit of "
+                f"{2 * (Image.MAX_IMAGE_PIXELS or 0):,}. Downscale it and try again")
     claimed = f" is {int(m.group(1)):,} pixels;" if m else " has too many pixels;"
     return f"{name}{claimed} the limit is {max_pixels:,}. Downscale it and try again"
 

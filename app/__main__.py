@@ -1,0 +1,8 @@
+"""``python -m app``: start the Kiln web UI (same flags as ``kiln serve``)."""
+
+import sys
+
+from app.server import main
+
+if __name__ == "__main__":
+    sys.exit(main())

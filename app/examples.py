@@ -1,0 +1,27 @@
+"""Example images for the UI, drawn by Kiln itself (``kiln.examples``) on first start.
+
+No third-party picture is shipped: the examples are generated into
+``var/examples`` (or another folder) and regenerated only when missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# (file, caption) in the order the UI lists them; the mask file is for the CLI/tests only
+EXAMPLES = (
+    ("toy.png", "transparent PNG: its alpha is the mask"),
+    ("toy_rgb.png", "opaque photo: click the toy"),
+    ("pebble.png", "transparent PNG, flat shape"),
+)
+
+
+def ensure_examples(folder: str | Path = "var/examples") -> list[Path]:
+    """Write the example images into ``folder`` unless all are there; return their paths."""
+    from kiln.examples import write_examples
+
+    folder = Path(folder)
+    paths = [folder / name for name, _ in EXAMPLES]
+    if not all(p.is_file() and p.stat().st_size > 0 for p in paths):
+        write_examples(folder)
+    return paths

@@ -1,0 +1,431 @@
+"""What the UI's buttons do, as plain functions over plain data (no Gradio here).
+
+``app/ui.py`` wires these to components; tests call them directly. A session's
+state is a ``SessionState`` (kept by Gradio per browser tab). Errors meant for
+the person at the browser are raised as ``UIError`` with a sentence to show.
+
+Images: ``WorkImage.rgb`` is the upload at full size; ``WorkImage.work`` is a
+copy with its longest side <= ``segment.SEG_MAX_SIDE`` that is shown, clicked
+and segmented (clicks and ``SessionState.mask`` live in its pixel grid). The
+mask is scaled to full size only when a job is submitted.
+"""
+
+from __future__ import annotations
+
+import html
+import secrets
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+
+from kiln.settings import Settings, SettingsError
+
+from .segment import SEG_MAX_SIDE, Click, image_key
+
+TERMINAL = ("done", "failed", "cancelled")
+MIN_MASK_PIXELS = 64
+
+
+class UIError(Exception):
+    """A problem the person at the browser caused or can fix; the message says how."""
+
+
+@dataclass(frozen=True)
+class WorkImage:
+    """An uploaded image. rgb (H, W, 3) uint8 and alpha (H, W) uint8 | None at full size;
+    work (h, w, 3) uint8 and work_alpha (h, w) uint8 | None downscaled to <= SEG_MAX_SIDE."""
+
+    name: str
+    rgb: np.ndarray
+    alpha: Optional[np.ndarray]
+    work: np.ndarray
+    work_alpha: Optional[np.ndarray]
+    key: str
+
+    @property
+    def has_alpha(self) -> bool:
+        return self.alpha is not None
+
+
+@dataclass(frozen=True)
+class SessionState:
+    """Per-tab state. clicks are (x, y, label) in ``image.work`` pixels; mask (h, w) bool."""
+
+    image: Optional[WorkImage] = None
+    clicks: tuple[Click, ...] = ()
+    mask: Optional[np.ndarray] = None
+    use_alpha: bool = False
+
+
+# -- images -----------------------------------------------------------------
+
+def _downscale(arr: np.ndarray, max_side: int) -> np.ndarray:
+    import cv2
+
+    h, w = arr.shape[:2]
+    s = max_side / max(h, w)
+    if s >= 1:
+        return arr
+    size = (max(1, round(w * s)), max(1, round(h * s)))
+    return cv2.resize(arr, size, interpolation=cv2.INTER_AREA)
+
+
+def load_upload(source: str | Path | bytes | None, app_settings, name: str = "") -> SessionState:
+    """A new session state for an uploaded file (path or bytes).
+
+    Raises ``UIError`` with the loader's reason for corrupt, huge or unsupported
+    files. An image with transparency starts with its alpha as the mask.
+    """
+    from kiln.imageio import ImageError, load_image
+
+    if source is None:
+        raise UIError("no file was uploaded")
+    try:
+        rgb, alpha = load_image(source, max_pixels=app_settings.max_pixels,
+                                max_bytes=int(app_settings.max_upload_mb * 1024 * 1024))
+    except ImageError as e:
+        raise UIError(str(e)) from None
+    if min(rgb.shape[:2]) < 16:
+        raise UIError(f"image is only {rgb.shape[1]}x{rgb.shape[0]} pixels; use one at least 16 pixels "
+                      "on each side")
+    work = np.ascontiguousarray(_downscale(rgb, SEG_MAX_SIDE))
+    work_alpha = None if alpha is None else np.ascontiguousarray(_downscale(alpha, SEG_MAX_SIDE))
+    name = name or (Path(source).name if isinstance(source, (str, Path)) else "upload")
+    img = WorkImage(name=name, rgb=rgb, alpha=alpha, work=work, work_alpha=work_alpha,
+                    key=image_key(work))
+    state = SessionState(image=img)
+    if alpha is not None:
+        state = set_use_alpha(state, True)
+    return state
+
+
+def set_use_alpha(state: SessionState, on: bool) -> SessionState:
+    """Use the image's transparency as the mask (on), or go back to clicks (off)."""
+    img = state.image
+    if img is None or not img.has_alpha:
+        return replace(state, use_alpha=False)
+    if on:
+        return replace(state, use_alpha=True, mask=img.work_alpha >= 128)
+    return replace(state, use_alpha=False, mask=None if not state.clicks else state.mask)
+
+
+# -- clicks -----------------------------------------------------------------
+
+def _require_image(state: SessionState) -> WorkImage:
+    if state.image is None:
+        raise UIError("upload an image first")
+    return state.image
+
+
+def _resegment(state: SessionState, clicks: tuple[Click, ...], segmenter) -> SessionState:
+    img = _require_image(state)
+    if not any(c[2] == 1 for c in clicks):
+        return replace(state, clicks=clicks, mask=None, use_alpha=False)
+    mask = segmenter.segment(img.work, list(clicks))
+    return replace(state, clicks=clicks, mask=np.asarray(mask, bool), use_alpha=False)
+
+
+def add_click(state: SessionState, x: float, y: float, background: bool, segmenter) -> SessionState:
+    """Add an object (or background) click at work-image pixel (x, y) and re-segment.
+
+    Clicking leaves alpha mode: the clicks decide the mask from then on.
+    """
+    img = _require_image(state)
+    h, w = img.work.shape[:2]
+    if not (0 <= x < w + 1 and 0 <= y < h + 1):
+        raise UIError(f"click at ({x:.0f}, {y:.0f}) is outside the {w}x{h} image")
+    x = float(min(max(x, 0), w - 1))
+    y = float(min(max(y, 0), h - 1))
+    click = (x, y, 0 if background else 1)
+    prior = () if state.use_alpha else state.clicks
+    return _resegment(state, prior + (click,), segmenter)
+
+
+def undo_click(state: SessionState, segmenter) -> SessionState:
+    if not state.clicks:
+        return state
+    return _resegment(state, state.clicks[:-1], segmenter)
+
+
+def clear_clicks(state: SessionState) -> SessionState:
+    return replace(state, clicks=(), mask=None, use_alpha=False)
+
+
+def prepare_segmenter(state: SessionState, segmenter) -> None:
+    """Let the segmenter precompute (SAM2: the image embedding) right after an upload."""
+    if state.image is not None:
+        segmenter.prepare(state.image.work)
+
+
+# -- display ----------------------------------------------------------------
+
+OBJECT_TINT = np.array([40, 140, 255], np.float32)
+
+
+def render_overlay(state: SessionState) -> Optional[np.ndarray]:
+    """(h, w, 3) uint8: the work image, object tinted and outlined, background dimmed,
+    object clicks as green dots and background clicks as red dots. None without image."""
+    import cv2
+
+    img = state.image
+    if img is None:
+        return None
+    out = img.work.astype(np.float32)
+    if state.mask is not None and state.mask.any():
+        m = state.mask
+        out[m] = out[m] * 0.55 + OBJECT_TINT * 0.45
+        out[~m] *= 0.45
+        out = out.astype(np.uint8)
+        contours, _ = cv2.findContours(m.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+        cv2.drawContours(out, contours, -1, (255, 255, 255), max(1, max(m.shape) // 400), cv2.LINE_AA)
+    else:
+        out = out.astype(np.uint8)
+    r = max(4, max(out.shape[:2]) // 90)
+    for x, y, lab in state.clicks:
+        colour = (40, 220, 60) if lab == 1 else (230, 40, 40)
+        c = (int(round(x)), int(round(y)))
+        cv2.circle(out, c, r + 2, (255, 255, 255), -1, cv2.LINE_AA)
+        cv2.circle(out, c, r, colour, -1, cv2.LINE_AA)
+    return out
+
+
+def mask_summary(state: SessionState) -> str:
+    img = state.image
+    if img is None:
+        return "Upload an image, or pick an example below."
+    h, w = img.rgb.shape[:2]
+    head = f"**{html.escape(img.name)}** — {w}x{h}"
+    if state.mask is None or not state.mask.any():
+        hint = ("click the object to select it" if not state.clicks
+                else "no object found at the clicks; click on the object itself")
+        return f"{head}. {hint}."
+    share = 100.0 * state.mask.mean()
+    src = "image transparency" if state.use_alpha else \
+        f"{sum(c[2] == 1 for c in state.clicks)} object / {sum(c[2] == 0 for c in state.clicks)} background clicks"
+    return f"{head}. Mask: {share:.1f}% of the image, from {src}."
+
+
+# -- settings and jobs ------------------------------------------------------
+
+def ui_overrides(bake: bool, simplify_ratio: float, texture_size: Any, views: Any, bake_mode: str,
+                 seed: Any, gaussians_ply: bool) -> dict:
+    """The web form's values as dotted setting keys (checked later by kiln.settings)."""
+    return {
+        "bake.enabled": bool(bake),
+        "mesh.simplify_ratio": simplify_ratio,
+        "bake.texture_size": int(texture_size) if texture_size not in (None, "") else None,
+        "views.count": views,
+        "bake.mode": bake_mode,
+        "seed": seed,
+        "export.gaussians_ply": bool(gaussians_ply),
+    }
+
+
+def job_settings(base: Settings, overrides: dict) -> Settings:
+    """``base`` with the form's overrides; out-of-range values become a ``UIError``."""
+    try:
+        return base.override(overrides)
+    except SettingsError as e:
+        raise UIError(str(e)) from None
+
+
+def full_mask(state: SessionState) -> np.ndarray:
+    """(H, W) bool mask at the upload's full size, ready for a job."""
+    import cv2
+
+    img = _require_image(state)
+    if state.use_alpha and img.alpha is not None:
+        return img.alpha >= 128
+    if state.mask is None:
+        raise UIError("select the object first: click on it (or use the image's transparency)")
+    H, W = img.rgb.shape[:2]
+    if state.mask.shape == (H, W):
+        return state.mask.copy()
+    up = cv2.resize(state.mask.astype(np.float32), (W, H), interpolation=cv2.INTER_LINEAR)
+    return up >= 0.5
+
+
+def job_inputs(state: SessionState) -> tuple[np.ndarray, np.ndarray]:
+    """(rgb (H, W, 3) uint8, mask (H, W) bool) for ``Supervisor.submit``; UIError if not ready."""
+    img = _require_image(state)
+    mask = full_mask(state)
+    n = int(mask.sum())
+    if n < MIN_MASK_PIXELS:
+        raise UIError(f"the mask covers only {n} pixels; click on the object to select more of it")
+    if n == mask.size:
+        raise UIError("the mask covers the whole image; add a background click outside the object")
+    return img.rgb, mask
+
+
+def stage_label(stage: Optional[str]) -> str:
+    return {"reconstruct": "Reconstructing", "render_views": "Rendering views", "mesh": "Simplifying mesh",
+            "uv": "Unwrapping UVs", "bake": "Baking texture", "export": "Exporting GLB"}.get(
+        stage or "", (stage or "").replace("_", " ").capitalize() or "Waiting")
+
+
+def progress_html(st: Any = None, note: str = "") -> str:
+    """A progress bar for a job status (``worker.jobstore.JobStatus``) or a note.
+
+    The outer element carries data-state / data-stage so scripts and tests can read it.
+    """
+    if st is None:
+        body = html.escape(note) if note else "No job yet."
+        return f'<div id="kiln-progress" data-state="idle"><div class="kiln-note">{body}</div></div>'
+    pct = max(0.0, min(1.0, float(st.progress or 0.0))) * 100
+    state = st.state
+    if state == "queued":
+        text = note or st.message or "queued"
+    elif state == "running":
+        text = f"{stage_label(st.stage)} — {pct:.0f}%"
+        if st.message:
+            text += f" — {st.message}"
+    elif state == "done":
+        pct = 100.0
+        total = (st.timings or {}).get("total_s")
+        text = "Done" + (f" in {total:.1f} s" if isinstance(total, (int, float)) else "")
+        if (st.stats or {}).get("reconstruction_cached"):
+            text += " (reconstruction reused from cache)"
+    elif state == "cancelled":
+        text = "Cancelled."
+    else:
+        text = "Failed: " + (st.error or st.message or "unknown reason")
+    return (f'<div id="kiln-progress" data-state="{html.escape(state)}" '
+            f'data-stage="{html.escape(st.stage or "")}" data-job="{html.escape(st.id)}">'
+            f'<div class="kiln-bar"><div class="kiln-fill kiln-{html.escape(state)}" '
+            f'style="width:{pct:.1f}%"></div></div>'
+            f'<div class="kiln-note">{html.escape(text)}</div></div>')
+
+
+def watch_job(sup, job_id: str, poll_s: float = 0.25,
+              should_stop: Optional[threading.Event] = None) -> Iterator[Any]:
+    """Yield the job's status whenever its sequence number changes, ending with a
+    terminal status (done / failed / cancelled)."""
+    seen = -1
+    while True:
+        st = sup.status(job_id)
+        if st.seq != seen or st.state in TERMINAL:
+            seen = st.seq
+            yield st
+        if st.state in TERMINAL:
+            return
+        if should_stop is not None and should_stop.is_set():
+            return
+        time.sleep(poll_s)
+
+
+# -- results and history ----------------------------------------------------
+
+class ResultPublisher:
+    """Copies a session's finished outputs into Gradio's own file folder under an
+    unguessable name, so the browser downloads them from there and the job store
+    itself is never served. Copies are made once per (session, job)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._lock = threading.Lock()
+        self._tokens: dict[str, str] = {}
+        self._done: dict[tuple[str, str], dict[str, Path]] = {}
+
+    def _session_dir(self, session: str) -> Path:
+        with self._lock:
+            tok = self._tokens.setdefault(session, secrets.token_hex(16))
+        return self.root / tok
+
+    def publish(self, session: str, st: Any) -> dict[str, Path]:
+        """{'glb': path, 'ply': path} copies of a done job's outputs; {} otherwise.
+
+        Refuses jobs of other sessions: a session only ever gets its own files.
+        """
+        if st is None or st.state != "done" or not st.outputs:
+            return {}
+        if st.session != session:
+            raise UIError("that result belongs to another session")
+        key = (session, st.id)
+        with self._lock:
+            if key in self._done and all(p.exists() for p in self._done[key].values()):
+                return dict(self._done[key])
+        dest = self._session_dir(session) / st.id
+        dest.mkdir(parents=True, exist_ok=True)
+        out = {}
+        for kind, src in sorted(st.outputs.items()):
+            src = Path(src)
+            if kind not in ("glb", "ply") or not src.is_file():
+                continue
+            target = dest / f"kiln-{st.id}.{kind}"
+            if not target.exists():
+                tmp = target.with_name(target.name + ".tmp")
+                shutil.copyfile(src, tmp)
+                tmp.replace(target)
+            out[kind] = target
+        with self._lock:
+            self._done[key] = dict(out)
+        return out
+
+
+def settings_summary(settings: Settings) -> str:
+    """'texture 1024px opt, 16 views, simplify 0.95, seed 0': what a person chose for a job."""
+    b = settings.bake
+    tex = f"texture {b.texture_size}px {b.mode}" if b.enabled else "vertex colours"
+    ply = ", +ply" if settings.export.gaussians_ply else ""
+    return f"{tex}, {settings.views.count} views, simplify {settings.mesh.simplify_ratio:g}, seed {settings.seed}{ply}"
+
+
+def history_markdown(statuses: Sequence[Any], summaries: Optional[dict] = None) -> str:
+    """A Markdown table of a session's jobs, newest first; ``summaries``: job id -> settings text."""
+    if not statuses:
+        return "No results yet in this session."
+    rows = ["| job | state | settings | time |", "|---|---|---|---|"]
+    for st in sorted(statuses, key=lambda s: (s.created, s.id), reverse=True):
+        when = time.strftime("%H:%M:%S", time.localtime(st.created)) if st.created else ""
+        state = st.state if st.state != "failed" else f"failed: {st.error or st.message}"
+        state = html.escape(state).replace("|", "\\|")
+        rows.append(f"| `{st.id}` | {state} | {html.escape((summaries or {}).get(st.id, ''))} | {when} |")
+    return "\n".join(rows)
+
+
+def history_files(session: str, statuses: Sequence[Any], publisher: ResultPublisher) -> list[str]:
+    """Paths of every downloadable output of the session's done jobs, newest first."""
+    files: list[str] = []
+    for st in sorted(statuses, key=lambda s: (s.created, s.id), reverse=True):
+        if st.state == "done" and st.session == session:
+            files += [str(p) for _, p in sorted(publisher.publish(session, st).items())]
+    return files
+
+
+def status_line(caps: Optional[dict], segmenter_text: str, running: int, waiting: int,
+                workers_note: str = "") -> str:
+    """One line: device, backends, queue, segmenter."""
+    if not caps:
+        dev = workers_note or "workers starting…"
+        backends = "…"
+    else:
+        dev = caps.get("device") or "cpu"
+        dev = "CPU" if dev == "cpu" else dev
+        names = [n for n in ("gsplat", "nvdiffrast", "moderngl") if caps.get(n)]
+        backends = ", ".join(names + ["cpu renderer"])
+    return (f"**Device:** {html.escape(str(dev))} · **Backends:** {html.escape(backends)} · "
+            f"**Jobs:** {running} running, {waiting} waiting · **Segmentation:** {html.escape(segmenter_text)}")
+
+
+@dataclass
+class ActiveJobs:
+    """session -> the job it is watching, so Cancel finds it whatever the page holds."""
+
+    jobs: dict = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def set(self, session: str, job_id: Optional[str]) -> None:
+        with self.lock:
+            if job_id is None:
+                self.jobs.pop(session, None)
+            else:
+                self.jobs[session] = job_id
+
+    def get(self, session: str) -> Optional[str]:
+        with self.lock:
+            return self.jobs.get(session)

@@ -1,0 +1,182 @@
+"""Start the web UI: ``python -m app`` / ``kiln serve`` / ``./run.sh``.
+
+Safe defaults: binds 127.0.0.1. Binding any other address needs ``--listen``
+*and* either a login (``--auth user:pass`` or ``KILN_AUTH=user:pass``) or an
+explicit, loudly logged ``--no-auth``. Uploads are limited to
+``app.max_upload_mb``. Gradio keeps its uploads and the results it serves in
+its own folder (``var/gradio`` next to the job store); the job store itself is
+on Gradio's block list, so no URL reaches another session's job files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+log = logging.getLogger("kiln.app")
+
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+class LaunchError(Exception):
+    """The server must not start as asked (unsafe binding, bad flags). The message says why."""
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_auth(text: Optional[str]) -> Optional[tuple[str, str]]:
+    """'user:pass' -> ('user', 'pass'); None/'' -> None. Both parts must be non-empty."""
+    if not text:
+        return None
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password:
+        raise LaunchError("auth must look like USER:PASSWORD (both non-empty)")
+    return user, password
+
+
+def check_binding(host: str, listen: bool, auth: Optional[tuple[str, str]], no_auth: bool) -> None:
+    """Refuse unsafe combinations; warn loudly about the explicit opt-out."""
+    if is_loopback(host):
+        return
+    if not listen:
+        raise LaunchError(f"refusing to bind {host}: serving beyond this machine needs --listen "
+                          "(and --auth USER:PASS, KILN_AUTH, or an explicit --no-auth)")
+    if auth is None and not no_auth:
+        raise LaunchError(f"refusing to bind {host} without a login: pass --auth USER:PASS or set "
+                          "KILN_AUTH=USER:PASS (or --no-auth to serve to anyone who can reach it)")
+    if auth is None:
+        banner = "!" * 72
+        log.warning("\n%s\n!! --no-auth: Kiln is serving on %s WITHOUT A LOGIN.\n!! Anyone who can "
+                    "reach this address can upload images and run jobs.\n%s", banner, host, banner)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kiln serve",
+        description="Start the Kiln web UI. Binds 127.0.0.1 unless --listen is given.")
+    p.add_argument("--config", help="settings YAML (default: configs/default.yaml)")
+    p.add_argument("--host", help="bind address (default: app.host, 127.0.0.1); "
+                                  "non-loopback needs --listen")
+    p.add_argument("--port", type=int, help="port (default: app.port, 7860)")
+    p.add_argument("--listen", "--share-on-network", dest="listen", action="store_true",
+                   help="allow binding a non-loopback address (0.0.0.0 when --host is not given); "
+                        "needs --auth/KILN_AUTH or --no-auth")
+    p.add_argument("--auth", metavar="USER:PASS", help="require this login (default: $KILN_AUTH)")
+    p.add_argument("--no-auth", action="store_true",
+                   help="with --listen: serve without a login (logged as a warning)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting, e.g. --set worker.count=2")
+    p.add_argument("--no-examples", action="store_true", help="do not generate/show example images")
+    return p
+
+
+def _overrides(pairs: Sequence[str]) -> dict:
+    out = {}
+    for item in pairs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise LaunchError(f"--set needs KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def launch(settings, host: Optional[str] = None, port: Optional[int] = None, share_on_network: bool = False,
+           auth: Optional[tuple[str, str]] = None, no_auth: bool = False, examples: bool = True,
+           block: bool = True, context=None):
+    """Build and start the server. Returns ``(demo, context, url)``; with ``block`` it
+    serves until interrupted, then shuts the workers down.
+
+    ``context``: an ``app.context.AppContext`` to use (tests inject one with a stand-in
+    supervisor); by default one is made from ``settings`` and started in the background.
+    """
+    host = host or (settings.app.host if not share_on_network or not is_loopback(settings.app.host)
+                    else "0.0.0.0")
+    port = port or settings.app.port
+    check_binding(host, share_on_network, auth, no_auth)
+
+    jobs_dir = Path(settings.app.jobs_dir).resolve()
+    files_dir = (jobs_dir.parent / "gradio").resolve()
+    files_dir.mkdir(parents=True, exist_ok=True)
+    # Gradio reads this when building components: its uploads and served copies live here
+    os.environ["GRADIO_TEMP_DIR"] = str(files_dir)
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+    t0 = time.perf_counter()
+    from .context import AppContext
+    from .ui import CSS, build_ui
+
+    ctx = context or AppContext(settings, files_dir)
+    if context is None:
+        ctx.start()
+    example_paths = []
+    if examples:
+        from .examples import ensure_examples
+
+        try:
+            example_paths = ensure_examples(jobs_dir.parent / "examples")
+        except OSError as e:
+            log.warning("examples not written: %s", e)
+    demo = build_ui(ctx, example_paths)
+    # the queue's size bounds everything waiting; Generate has its own, smaller bound
+    demo.queue(max_size=settings.worker.max_queue + 64, default_concurrency_limit=4)
+    blocked = [str(jobs_dir), str(Path(settings.app.cache_dir).resolve()), str(Path("checkpoints").resolve())]
+    _, url, _ = demo.launch(
+        server_name=host, server_port=port, auth=auth, share=False, inbrowser=False,
+        max_file_size=int(settings.app.max_upload_mb * 1024 * 1024),
+        allowed_paths=[], blocked_paths=blocked, show_error=True, quiet=True,
+        prevent_thread_lock=True, css=CSS, footer_links=["settings"], ssr_mode=False,
+        enable_monitoring=False, mcp_server=False)
+    shown = url if url else f"http://{host}:{port}/"
+    if host in ("0.0.0.0", "::"):
+        shown = f"http://127.0.0.1:{port}/ (listening on all interfaces)"
+    print(f"Kiln UI ready in {time.perf_counter() - t0:.1f} s: {shown}", flush=True)
+    if not block:
+        return demo, ctx, shown
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        print("stopping…", flush=True)
+    finally:
+        demo.close()
+        ctx.shutdown()
+    return demo, ctx, shown
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    args = build_parser().parse_args(argv)
+    from kiln import settings as settings_mod
+
+    try:
+        settings = settings_mod.load(args.config, _overrides(args.set))
+        auth = parse_auth(args.auth if args.auth is not None else os.environ.get("KILN_AUTH"))
+        if auth and args.no_auth:
+            raise LaunchError("--no-auth contradicts --auth/KILN_AUTH; pick one")
+        launch(settings, host=args.host, port=args.port, share_on_network=args.listen, auth=auth,
+               no_auth=args.no_auth, examples=not args.no_examples)
+    except (LaunchError, settings_mod.SettingsError) as e:
+        print(f"kiln serve: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"kiln serve: cannot start the server: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,546 @@
+"""Bake stage: coloured views of the object + the UV-mapped mesh -> a texture image.
+
+Two modes (``BakeSettings.mode``):
+
+* ``fast``: back-projection. Every texel inside a UV chart is placed on the
+  surface (UV-space rasterization), projected into each view, kept where the
+  view's depth map says it is visible, and coloured with a weighted average of
+  the views (weight = cos(normal, direction to camera)^FAST_COS_POWER * alpha).
+* ``opt``: the texture is optimised so that the mesh rendered with it matches
+  the views: L1 between bilinearly sampled texture and view colour over every
+  pixel the mesh covers and the view is opaque, plus a total-variation prior.
+  It starts from the ``fast`` result. The sampling is a fixed sparse matrix
+  (pixels x texels, 4 bilinear taps per row), built once, so a step is two
+  sparse-dense products; the same torch code runs on CPU and CUDA.
+
+Both then inpaint chart texels no view saw (OpenCV Telea) and dilate the
+gutter: texels outside the charts copy their nearest chart texel, so bilinear
+and mip-mapped sampling near seams never reads black.
+
+Sampling convention (``types.py``): texel (row, col) of an S x S texture sits at
+uv = ((col + 0.5) / S, 1 - (row + 0.5) / S); row 0 is v = 1. Sampling is
+bilinear with the coordinate clamped to the outer texel centres, which equals
+``torch.nn.functional.grid_sample(..., align_corners=False, padding_mode="border")``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from kiln.settings import BakeSettings
+
+from .cameras import camera_centers
+from .types import Cameras, Mesh, Raster, Texture, Views
+from .validate import StageInputError, check_array, check_finite
+
+ProgressFn = Callable[[float, str], None]
+
+MODES = ("fast", "opt")
+MIN_TEXTURE_SIZE = 16          # below this a chart cannot hold a gutter; tests use small sizes
+MAX_TEXTURE_SIZE = 4096
+ALPHA_MIN = 0.9                # view pixels at least this opaque are bake targets and count in the PSNR
+FAST_COS_POWER = 4.0           # sharpens the view weighting towards the most frontal view
+FAST_MIN_WEIGHT = 1e-4         # a texel with less total weight than this counts as unseen
+DEPTH_REL_TOL = 0.004          # visibility: |z_texel - z_depthmap| <= this * z ...
+DEPTH_SLOPE_PIXELS = 1.0       # ... plus this many pixels' footprint, stretched by the surface slope
+MAX_SLOPE = 10.0               # tan(angle) cap for that stretch, so grazing texels cannot see through
+FINAL_LR_FRACTION = 0.05       # cosine decay of Adam's lr to this fraction: L1 signs otherwise jitter by ~lr
+INPAINT_RADIUS = 3
+PSNR_CAP_DB = 100.0            # identical images would give inf, which JSON cannot carry
+FAST_CHUNK = 1 << 20           # texels per vectorised block in the fast bake
+SAMPLE_CHUNK = 1 << 22         # lookups per block in sample_texture
+MAX_OPT_PIXELS = 8_000_000     # opt fits a seeded random subset of the target pixels beyond this
+
+
+# --------------------------------------------------------------------------- public API
+
+def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backend: str,
+                 device: str, seed: int, progress: Optional[ProgressFn] = None
+                 ) -> tuple[Texture, dict]:
+    """Bake ``views`` onto ``mesh``'s UV layout.
+
+    mesh:  validated Mesh with ``uvs`` (V, 2) float32 in [0, 1]
+    views: rgb (C, H, W, 3) float32, alpha (C, H, W) float32, cameras of C views
+    seed:  seeds the random pixel subset opt uses when there are more than
+           MAX_OPT_PIXELS target pixels (nothing else is random)
+    progress(fraction, message): monotonic fractions in [0, 1]
+    Returns (Texture, stats). Texture.image (S, S, 3) uint8 with S =
+    settings.texture_size, Texture.seen (S, S) bool. stats (JSON-friendly):
+    ``bake_mode``, ``bake_psnr_db`` (masked PSNR of the final uint8 texture
+    rendered from the views' cameras, over pixels the mesh covers with
+    alpha > ALPHA_MIN), ``bake_fast_psnr_db`` (same for the fast result that
+    opt starts from; opt only), ``texels_seen_fraction`` (seen / chart texels),
+    ``texels_chart_fraction``, ``bake_pixels``, ``bake_timings`` (seconds).
+    """
+    import torch
+
+    from . import rasterize as rz
+
+    _validate_inputs(mesh, views, settings)
+    dev = _torch_device(device)
+    report = _Progress(progress)
+    size = int(settings.texture_size)
+    timings: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    report(0.0, "rasterizing UV space and views")
+    # nvdiffrast rasterizes on the bake's GPU; moderngl ignores the device
+    where = {"device": str(dev)} if dev.type == "cuda" else {}
+    uv_raster = rz.rasterize_uv(mesh, size, raster_backend, **where)
+    chart = np.asarray(uv_raster.tri_id[0]) >= 0                               # (S, S)
+    if not chart.any():
+        raise StageInputError(f"the mesh's UV layout covers no texel of a {size}x{size} texture; "
+                              "its uvs are degenerate")
+    view_raster = rz.rasterize_views(mesh, views.cameras, raster_backend, **where)
+    pix_uv = np.asarray(rz.interpolate(view_raster, mesh, mesh.uvs), np.float32)  # (C, H, W, 2)
+    target_mask = np.asarray(view_raster.tri_id >= 0) & (views.alpha > ALPHA_MIN)  # (C, H, W)
+    if not target_mask.any():
+        raise StageInputError("no view sees the mesh where the view is opaque "
+                              f"(alpha > {ALPHA_MIN}); the views and the mesh do not line up")
+    timings["rasterize"] = time.perf_counter() - t0
+    report(0.1, "back-projecting views")
+
+    t0 = time.perf_counter()
+    colors, seen_chart = _fast_bake(mesh, uv_raster, chart, view_raster, views, dev, rz)
+    image = np.zeros((size, size, 3), np.float32)
+    image[chart] = colors
+    seen = np.zeros((size, size), bool)
+    seen[chart] = seen_chart
+    if not seen.any():
+        raise StageInputError("no texel is visible in any view; the cameras do not see the mesh")
+    timings["fast"] = time.perf_counter() - t0
+
+    stats: dict = {"bake_mode": settings.mode}
+    pixel_uv = pix_uv[target_mask]                                            # (M, 2)
+    target = views.rgb[target_mask]                                           # (M, 3)
+    if settings.mode == "opt":
+        t0 = time.perf_counter()
+        report(0.2, "optimising texture")
+        init = _nearest_fill(image, seen)
+        opt_uv, opt_target = pixel_uv, target
+        if len(pixel_uv) > MAX_OPT_PIXELS:
+            # a seeded subset bounds memory (64 views at 2048^2 would be ~80M pixels)
+            gen = torch.Generator().manual_seed(int(seed))
+            pick = torch.randperm(len(pixel_uv), generator=gen)[:MAX_OPT_PIXELS].sort().values.numpy()
+            opt_uv, opt_target = pixel_uv[pick], target[pick]
+        image, touched, fast_psnr = _optimise(
+            init, chart, opt_uv, opt_target, settings, dev,
+            lambda f, m: report(0.2 + 0.7 * f, m))
+        seen |= touched
+        stats["bake_fast_psnr_db"] = round(fast_psnr, 3)
+        timings["opt"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    report(0.9, "inpainting unseen texels and dilating the gutter")
+    final = fill_texture(image, seen, chart)
+    timings["fill"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    rendered = sample_texture(final, pixel_uv, dev)
+    psnr = masked_psnr(rendered, target, np.ones(len(target), bool))
+    timings["psnr"] = time.perf_counter() - t0
+
+    stats.update({
+        "bake_psnr_db": round(psnr, 3),
+        "texels_seen_fraction": round(float(seen[chart].mean()), 4),
+        "texels_chart_fraction": round(float(chart.mean()), 4),
+        "bake_pixels": int(len(target)),
+        "bake_timings": {k: round(v, 3) for k, v in timings.items()},
+    })
+    report(1.0, f"baked, PSNR {psnr:.1f} dB")
+    return Texture(image=final, seen=seen), stats
+
+
+def render_textured(mesh: Mesh, texture: Texture, cameras: Cameras, raster_backend: str
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Render the textured mesh (bilinear texture lookup, no shading).
+
+    Returns rgb (C, H, W, 3) float32 in [0, 1] (0 where uncovered) and
+    covered (C, H, W) bool.
+    """
+    from . import rasterize as rz
+
+    _validate_mesh(mesh)
+    cameras.validate("cameras")
+    check_array("texture.image", texture.image, dtype=np.uint8, shape=(None, None, 3))
+    if texture.image.shape[0] != texture.image.shape[1]:
+        raise StageInputError(f"texture.image must be square, got {texture.image.shape[:2]}")
+    raster = rz.rasterize_views(mesh, cameras, raster_backend)
+    covered = np.asarray(raster.tri_id) >= 0
+    uv = np.asarray(rz.interpolate(raster, mesh, mesh.uvs), np.float32)
+    rgb = np.zeros((*covered.shape, 3), np.float32)
+    rgb[covered] = sample_texture(texture.image, uv[covered], "cpu")
+    return rgb, covered
+
+
+def masked_psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
+    """PSNR in dB (peak 1.0) between colour arrays a, b (..., 3) float over ``mask`` (...) bool.
+
+    Capped at PSNR_CAP_DB for identical inputs. Raises ValueError on an empty mask.
+    """
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    mask = np.asarray(mask, bool)
+    if a.shape != b.shape or a.shape[:-1] != mask.shape:
+        raise ValueError(f"masked_psnr shapes disagree: {a.shape}, {b.shape}, mask {mask.shape}")
+    if not mask.any():
+        raise ValueError("masked_psnr: the mask selects no pixel")
+    mse = float(np.mean((a[mask] - b[mask]) ** 2))
+    if mse <= 10.0 ** (-PSNR_CAP_DB / 10.0):
+        return PSNR_CAP_DB
+    return float(-10.0 * math.log10(mse))
+
+
+def sample_texture(image: np.ndarray, uv: np.ndarray, device: str = "cpu") -> np.ndarray:
+    """Bilinear lookup: image (S, S, 3) uint8 or float32 in [0, 1], uv (N, 2) -> (N, 3) float32."""
+    import torch
+
+    size = image.shape[0]
+    tex = torch.as_tensor(np.ascontiguousarray(image))
+    tex = (tex.float() / 255.0) if tex.dtype == torch.uint8 else tex.float()
+    tex = tex.reshape(size * size, 3).to(device)
+    out = np.empty((len(uv), 3), np.float32)
+    for start in range(0, len(uv), SAMPLE_CHUNK):
+        idx, w = bilinear_taps(torch.as_tensor(uv[start:start + SAMPLE_CHUNK], device=device), size)
+        out[start:start + len(idx)] = (tex[idx] * w[..., None]).sum(1).cpu().numpy()
+    return out
+
+
+def bilinear_taps(uv, size: int):
+    """The 4 texels and weights a bilinear lookup at ``uv`` reads.
+
+    uv: (N, 2) float32 tensor. Returns idx (N, 4) int64 flat texel indices
+    (row * size + col) and w (N, 4) float32, rows summing to 1. The
+    continuous texel coordinate is clamped to the outer texel centres, so
+    indices never repeat within a row and border texels extend outwards.
+    """
+    import torch
+
+    if size < 2:
+        raise ValueError("bilinear sampling needs a texture of at least 2x2")
+    x = (uv[:, 0] * size - 0.5).clamp(0.0, size - 1.0)
+    y = ((1.0 - uv[:, 1]) * size - 0.5).clamp(0.0, size - 1.0)
+    x0 = x.floor().clamp(max=size - 2)
+    y0 = y.floor().clamp(max=size - 2)
+    fx = (x - x0)[:, None]
+    fy = (y - y0)[:, None]
+    base = (y0.long() * size + x0.long())[:, None]
+    offsets = torch.tensor([0, 1, size, size + 1], device=uv.device)
+    idx = base + offsets
+    w = torch.cat([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], 1)
+    return idx, w.float()
+
+
+def fill_texture(image: np.ndarray, seen: np.ndarray, chart: np.ndarray) -> np.ndarray:
+    """Turn a partly known texture into a complete uint8 image.
+
+    image: (S, S, 3) float32 in [0, 1], trusted only where ``seen`` (S, S) bool.
+    chart: (S, S) bool, texels inside UV charts.
+    Chart texels not seen are inpainted (Telea) from their surroundings; every
+    texel outside ``chart | seen`` copies the nearest texel of that set.
+    Returns (S, S, 3) uint8.
+    """
+    import cv2
+
+    keep = chart | seen
+    # Telea reads the known ring around a hole; seed everything unseen with its
+    # nearest seen colour first, so that ring never contains gutter black.
+    prefilled = _nearest_fill(image, seen)
+    out = np.clip(np.round(prefilled * 255.0), 0, 255).astype(np.uint8)
+    holes = chart & ~seen
+    if holes.any():
+        out = cv2.inpaint(out, holes.astype(np.uint8), INPAINT_RADIUS, cv2.INPAINT_TELEA)
+    if not keep.all():
+        out = out[_nearest_index(keep)]
+    return out
+
+
+# --------------------------------------------------------------------------- fast mode
+
+def _fast_bake(mesh: Mesh, uv_raster: Raster, chart: np.ndarray, view_raster: Raster,
+               views: Views, dev, rz) -> tuple[np.ndarray, np.ndarray]:
+    """Visibility-weighted back-projection. Returns colours (N, 3) float32 and
+    seen (N,) bool for the N chart texels in row-major order."""
+    import torch
+
+    positions = np.asarray(rz.interpolate(uv_raster, mesh, mesh.vertices), np.float32)[0][chart]
+    normals = np.asarray(rz.interpolate(uv_raster, mesh, _vertex_normals(mesh)), np.float32)[0][chart]
+    p_all = torch.as_tensor(positions, device=dev)
+    n_all = torch.nn.functional.normalize(torch.as_tensor(normals, device=dev), dim=1)
+    cams = views.cameras
+    viewmats = torch.as_tensor(cams.viewmats, device=dev)
+    Ks = torch.as_tensor(cams.Ks, device=dev)
+    centers = torch.as_tensor(camera_centers(cams), device=dev)
+    acc = torch.zeros(len(positions), 4, device=dev)     # weighted premultiplied rgb, weighted alpha
+    # one view on the device at a time: the whole stack can be gigabytes at high resolution
+    for c in range(len(cams)):
+        alpha = views.alpha[c][..., None]
+        # premultiplied, so bilinear taps straddling the silhouette do not mix in background colour
+        rgba = torch.as_tensor(np.concatenate([views.rgb[c] * alpha, alpha], -1), device=dev)
+        rgba = rgba.permute(2, 0, 1).contiguous()                              # (4, H, W)
+        depth = torch.as_tensor(np.asarray(view_raster.depth[c], np.float32), device=dev)
+        for start in range(0, len(positions), FAST_CHUNK):
+            end = start + FAST_CHUNK
+            acc[start:end] += _project_view(p_all[start:end], n_all[start:end], viewmats[c], Ks[c],
+                                            centers[c], depth, rgba)
+    w = acc[:, 3]
+    ok = w > FAST_MIN_WEIGHT
+    colors = torch.where(ok[:, None], acc[:, :3] / w.clamp(min=FAST_MIN_WEIGHT)[:, None],
+                         torch.zeros_like(acc[:, :3])).clamp(0, 1)
+    return colors.cpu().numpy(), ok.cpu().numpy()
+
+
+def _project_view(p, n, viewmat, K, center, depth, rgba):
+    """One view's contribution to N texels: (N, 4) = weight * (premultiplied rgb, alpha).
+
+    p, n: (N, 3) positions and unit normals; depth (H, W); rgba (4, H, W) premultiplied.
+    """
+    import torch
+
+    height, width = depth.shape
+    cam = p @ viewmat[:3, :3].T + viewmat[:3, 3]
+    z = cam[:, 2]
+    zs = torch.where(z > 1e-6, z, torch.ones_like(z))
+    px = cam[:, 0] / zs * K[0, 0] + K[0, 2]
+    py = cam[:, 1] / zs * K[1, 1] + K[1, 2]
+    to_cam = torch.nn.functional.normalize(center - p, dim=1)
+    cos = (n * to_cam).sum(1)
+    col = px.floor().long()
+    row = py.floor().long()
+    inside = (z > 1e-6) & (col >= 0) & (col < width) & (row >= 0) & (row < height) & (cos > 0)
+    d = depth[row.clamp(0, height - 1), col.clamp(0, width - 1)]
+    # depth varies across a pixel on slanted surfaces: allow a footprint times tan(angle)
+    tan = (1.0 - cos.clamp(0, 1) ** 2).sqrt() / cos.clamp(min=1.0 / MAX_SLOPE)
+    pixel = z / K[0, 0]
+    tol = DEPTH_REL_TOL * z + DEPTH_SLOPE_PIXELS * pixel * tan
+    visible = inside & (d > 0) & ((z - d).abs() <= tol)
+    grid = torch.stack([2.0 * px / width - 1.0, 2.0 * py / height - 1.0], 1)
+    sampled = torch.nn.functional.grid_sample(
+        rgba[None], grid[None, None], mode="bilinear", padding_mode="zeros",
+        align_corners=False)[0, :, 0].T                                       # (N, 4)
+    weight = torch.where(visible, cos.clamp(min=0) ** FAST_COS_POWER, torch.zeros_like(cos))
+    return sampled * weight[:, None]
+
+
+def _vertex_normals(mesh: Mesh) -> np.ndarray:
+    """(V, 3) float32 area-weighted normals, shared across UV seams.
+
+    xatlas splits vertices along seams; welding by position first keeps the
+    normal (and so the view weighting) continuous across a seam.
+    """
+    verts = mesh.vertices.astype(np.float64)
+    _, weld = np.unique(verts, axis=0, return_inverse=True)
+    weld = weld.reshape(-1)
+    tri = verts[mesh.faces]
+    face_n = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])   # length = 2 * area
+    acc = np.zeros((weld.max() + 1, 3))
+    for k in range(3):
+        np.add.at(acc, weld[mesh.faces[:, k]], face_n)
+    normals = acc[weld]
+    length = np.linalg.norm(normals, axis=1, keepdims=True)
+    return (normals / np.maximum(length, 1e-20)).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- opt mode
+
+def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target: np.ndarray,
+              settings: BakeSettings, dev, progress: ProgressFn
+              ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Adam on the texture against the compact list of target pixels.
+
+    init (S, S, 3) float32, chart (S, S) bool, pixel_uv (M, 2), target (M, 3).
+    Returns (texture (S, S, 3) float32, touched (S, S) bool: texels some pixel
+    samples, PSNR of ``init`` on the targets).
+    """
+    import torch
+
+    size = init.shape[0]
+    n_texels = size * size
+    uv_t = torch.as_tensor(pixel_uv, device=dev)
+    idx, w = bilinear_taps(uv_t, size)
+    # neighbouring pixels then read neighbouring texels: the sparse products stay cache friendly
+    order = torch.argsort(idx[:, 0])
+    idx, w = idx[order], w[order]
+    tgt = torch.as_tensor(target, device=dev)[order]
+    m = len(idx)
+    sample, sample_t = _sampling_matrices(idx, w, n_texels)
+
+    tex = torch.as_tensor(init, device=dev).reshape(n_texels, 3).clone()
+    init_pred = sample @ tex
+    fast_psnr = -10.0 * math.log10(max(float(((init_pred - tgt) ** 2).mean()), 1e-10))
+
+    pair_x = torch.as_tensor(chart[:, 1:] & chart[:, :-1], device=dev)[..., None].float()
+    pair_y = torch.as_tensor(chart[1:, :] & chart[:-1, :], device=dev)[..., None].float()
+    n_pairs = max(float(pair_x.sum() + pair_y.sum()), 1.0) * 3.0
+    tv_scale = float(settings.tv_weight) / n_pairs
+    data_scale = 1.0 / (m * 3.0)
+
+    adam = _Adam(tex)
+    steps = int(settings.steps)
+    report_every = max(1, steps // 20)
+    for step in range(steps):
+        # cosine decay: L1's sign gradients otherwise keep Adam's steps near lr to the end
+        frac = step / max(steps - 1, 1)
+        lr = settings.lr * (FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION)
+                            * 0.5 * (1 + math.cos(math.pi * frac)))
+        resid = sample @ tex - tgt
+        grad = sample_t @ (torch.sign(resid) * data_scale)
+        if tv_scale > 0:
+            img = tex.view(size, size, 3)
+            g_img = grad.view(size, size, 3)
+            sx = torch.sign(img[:, 1:] - img[:, :-1]) * pair_x * tv_scale
+            g_img[:, 1:] += sx
+            g_img[:, :-1] -= sx
+            sy = torch.sign(img[1:] - img[:-1]) * pair_y * tv_scale
+            g_img[1:] += sy
+            g_img[:-1] -= sy
+        adam.step(grad, lr)
+        tex.clamp_(0.0, 1.0)
+        if (step + 1) % report_every == 0 or step + 1 == steps:
+            progress((step + 1) / steps, f"step {step + 1}/{steps}, "
+                                         f"L1 {float(resid.abs().mean()):.4f}")
+
+    touched = torch.zeros(n_texels, dtype=torch.bool, device=dev)
+    touched[idx.reshape(-1)[w.reshape(-1) > 0]] = True
+    result = tex.reshape(size, size, 3).cpu().numpy()
+    return result, touched.reshape(size, size).cpu().numpy(), fast_psnr
+
+
+def _sampling_matrices(idx, w, n_texels: int):
+    """Sparse CSR (M, T) matrix of the bilinear lookups and its transpose (T, M).
+
+    idx, w: (M, 4). Rows of the forward matrix have exactly 4 distinct columns
+    (bilinear_taps guarantees it), so its CSR arrays are the taps themselves.
+    """
+    import warnings
+
+    import torch
+
+    m = len(idx)
+    dev = idx.device
+    crow = torch.arange(0, 4 * m + 1, 4, device=dev)
+    cols = idx.reshape(-1)
+    vals = w.reshape(-1).contiguous()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        forward = torch.sparse_csr_tensor(crow, cols, vals, (m, n_texels), check_invariants=False)
+    order = torch.argsort(cols, stable=True)
+    counts = torch.bincount(cols, minlength=n_texels)
+    trow = torch.zeros(n_texels + 1, dtype=torch.int64, device=dev)
+    trow[1:] = counts.cumsum(0)
+    rows = torch.arange(m, device=dev).repeat_interleave(4)
+    backward = torch.sparse_csr_tensor(trow, rows[order], vals[order], (n_texels, m),
+                                       check_invariants=False)
+    return forward, backward
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _nearest_index(known: np.ndarray):
+    """Index arrays mapping every texel to its nearest ``known`` texel (S, S) bool."""
+    from scipy import ndimage
+
+    _, (rows, cols) = ndimage.distance_transform_edt(~known, return_indices=True)
+    return rows, cols
+
+
+def _nearest_fill(image: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """(S, S, 3) copy of ``image`` where texels outside ``known`` take their nearest known colour."""
+    if known.all():
+        return image.copy()
+    return image[_nearest_index(known)]
+
+
+class _Adam:
+    """Adam (Kingma & Ba) on one tensor, updated in place.
+
+    Written out instead of ``torch.optim.Adam`` because constructing a torch
+    optimizer imports torch._dynamo and with it Triton, whose bundled LLVM
+    segfaults in a process where Mesa's llvmpipe (the moderngl rasterizer) is
+    already loaded. The gradient is computed by hand anyway (sparse products).
+    """
+
+    def __init__(self, param, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8):
+        import torch
+
+        self.param = param
+        self.m = torch.zeros_like(param)
+        self.v = torch.zeros_like(param)
+        self.beta1, self.beta2, self.eps = beta1, beta2, eps
+        self.t = 0
+
+    def step(self, grad, lr: float) -> None:
+        self.t += 1
+        self.m.mul_(self.beta1).add_(grad, alpha=1 - self.beta1)
+        self.v.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+        bias1 = 1 - self.beta1 ** self.t
+        bias2 = 1 - self.beta2 ** self.t
+        denom = (self.v / bias2).sqrt_().add_(self.eps)
+        self.param.addcdiv_(self.m, denom, value=-lr / bias1)
+
+
+class _Progress:
+    """Forwards monotonic (fraction, message) reports to an optional callback."""
+
+    def __init__(self, fn: Optional[ProgressFn]):
+        self.fn = fn
+        self.last = 0.0
+
+    def __call__(self, fraction: float, message: str) -> None:
+        self.last = max(self.last, min(1.0, float(fraction)))
+        if self.fn is not None:
+            self.fn(self.last, message)
+
+
+def _torch_device(device: str):
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise StageInputError(f"bake device {device!r} is not a torch device name") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise StageInputError(f"bake device {device!r} requested but CUDA is not available")
+    return dev
+
+
+def _validate_mesh(mesh: Mesh) -> None:
+    if not isinstance(mesh, Mesh):
+        raise StageInputError(f"mesh must be a Mesh, got {type(mesh).__name__}")
+    if mesh.uvs is None:
+        raise StageInputError("mesh has no UVs; unwrap it (pipeline.uv.unwrap) before baking")
+    mesh.validate("mesh")
+    if mesh.uvs.min() < -1e-4 or mesh.uvs.max() > 1 + 1e-4:
+        raise StageInputError(f"mesh.uvs must lie in [0, 1], got range "
+                              f"[{mesh.uvs.min():.4g}, {mesh.uvs.max():.4g}]")
+
+
+def _validate_inputs(mesh: Mesh, views: Views, settings: BakeSettings) -> None:
+    _validate_mesh(mesh)
+    if settings.mode not in MODES:
+        raise StageInputError(f"bake mode {settings.mode!r} is unknown; choose one of {', '.join(MODES)}")
+    size = settings.texture_size
+    if (not isinstance(size, (int, np.integer)) or size < MIN_TEXTURE_SIZE or size > MAX_TEXTURE_SIZE
+            or size & (size - 1)):
+        raise StageInputError(f"texture size {size!r} must be a power of two between "
+                              f"{MIN_TEXTURE_SIZE} and {MAX_TEXTURE_SIZE}")
+    if settings.mode == "opt":
+        if settings.steps < 0:
+            raise StageInputError(f"bake steps must be >= 0, got {settings.steps}")
+        if not (math.isfinite(settings.lr) and settings.lr > 0):
+            raise StageInputError(f"bake lr must be a positive number, got {settings.lr}")
+        if not (math.isfinite(settings.tv_weight) and settings.tv_weight >= 0):
+            raise StageInputError(f"bake tv_weight must be >= 0, got {settings.tv_weight}")
+    if not isinstance(views, Views):
+        raise StageInputError(f"views must be Views, got {type(views).__name__}")
+    cams = views.cameras
+    cams.validate("views.cameras")
+    c, h, w = len(cams), cams.height, cams.width
+    check_array("views.rgb", views.rgb, dtype=np.float32, shape=(c, h, w, 3))
+    check_array("views.alpha", views.alpha, dtype=np.float32, shape=(c, h, w))
+    check_finite("views.rgb", views.rgb)
+    check_finite("views.alpha", views.alpha)

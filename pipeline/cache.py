@@ -1,0 +1,183 @@
+"""Reconstruction cache: one ``.npz`` per (input, reconstruction settings, code version).
+
+Reconstruction is the slow, seed-dependent stage; everything after it (simplify,
+unwrap, bake, export) is cheap to redo. Keying the cache on exactly what the
+reconstruction depends on lets a person toggle baking or move the simplify slider
+without paying for reconstruction again, while a change to the image, the mask,
+any ``reconstruct.*`` setting, the seed or the reconstruction code itself misses.
+
+Files are written to a temporary name and moved into place with ``os.replace``,
+so a reader (another worker, or this one after a crash) sees either no entry or a
+complete one. Entries that fail to load or validate are deleted and recomputed.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import io
+import json
+import logging
+import os
+import secrets
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from kiln.settings import Settings
+
+from .types import Gaussians, ImageInput, Mesh, Reconstruction
+
+log = logging.getLogger(__name__)
+
+# Bump when the file layout below changes.
+CACHE_FORMAT = 1
+_PIPELINE_DIR = Path(__file__).resolve().parent
+# Libraries whose numerics shape a reconstruction; a new version may change the result.
+_LIBRARIES = ("numpy", "scipy", "scikit-image", "trimesh", "torch")
+
+
+def _local_imports(source: str) -> set[str]:
+    """Names of ``pipeline`` modules imported anywhere in ``source`` (lazy imports too)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1:
+                if node.module:
+                    names.add(node.module.split(".")[0])
+                else:
+                    names.update(a.name.split(".")[0] for a in node.names)
+            elif node.level == 0 and node.module and node.module.split(".")[0] == "pipeline":
+                parts = node.module.split(".")
+                if len(parts) > 1:
+                    names.add(parts[1])
+                else:
+                    names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] == "pipeline" and len(parts) > 1:
+                    names.add(parts[1])
+    return names
+
+
+def _module_closure(root: str) -> list[Path]:
+    """Source files of ``pipeline.<root>`` and every pipeline module it imports, transitively."""
+    seen: dict[str, Path] = {}
+    todo = [root]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = _PIPELINE_DIR / f"{name}.py"
+        if not path.is_file():
+            pkg = _PIPELINE_DIR / name / "__init__.py"
+            if not pkg.is_file():
+                continue
+            path = pkg
+        seen[name] = path
+        try:
+            todo.extend(_local_imports(path.read_text()))
+        except SyntaxError:
+            pass  # still hashed below; a broken file will fail loudly on import anyway
+    return [seen[k] for k in sorted(seen)]
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """Hash of the reconstruction code (``pipeline/reconstruct.py`` and the pipeline
+    modules it imports), the package version and the numerics libraries' versions."""
+    from importlib import metadata
+
+    h = hashlib.sha256(f"kiln-recon-cache-v{CACHE_FORMAT}".encode())
+    for dist in ("kiln3d",) + _LIBRARIES:
+        try:
+            h.update(f"{dist}={metadata.version(dist)};".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{dist}=none;".encode())
+    for path in _module_closure("reconstruct"):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def reconstruction_key(image: ImageInput, settings: Settings) -> str:
+    """Cache key (64 hex chars) for reconstructing ``image`` with ``settings``.
+
+    Depends on the image and mask content and shapes, every ``reconstruct.*``
+    setting, the seed and ``code_version()``; nothing else (bake, mesh, views and
+    export settings deliberately do not take part).
+    """
+    from .run import image_digest
+
+    h = hashlib.sha256()
+    h.update(image_digest(image).encode())
+    h.update(json.dumps(settings.to_dict()["reconstruct"], sort_keys=True).encode())
+    h.update(f"seed={int(settings.seed)}".encode())
+    h.update(code_version().encode())
+    return h.hexdigest()
+
+
+def _entry(cache_dir: Path, key: str) -> Path:
+    if not (len(key) == 64 and all(c in "0123456789abcdef" for c in key)):
+        raise ValueError(f"not a reconstruction cache key: {key!r}")
+    return Path(cache_dir) / f"recon-{key}.npz"
+
+
+def save_reconstruction(cache_dir: Path, key: str, recon: Reconstruction) -> Path:
+    """Store ``recon`` under ``key`` atomically; returns the entry's path."""
+    path = _entry(cache_dir, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    m, g = recon.mesh, recon.gaussians
+    arrays = {
+        "format": np.array(CACHE_FORMAT, np.int32),
+        "key": np.frombuffer(key.encode(), np.uint8),
+        "mesh_vertices": m.vertices, "mesh_faces": m.faces,
+        "g_means": g.means, "g_scales": g.scales, "g_quats": g.quats,
+        "g_opacities": g.opacities, "g_colors": g.colors,
+        "meta_json": np.frombuffer(json.dumps(recon.meta, default=str).encode(), np.uint8),
+    }
+    if m.vertex_colors is not None:
+        arrays["mesh_vertex_colors"] = m.vertex_colors
+    if m.uvs is not None:
+        arrays["mesh_uvs"] = m.uvs
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(buf.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def load_reconstruction(cache_dir: Path, key: str) -> Reconstruction | None:
+    """The cached reconstruction for ``key``, or None when absent or unreadable.
+
+    A damaged or stale-format entry is removed so the next save replaces it.
+    """
+    path = _entry(cache_dir, key)
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if int(z["format"]) != CACHE_FORMAT or z["key"].tobytes().decode() != key:
+                raise ValueError("format or key mismatch")
+            mesh = Mesh(vertices=z["mesh_vertices"], faces=z["mesh_faces"],
+                        vertex_colors=z["mesh_vertex_colors"] if "mesh_vertex_colors" in z else None,
+                        uvs=z["mesh_uvs"] if "mesh_uvs" in z else None)
+            gauss = Gaussians(means=z["g_means"], scales=z["g_scales"], quats=z["g_quats"],
+                              opacities=z["g_opacities"], colors=z["g_colors"])
+            meta = json.loads(z["meta_json"].tobytes().decode() or "{}")
+        mesh.validate("cached mesh")
+        gauss.validate("cached gaussians")
+    except Exception as e:  # corrupt zip, missing array, failed validation: recompute
+        log.warning("dropping unreadable reconstruction cache entry %s: %s", path.name, e)
+        path.unlink(missing_ok=True)
+        return None
+    return Reconstruction(mesh=mesh, gaussians=gauss, meta=meta)

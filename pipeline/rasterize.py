@@ -1,0 +1,518 @@
+"""Rasterize a mesh in camera views or in UV space: per-pixel face id, barycentrics, depth.
+
+Two backends compute the same :class:`pipeline.types.Raster`:
+
+* ``"moderngl"``: OpenGL 3.3+ through moderngl on EGL. On a machine without a
+  GPU this is Mesa's llvmpipe, so it works everywhere and is the reference.
+* ``"nvdiffrast"``: ``nvdiffrast.torch.RasterizeCudaContext`` (package
+  ``diffrp-nvdiffrast``), CUDA only.
+
+Both use one projection built in *pixel* units with image y pointing down
+(OpenCV), mapped to clip space so that clip y = -1 is image row 0. OpenGL's
+``glReadPixels`` and nvdiffrast both return clip y = -1 as their first row, so
+neither result needs flipping. Pixel centres sit at (col + 0.5, row + 0.5).
+
+Output conventions (see ``Raster``): ``tri_id`` int32, -1 where empty;
+``bary`` float32 weights of (v0, v1, v2), perspective-correct in views;
+``depth`` camera-space z (not NDC), 0 where empty and in UV space. In UV space
+texel (row, col) is at uv = ((col + 0.5) / S, 1 - (row + 0.5) / S).
+
+GPU/GL contexts are created lazily by the first call in a thread and cached
+per (process, thread); a forked child never reuses its parent's. Nothing is
+created at import time. ``release_contexts()`` frees them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .types import Cameras, Mesh, Raster
+from .validate import StageInputError, check_array, check_finite
+
+BACKENDS = ("moderngl", "nvdiffrast")
+MAX_RESOLUTION = 8192
+MAX_FACES = 5_000_000          # also keeps face ids exact in float32 render targets (< 2**24)
+MAX_TOTAL_PIXELS = 2 ** 28     # views x height x width; ~5.4 GB of Raster output
+_NV_TILE = 2048                # nvdiffrast's CUDA rasterizer is limited/fragile above this
+_NV_ALIGN = 8                  # ... and wants width and height divisible by 8
+_NV_BATCH_PIXELS = 2 ** 24     # views rasterized together per nvdiffrast call
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested rasterizer cannot run in this process (library or device missing)."""
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def available_backends() -> list[str]:
+    """Backends that can run in this process and thread, best first for a CPU-only caller.
+
+    ``moderngl`` is listed when an EGL context can actually be created (this
+    creates and caches it). ``nvdiffrast`` is listed when the package is
+    installed and CUDA is available; its JIT build happens on first use, not here.
+    """
+    out = []
+    try:
+        _gl_state()
+        out.append("moderngl")
+    except BackendUnavailableError:
+        pass
+    if _nvdiffrast_problem() is None:
+        out.append("nvdiffrast")
+    return out
+
+
+def rasterize_views(mesh: Mesh, cameras: Cameras, backend: str = "moderngl",
+                    device: str = "cuda") -> Raster:
+    """Rasterize ``mesh`` from every camera.
+
+    mesh:    vertices (V, 3) float32, faces (F, 3) int32
+    cameras: C cameras, OpenCV convention, image ``height`` x ``width``
+    device:  CUDA device for ``backend="nvdiffrast"`` (ignored by moderngl)
+    Returns Raster with tri_id (C, H, W) int32, bary (C, H, W, 3) float32,
+    depth (C, H, W) float32 = camera-space z of the visible surface.
+    """
+    _check_backend(backend)
+    mesh.validate("mesh", max_faces=MAX_FACES)
+    cameras.validate("cameras")
+    c, h, w = len(cameras), int(cameras.height), int(cameras.width)
+    if c * h * w > MAX_TOTAL_PIXELS:
+        raise StageInputError(f"{c} views of {w}x{h} are {c * h * w} pixels, more than the limit "
+                              f"{MAX_TOTAL_PIXELS}; use fewer views or a lower resolution")
+    views = [_view_projection(mesh.vertices, cameras.viewmats[i], cameras.Ks[i]) for i in range(c)]
+    jobs = _RasterJob(positions=mesh.vertices, faces=mesh.faces, width=w, height=h,
+                      matrices=np.stack([v[0] for v in views]), zrows=np.stack([v[1] for v in views]),
+                      near_far=np.array([v[2] for v in views]), enabled=np.array([v[3] for v in views]),
+                      depth_test=True)
+    if backend == "moderngl":
+        return _moderngl_rasterize(jobs)
+    return _nvdiffrast_rasterize(jobs, device)
+
+
+def rasterize_uv(mesh: Mesh, size: int, backend: str = "moderngl", device: str = "cuda") -> Raster:
+    """Rasterize ``mesh`` in its UV layout onto an ``size`` x ``size`` texture grid.
+
+    mesh.uvs: (V, 2) float32 in [0, 1] is required.
+    Returns Raster with tri_id (1, S, S) int32, bary (1, S, S, 3) float32 (affine,
+    i.e. the weights of the texel centre inside the UV triangle), depth (1, S, S) zeros.
+    Row 0 is v = 1 (top of the texture image).
+    """
+    _check_backend(backend)
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+        raise StageInputError(f"UV raster size must be an integer, got {size!r}")
+    size = int(size)
+    if not 1 <= size <= MAX_RESOLUTION:
+        raise StageInputError(f"UV raster size {size} is outside 1..{MAX_RESOLUTION}")
+    mesh.validate("mesh", max_faces=MAX_FACES)
+    if mesh.uvs is None:
+        raise StageInputError("mesh has no UVs; unwrap it (pipeline.uv.unwrap) before UV rasterization")
+    uv3 = np.zeros((mesh.num_vertices, 3), np.float32)
+    uv3[:, :2] = mesh.uvs
+    # (u, v) -> pixel (u * S, (1 - v) * S): row 0 is the top of the texture (v = 1)
+    m = np.array([[size, 0, 0, 0], [0, -size, 0, size], [0, 0, 0, 0], [0, 0, 0, 1]], np.float64)
+    jobs = _RasterJob(positions=uv3, faces=mesh.faces, width=size, height=size,
+                      matrices=m[None], zrows=np.zeros((1, 4)), near_far=np.array([[0.0, 1.0]]),
+                      enabled=np.array([True]), depth_test=False)
+    if backend == "moderngl":
+        return _moderngl_rasterize(jobs)
+    return _nvdiffrast_rasterize(jobs, device)
+
+
+def interpolate(raster: Raster, mesh: Mesh, attr: np.ndarray) -> np.ndarray:
+    """Barycentric interpolation of per-vertex attributes at every raster pixel.
+
+    attr: (V, K) numeric, one row per mesh vertex.
+    Returns (C, H, W, K) float32; 0 where no face covers the pixel.
+    """
+    _check_raster(raster)
+    mesh.validate("mesh")
+    if not isinstance(attr, np.ndarray) or attr.ndim != 2 or attr.shape[0] != mesh.num_vertices:
+        shape = getattr(attr, "shape", type(attr).__name__)
+        raise StageInputError(f"attr must be a ({mesh.num_vertices}, K) array, one row per vertex; got {shape}")
+    if not np.issubdtype(attr.dtype, np.number) or np.issubdtype(attr.dtype, np.complexfloating):
+        raise StageInputError(f"attr must be real numbers, got dtype {attr.dtype.name}")
+    attr = attr.astype(np.float32, copy=False)
+    check_finite("attr", attr)
+    faces = mesh.faces
+    covered = raster.tri_id >= 0
+    if covered.any() and int(raster.tri_id.max()) >= mesh.num_faces:
+        raise StageInputError(f"raster refers to face {int(raster.tri_id.max())} but the mesh has "
+                              f"{mesh.num_faces} faces; was it rasterized from another mesh?")
+    out = np.zeros(raster.tri_id.shape + (attr.shape[1],), np.float32)
+    f = faces[raster.tri_id[covered]]
+    b = raster.bary[covered]
+    out[covered] = (b[:, 0:1] * attr[f[:, 0]] + b[:, 1:2] * attr[f[:, 1]]
+                    + b[:, 2:3] * attr[f[:, 2]])
+    return out
+
+
+def face_normals(mesh: Mesh) -> np.ndarray:
+    """(F, 3) float32 unit normals following the faces' counter-clockwise winding; 0 for degenerate faces."""
+    v = mesh.vertices.astype(np.float64)
+    f = mesh.faces
+    n = np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])
+    length = np.linalg.norm(n, axis=1, keepdims=True)
+    return np.where(length > 1e-20, n / np.maximum(length, 1e-20), 0.0).astype(np.float32)
+
+
+def release_contexts() -> None:
+    """Free every rasterizer context this process created (GL and nvdiffrast).
+
+    Call it from the thread that used them before the process ends or after a failure;
+    the next call to a rasterize function creates fresh ones.
+    """
+    with _LOCK:
+        pid = os.getpid()
+        gl = [s for k, s in _GL_STATES.items() if k[0] == pid]
+        _GL_STATES.clear()
+        _NV_CONTEXTS.clear()   # dropping the Python object frees the CUDA rasterizer state
+    for state in gl:
+        state.release()
+
+
+# --------------------------------------------------------------------------- shared math
+
+
+@dataclass
+class _RasterJob:
+    """What both backends draw.
+
+    positions: (V, 3) float32 (world positions, or (u, v, 0) in UV space)
+    faces:     (F, 3) int32
+    matrices:  (C, 4, 4) float64, position -> (X, Y, Zc, W) with pixel = (X/W, Y/W),
+               image y down, Zc/W in [-1, 1] between the near and far planes
+    zrows:     (C, 4) float64, position -> camera-space z (row 2 of the viewmat; 0 in UV space)
+    near_far:  (C, 2) float64, the planes Zc/W = -1 and +1 map to (camera z)
+    enabled:   (C,) bool, False for a view with the whole mesh behind the camera
+    """
+
+    positions: np.ndarray
+    faces: np.ndarray
+    width: int
+    height: int
+    matrices: np.ndarray
+    zrows: np.ndarray
+    near_far: np.ndarray
+    enabled: np.ndarray
+    depth_test: bool
+
+    @property
+    def count(self) -> int:
+        return int(self.matrices.shape[0])
+
+
+def _view_projection(vertices: np.ndarray, viewmat: np.ndarray, K: np.ndarray):
+    """Pixel-space projection for one camera; near/far hug the mesh's depth range."""
+    view = viewmat.astype(np.float64)
+    z = vertices.astype(np.float64) @ view[2, :3] + view[2, 3]
+    zmin, zmax = float(z.min()), float(z.max())
+    if zmax <= 0.0:
+        return np.eye(4), view[2].copy(), (1.0, 2.0), False
+    # a little slack so the nearest and farthest vertices are not clipped
+    near = max(zmin * 0.99, zmax * 1e-4) if zmin > 0 else zmax * 1e-4
+    far = zmax * 1.01 + 1e-6
+    Kd = K.astype(np.float64)
+    P = np.zeros((4, 4))
+    P[0, :3] = Kd[0]
+    P[1, :3] = Kd[1]
+    P[2, 2] = (far + near) / (far - near)
+    P[2, 3] = -2.0 * far * near / (far - near)
+    P[3, 2] = 1.0
+    return P @ view, view[2].copy(), (near, far), True
+
+
+def _clip_from_pixels(x0: int, y0: int, tw: int, th: int) -> np.ndarray:
+    """(4, 4) map from homogeneous pixel coords (X, Y, Zc, W) to clip space for the tile
+    [x0, x0+tw) x [y0, y0+th); tile row 0 lands at clip y = -1, pixel centres at +0.5.
+    The offsets sit in the W column so they survive the perspective divide."""
+    T = np.eye(4)
+    T[0] = [2.0 / tw, 0.0, 0.0, -(2.0 * x0 / tw + 1.0)]
+    T[1] = [0.0, 2.0 / th, 0.0, -(2.0 * y0 / th + 1.0)]
+    return T
+
+
+def _empty_raster(c: int, h: int, w: int) -> Raster:
+    return Raster(tri_id=np.full((c, h, w), -1, np.int32), bary=np.zeros((c, h, w, 3), np.float32),
+                  depth=np.zeros((c, h, w), np.float32))
+
+
+def _store(raster: Raster, i: int, rows: slice, cols: slice, ids: np.ndarray, b0: np.ndarray,
+           b1: np.ndarray, depth: np.ndarray) -> None:
+    """Write one block of backend output into view ``i`` of ``raster`` (pre-filled as empty).
+
+    ids: face id + 1 as float (0 = empty); b0, b1: weights of v0 and v1; depth: camera z.
+    """
+    tri = np.rint(ids).astype(np.int32) - 1
+    raster.tri_id[i, rows, cols] = tri
+    cov = tri >= 0
+    n = int(np.count_nonzero(cov))
+    if n == 0:
+        return
+    b = np.empty((n, 3), np.float32)
+    b[:, 0] = b0[cov]
+    b[:, 1] = b1[cov]
+    b[:, 2] = 1.0 - b[:, 0] - b[:, 1]
+    # float round-off (and nvdiffrast's unclamped u + v > 1) can leave tiny negatives
+    np.clip(b, 0.0, 1.0, out=b)
+    b /= np.maximum(b.sum(axis=1, keepdims=True), 1e-12)
+    bary = raster.bary[i, rows, cols]       # a view: basic slicing
+    bary[cov] = b
+    dep = raster.depth[i, rows, cols]
+    dep[cov] = depth[cov]
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise StageInputError(f"unknown rasterizer backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def _check_raster(raster: Raster) -> None:
+    check_array("raster.tri_id", raster.tri_id, dtype=np.int32, shape=(None, None, None))
+    c, h, w = raster.tri_id.shape
+    check_array("raster.bary", raster.bary, dtype=np.float32, shape=(c, h, w, 3))
+    check_finite("raster.bary", raster.bary)
+
+
+# --------------------------------------------------------------------------- moderngl backend
+
+_LOCK = threading.Lock()
+_GL_STATES: dict[tuple[int, int], "_GLState"] = {}
+_NV_CONTEXTS: dict[tuple[int, int, str], object] = {}
+
+_VERTEX_SHADER = """
+#version 330
+uniform mat4 mvp;
+uniform vec4 zrow;
+in vec3 in_pos;
+out vec2 v_bary;
+out float v_z;
+void main() {
+    vec4 p = vec4(in_pos, 1.0);
+    gl_Position = mvp * p;
+    v_z = dot(zrow, p);
+    // triangles are drawn non-indexed, so vertex k of a face is gl_VertexID % 3
+    int k = gl_VertexID % 3;
+    v_bary = vec2(k == 0 ? 1.0 : 0.0, k == 1 ? 1.0 : 0.0);
+}
+"""
+
+_FRAGMENT_SHADER = """
+#version 330
+in vec2 v_bary;
+in float v_z;
+out vec4 out_raster;
+void main() {
+    // face id + 1 is exact in float32 below 2^24 faces; 0 = cleared = empty
+    out_raster = vec4(v_bary, v_z, float(gl_PrimitiveID + 1));
+}
+"""
+
+
+@dataclass
+class _GLState:
+    ctx: object
+    program: object
+    thread: threading.Thread
+    fbo: object = None
+    fbo_size: tuple = (0, 0)
+    owned: list = field(default_factory=list)
+
+    def framebuffer(self, width: int, height: int):
+        if self.fbo_size != (width, height):
+            self._drop_fbo()
+            color = self.ctx.texture((width, height), 4, dtype="f4")
+            depth = self.ctx.depth_renderbuffer((width, height))
+            self.fbo = self.ctx.framebuffer(color_attachments=[color], depth_attachment=depth)
+            self.owned = [color, depth]
+            self.fbo_size = (width, height)
+        return self.fbo
+
+    def _drop_fbo(self) -> None:
+        if self.fbo is not None:
+            self.fbo.release()
+            for obj in self.owned:
+                obj.release()
+        self.fbo, self.owned, self.fbo_size = None, [], (0, 0)
+
+    def release(self) -> None:
+        try:
+            if self.thread is threading.current_thread():
+                with self.ctx:
+                    self._drop_fbo()
+                    self.program.release()
+            self.ctx.release()
+        except Exception:   # releasing is best effort; a dead context must not mask the caller's error
+            pass
+
+
+def _forget_inherited_contexts() -> None:
+    # A forked child must never touch its parent's GL/CUDA contexts; drop the references only.
+    _GL_STATES.clear()
+    _NV_CONTEXTS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_contexts)
+
+
+def _gl_state() -> _GLState:
+    key = (os.getpid(), threading.get_ident())
+    me = threading.current_thread()
+    with _LOCK:
+        state = _GL_STATES.get(key)
+    if state is not None:
+        if state.thread is me:
+            return state
+        state.release()   # a dead thread's context whose id got reused by this thread
+    try:
+        import moderngl
+    except ImportError as e:
+        raise BackendUnavailableError(f"moderngl is not installed: {e}") from None
+    try:
+        ctx = moderngl.create_standalone_context(backend="egl", require=330)
+    except Exception as e:
+        raise BackendUnavailableError(
+            f"cannot create an OpenGL context on EGL ({e}); install Mesa's EGL and GL drivers "
+            "(Debian: libegl1 libgl1-mesa-dri libegl-mesa0)") from None
+    program = ctx.program(vertex_shader=_VERTEX_SHADER, fragment_shader=_FRAGMENT_SHADER)
+    state = _GLState(ctx=ctx, program=program, thread=me)
+    with _LOCK:
+        _GL_STATES[key] = state
+    return state
+
+
+def _moderngl_rasterize(job: _RasterJob) -> Raster:
+    import moderngl
+
+    state = _gl_state()
+    ctx, prog = state.ctx, state.program
+    c, h, w = job.count, job.height, job.width
+    out = _empty_raster(c, h, w)
+    expanded = np.ascontiguousarray(job.positions[job.faces.reshape(-1)], dtype=np.float32)
+    with ctx:
+        vbo = ctx.buffer(expanded.tobytes())
+        vao = ctx.vertex_array(prog, [(vbo, "3f", "in_pos")])
+        try:
+            fbo = state.framebuffer(w, h)
+            fbo.use()
+            if job.depth_test:
+                ctx.enable(moderngl.DEPTH_TEST)
+            else:
+                ctx.disable(moderngl.DEPTH_TEST)
+            ctx.disable(moderngl.CULL_FACE | moderngl.BLEND)
+            to_clip = _clip_from_pixels(0, 0, w, h)
+            strip = max(1, (64 << 20) // (w * 16))   # read back in strips of <= 64 MiB
+            for i in range(c):
+                if not job.enabled[i]:
+                    continue
+                fbo.clear(0.0, 0.0, 0.0, 0.0, depth=1.0)
+                mvp = (to_clip @ job.matrices[i]).astype(np.float32)
+                prog["mvp"].write(np.ascontiguousarray(mvp.T).tobytes())   # GLSL is column-major
+                prog["zrow"].value = tuple(float(x) for x in job.zrows[i])
+                vao.render(moderngl.TRIANGLES, vertices=expanded.shape[0])
+                for y0 in range(0, h, strip):
+                    rows = min(strip, h - y0)
+                    data = fbo.read(viewport=(0, y0, w, rows), components=4, dtype="f4")
+                    px = np.frombuffer(data, np.float32).reshape(rows, w, 4)
+                    _store(out, i, slice(y0, y0 + rows), slice(0, w), px[..., 3], px[..., 0],
+                           px[..., 1], px[..., 2])
+        finally:
+            vao.release()
+            vbo.release()
+    return out
+
+
+# --------------------------------------------------------------------------- nvdiffrast backend
+
+
+def _nvdiffrast_problem() -> str | None:
+    """Why nvdiffrast cannot run here, or None. Imports nothing heavy unless the package exists."""
+    import importlib.util
+
+    if importlib.util.find_spec("nvdiffrast") is None:
+        return "nvdiffrast is not installed (pip install diffrp-nvdiffrast; it JIT-compiles on first use)"
+    try:
+        import torch
+    except ImportError:
+        return "nvdiffrast needs torch, which is not installed"
+    if not torch.cuda.is_available():
+        return "nvdiffrast needs CUDA, and torch sees no CUDA device in this process"
+    return None
+
+
+def _nv_context(device: str):
+    import nvdiffrast.torch as dr
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise BackendUnavailableError(f"nvdiffrast runs on CUDA devices only, got device {device!r}")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = (os.getpid(), threading.get_ident(), str(dev))
+    with _LOCK:
+        ctx = _NV_CONTEXTS.get(key)
+    if ctx is None:
+        ctx = dr.RasterizeCudaContext(device=dev)
+        with _LOCK:
+            _NV_CONTEXTS[key] = ctx
+    return ctx, dev
+
+
+def _tiles(n: int) -> list[tuple[int, int, int]]:
+    """Split n pixels into tiles: (start, padded tile size, real pixels in the tile)."""
+    count = math.ceil(n / _NV_TILE)
+    size = math.ceil(math.ceil(n / count) / _NV_ALIGN) * _NV_ALIGN
+    return [(s, size, min(size, n - s)) for s in range(0, n, size)]
+
+
+def _nvdiffrast_rasterize(job: _RasterJob, device: str) -> Raster:
+    problem = _nvdiffrast_problem()
+    if problem is not None:
+        raise BackendUnavailableError(problem)
+    import nvdiffrast.torch as dr
+    import torch
+
+    rctx, dev = _nv_context(device)
+    c, h, w = job.count, job.height, job.width
+    out = _empty_raster(c, h, w)
+    views = [i for i in range(c) if job.enabled[i]]
+    if not views:
+        return out
+    with torch.no_grad():
+        pos_h = torch.from_numpy(np.concatenate(
+            [job.positions.astype(np.float64), np.ones((job.positions.shape[0], 1))], 1)).to(dev)
+        tri = torch.from_numpy(np.ascontiguousarray(job.faces, dtype=np.int32)).to(dev)
+        for y0, th, rows in _tiles(h):
+            for x0, tw, cols in _tiles(w):
+                to_clip = _clip_from_pixels(x0, y0, tw, th)
+                batch = max(1, _NV_BATCH_PIXELS // (th * tw))
+                for b0 in range(0, len(views), batch):
+                    idx = views[b0:b0 + batch]
+                    mvp = torch.from_numpy(np.stack([to_clip @ job.matrices[i] for i in idx])).to(dev)
+                    # float64 transform, then the contiguous float32 nvdiffrast requires
+                    clip = torch.matmul(pos_h[None], mvp.transpose(1, 2)).float().contiguous()
+                    rast, _ = dr.rasterize(rctx, clip, tri, resolution=[th, tw], grad_db=False)
+                    rast = rast[:, :rows, :cols].cpu().numpy()
+                    for k, i in enumerate(idx):
+                        r = rast[k]
+                        depth = (_camera_z_from_ndc(r[..., 2], *job.near_far[i]) if job.depth_test
+                                 else np.zeros(r.shape[:2]))
+                        _store(out, i, slice(y0, y0 + rows), slice(x0, x0 + cols), r[..., 3],
+                               r[..., 0], r[..., 1], depth)
+    return out
+
+
+def _camera_z_from_ndc(z_ndc: np.ndarray, near: float, far: float) -> np.ndarray:
+    """Invert the projection's z_ndc = A - B / z (see ``_view_projection``) to camera z.
+    Pixels without a face get garbage here; ``_store`` zeroes them."""
+    a = (far + near) / (far - near)
+    b = 2.0 * far * near / (far - near)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return b / (a - z_ndc.astype(np.float64))

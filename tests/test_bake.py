@@ -1,0 +1,366 @@
+"""Texture baking: recovery of a known texture, render-back, inpainting, gutter, input checks.
+
+The reference scene is a cube whose six sides each own one square UV chart of
+a 3 x 2 atlas. "Views" are that cube rendered (render_textured) with a known
+texture, so a correct bake has a known answer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kiln.settings import BakeSettings
+from pipeline import bake
+from pipeline.cameras import sphere_cameras
+from pipeline.types import Cameras, Mesh, Texture, Views
+from pipeline.validate import StageInputError
+
+from synthetic import object_colors
+
+RASTER = "moderngl"
+TEX = 128
+HALF = 0.4
+
+
+# --------------------------------------------------------------------------- scene
+
+def cube_mesh(n: int = 4) -> Mesh:
+    """Cube of side 2*HALF, each side an n x n grid in its own UV chart.
+
+    Side k sits in cell (k % 3, k // 3) of a 3 x 2 atlas, as a square of
+    0.3 x 0.3 in uv with a margin, so charts are separated by gutter texels.
+    """
+    h = HALF
+    sides = [  # origin, u axis, v axis; u x v points outwards
+        ((-h, -h, h), (1, 0, 0), (0, 1, 0)),     # +z (front)
+        ((h, -h, -h), (-1, 0, 0), (0, 1, 0)),    # -z
+        ((h, -h, h), (0, 0, -1), (0, 1, 0)),     # +x
+        ((-h, -h, -h), (0, 0, 1), (0, 1, 0)),    # -x
+        ((-h, h, h), (1, 0, 0), (0, 0, -1)),     # +y
+        ((-h, -h, -h), (1, 0, 0), (0, 0, 1)),    # -y
+    ]
+    verts, uvs, faces = [], [], []
+    a, b = np.meshgrid(np.linspace(0, 1, n + 1), np.linspace(0, 1, n + 1), indexing="xy")
+    a, b = a.ravel(), b.ravel()
+    for k, (o, du, dv) in enumerate(sides):
+        base = k * (n + 1) ** 2
+        o, du, dv = (np.array(x, np.float64) for x in (o, du, dv))
+        verts.append(o + 2 * h * (a[:, None] * du + b[:, None] * dv))
+        cell = np.array([(k % 3) / 3.0 + 0.02, (k // 3) / 2.0 + 0.1])
+        uvs.append(cell + 0.3 * np.stack([a, b], 1))
+        for j in range(n):
+            for i in range(n):
+                q = base + j * (n + 1) + i
+                faces += [(q, q + 1, q + n + 2), (q, q + n + 2, q + n + 1)]
+    return Mesh(vertices=np.concatenate(verts).astype(np.float32),
+                faces=np.array(faces, np.int32),
+                uvs=np.concatenate(uvs).astype(np.float32))
+
+
+def truth_texture(size: int = TEX) -> Texture:
+    return Texture(image=object_colors(size), seen=np.ones((size, size), bool))
+
+
+def views_of(mesh: Mesh, texture: Texture, cameras: Cameras) -> Views:
+    """Views of the textured mesh: colour where covered, alpha 1 there, 0 elsewhere."""
+    rgb, covered = bake.render_textured(mesh, texture, cameras, RASTER)
+    return Views(rgb=rgb, alpha=covered.astype(np.float32), cameras=cameras)
+
+
+def chart_mask(mesh: Mesh, size: int) -> np.ndarray:
+    from pipeline.rasterize import rasterize_uv
+
+    return rasterize_uv(mesh, size, RASTER).tri_id[0] >= 0
+
+
+def texel_psnr(a: Texture, b: Texture, mask: np.ndarray) -> float:
+    return bake.masked_psnr(a.image / 255.0, b.image / 255.0, mask)
+
+
+def settings(mode: str, **kw) -> BakeSettings:
+    base = dict(mode=mode, texture_size=TEX, steps=150, lr=0.03, tv_weight=0.0)
+    base.update(kw)
+    return BakeSettings(**base)
+
+
+@pytest.fixture(scope="module")
+def scene():
+    mesh = cube_mesh()
+    cams = sphere_cameras(10, radius=2.4, fov_deg=40.0, resolution=128)
+    truth = truth_texture()
+    return mesh, cams, truth, views_of(mesh, truth, cams)
+
+
+@pytest.fixture(scope="module")
+def fast_bake(scene):
+    mesh, _, _, views = scene
+    return bake.bake_texture(mesh, views, settings("fast"), RASTER, "cpu", seed=0)
+
+
+PROGRESS: list = []
+
+
+@pytest.fixture(scope="module")
+def opt_bake(scene):
+    mesh, _, _, views = scene
+    return bake.bake_texture(mesh, views, settings("opt"), RASTER, "cpu", seed=0,
+                             progress=lambda f, m: PROGRESS.append((f, m)))
+
+
+def interior(mask: np.ndarray, margin: int) -> np.ndarray:
+    """``mask`` shrunk by ``margin`` texels: chart borders mix in gutter under bilinear sampling."""
+    from scipy import ndimage
+
+    return ndimage.binary_erosion(mask, iterations=margin)
+
+
+# --------------------------------------------------------------------------- sampling and rendering
+
+def test_bilinear_taps_match_grid_sample():
+    rng = np.random.default_rng(0)
+    size = 16
+    image = rng.random((size, size, 3)).astype(np.float32)
+    uv = rng.uniform(-0.05, 1.05, size=(500, 2)).astype(np.float32)
+    ours = bake.sample_texture(image, uv)
+    tex = torch.from_numpy(image).permute(2, 0, 1)[None]
+    # texture row 0 is v = 1, grid_sample's y = -1 is row 0
+    grid = torch.from_numpy(np.stack([2 * uv[:, 0] - 1, 1 - 2 * uv[:, 1]], 1))[None, None]
+    ref = torch.nn.functional.grid_sample(tex, grid, mode="bilinear", padding_mode="border",
+                                          align_corners=False)[0, :, 0].T.numpy()
+    np.testing.assert_allclose(ours, ref, atol=1e-5)
+
+
+def test_render_textured_orientation():
+    """The front side's chart, top-left texel region, appears at the top-left of the front view."""
+    mesh = cube_mesh(2)
+    size = 64
+    image = np.zeros((size, size, 3), np.uint8)
+    image[:] = (0, 0, 255)
+    # front chart: uv cell (0.02..0.32, 0.1..0.4); its top-left quarter (low u, high v) red
+    u0, u1, v0, v1 = 0.02, 0.32, 0.1, 0.4
+    rows = slice(int((1 - v1) * size), int((1 - (v0 + v1) / 2) * size))
+    cols = slice(int(u0 * size), int((u0 + u1) / 2 * size))
+    image[rows, cols] = (255, 0, 0)
+    cams = sphere_cameras(1, radius=2.4, fov_deg=40.0, resolution=96)
+    rgb, covered = bake.render_textured(mesh, Texture(image, np.ones((size, size), bool)), cams, RASTER)
+    assert rgb.shape == (1, 96, 96, 3) and covered.shape == (1, 96, 96)
+    assert covered[0, 48, 48] and not covered[0, 2, 2]
+    ys, xs = np.nonzero(covered[0])
+    top, left, bottom, right = ys.min(), xs.min(), ys.max(), xs.max()
+    q = lambda y, x: rgb[0, int(top + y * (bottom - top)), int(left + x * (right - left))]
+    np.testing.assert_allclose(q(0.2, 0.2), (1, 0, 0), atol=0.02)   # top-left red
+    np.testing.assert_allclose(q(0.8, 0.8), (0, 0, 1), atol=0.02)   # bottom-right blue
+    np.testing.assert_allclose(q(0.2, 0.8), (0, 0, 1), atol=0.02)
+    np.testing.assert_allclose(q(0.8, 0.2), (0, 0, 1), atol=0.02)
+
+
+def test_masked_psnr_known_values():
+    a = np.zeros((4, 4, 3), np.float32)
+    b = a.copy()
+    b[0, 0] = 0.1   # mse over the one masked pixel = 0.01 -> 20 dB
+    mask = np.zeros((4, 4), bool)
+    mask[0, 0] = True
+    assert bake.masked_psnr(a, b, mask) == pytest.approx(20.0)
+    mask[:] = True
+    assert bake.masked_psnr(a, b, mask) == pytest.approx(20.0 + 10 * np.log10(16))
+    assert bake.masked_psnr(a, a, mask) == bake.PSNR_CAP_DB
+    with pytest.raises(ValueError):
+        bake.masked_psnr(a, b, np.zeros((4, 4), bool))
+
+
+# --------------------------------------------------------------------------- recovery of a known texture
+
+def test_fast_bake_recovers_known_texture(scene, fast_bake):
+    mesh, _, truth, _ = scene
+    texture, stats = fast_bake
+    assert texture.image.shape == (TEX, TEX, 3) and texture.image.dtype == np.uint8
+    assert stats["bake_mode"] == "fast"
+    chart = chart_mask(mesh, TEX)
+    # every side is seen by some of the 10 views
+    assert stats["texels_seen_fraction"] > 0.99
+    assert texture.seen[chart].mean() > 0.99
+    assert texel_psnr(texture, truth, interior(chart, 2)) > 24.0
+    assert stats["bake_psnr_db"] > 24.0
+
+
+def test_opt_bake_recovers_known_texture(scene, fast_bake, opt_bake):
+    mesh, _, truth, _ = scene
+    texture, stats = opt_bake
+    chart = chart_mask(mesh, TEX)
+    seen_inside = interior(chart, 2) & texture.seen
+    assert seen_inside.sum() > 0.9 * interior(chart, 2).sum()
+    assert texel_psnr(texture, truth, seen_inside) > 30.0
+    assert stats["bake_psnr_db"] > 35.0
+    # optimisation starts from the fast bake and must improve on it
+    assert stats["bake_fast_psnr_db"] == pytest.approx(fast_bake[1]["bake_psnr_db"], abs=1.0)
+    assert stats["bake_psnr_db"] > stats["bake_fast_psnr_db"] + 3.0
+
+
+def test_baked_texture_renders_back_to_views(scene, opt_bake):
+    mesh, cams, _, views = scene
+    texture, stats = opt_bake
+    rgb, covered = bake.render_textured(mesh, texture, cams, RASTER)
+    mask = covered & (views.alpha > bake.ALPHA_MIN)
+    for c in (0, 5):
+        assert bake.masked_psnr(rgb[c], views.rgb[c], mask[c]) > 33.0
+    # the stage's own figure is this same measurement over all views
+    assert stats["bake_psnr_db"] == pytest.approx(bake.masked_psnr(rgb, views.rgb, mask), abs=0.05)
+
+
+def test_opt_reports_monotonic_progress(opt_bake):
+    fractions = [f for f, _ in PROGRESS]
+    assert len(fractions) >= 20                      # at least one report per 5 % of the steps
+    assert fractions == sorted(fractions)
+    assert fractions[0] == 0.0 and fractions[-1] == 1.0
+    assert any("step 150/150" in m for _, m in PROGRESS)
+
+
+def test_opt_pixel_subset_is_seeded(scene, monkeypatch):
+    """Above MAX_OPT_PIXELS, opt fits a random subset chosen by the seed."""
+    mesh, _, _, views = scene
+    monkeypatch.setattr(bake, "MAX_OPT_PIXELS", 2000)
+    run = lambda seed: bake.bake_texture(mesh, views, settings("opt", steps=5, lr=0.1), RASTER,
+                                         "cpu", seed=seed)[0].image
+    first, again, other = run(1), run(1), run(2)
+    np.testing.assert_array_equal(first, again)
+    assert (first != other).any()
+
+
+def test_bake_ignores_transparent_view_pixels(scene):
+    """Pixels with low alpha carry no colour: garbage there must not reach the texture."""
+    mesh, cams, truth, views = scene
+    rng = np.random.default_rng(1)
+    noisy = views.rgb.copy()
+    faint = rng.random(views.alpha.shape) < 0.3
+    noisy[faint] = rng.random((int(faint.sum()), 3)).astype(np.float32)
+    alpha = np.where(faint, 0.0, views.alpha).astype(np.float32)
+    texture, stats = bake.bake_texture(mesh, Views(noisy, alpha, cams), settings("opt", steps=60),
+                                       RASTER, "cpu", seed=0)
+    chart = interior(chart_mask(mesh, TEX), 2)
+    assert texel_psnr(texture, truth, chart & texture.seen) > 27.0
+
+
+# --------------------------------------------------------------------------- unseen texels and gutter
+
+@pytest.fixture(scope="module")
+def one_sided_bake(scene):
+    """Two cameras in front: the back, top and bottom sides are never seen."""
+    mesh, _, truth, _ = scene
+    cams = sphere_cameras(1, radius=2.4, fov_deg=40.0, resolution=128)
+    side = sphere_cameras(1, radius=2.4, fov_deg=40.0, resolution=128)
+    from pipeline.cameras import look_at
+    side.viewmats[0] = look_at((1.7, 0.0, 1.7))
+    cams = Cameras(np.concatenate([cams.viewmats, side.viewmats]),
+                   np.concatenate([cams.Ks, side.Ks]), 128, 128)
+    views = views_of(mesh, truth, cams)
+    return bake.bake_texture(mesh, views, settings("fast"), RASTER, "cpu", seed=0)
+
+
+def test_unseen_texels_are_inpainted(scene, one_sided_bake):
+    mesh, _, truth, _ = scene
+    texture, stats = one_sided_bake
+    chart = chart_mask(mesh, TEX)
+    unseen = chart & ~texture.seen
+    assert 0.3 < stats["texels_seen_fraction"] < 0.4      # front and +x: two of six sides
+    assert unseen.sum() > 0.6 * chart.sum()
+    # no black holes: inpainted colours come from the seen texels' range (Telea may overshoot a little)
+    seen = texture.image[chart & texture.seen].astype(int)
+    filled = texture.image[unseen].astype(int)
+    assert (filled.max(1) > 20).all()
+    assert ((filled >= seen.min(0) - 8) & (filled <= seen.max(0) + 8)).all()
+
+
+def test_gutter_copies_nearest_chart_texel(scene, one_sided_bake):
+    from scipy.spatial import cKDTree
+
+    mesh, _, _, _ = scene
+    texture, _ = one_sided_bake
+    chart = chart_mask(mesh, TEX)
+    assert not texture.seen[~chart].any()       # fast mode only colours chart texels
+    inside = np.argwhere(chart)
+    outside = np.argwhere(~chart)
+    tree = cKDTree(inside)
+    dist, _ = tree.query(outside)
+    # ties: any chart texel at the nearest distance is a valid source
+    candidates = tree.query_ball_point(outside, dist + 1e-6)
+    img = texture.image.astype(int)
+    for (r, c), cand in zip(outside, candidates):
+        src = img[inside[cand, 0], inside[cand, 1]]
+        assert (np.abs(src - img[r, c]).max(1) == 0).any(), (r, c)
+
+
+def test_fill_texture_directly():
+    """Holes inside a chart are filled from around them; outside copies the chart edge."""
+    size = 32
+    chart = np.zeros((size, size), bool)
+    chart[8:24, 8:24] = True
+    image = np.zeros((size, size, 3), np.float32)
+    image[chart] = (0.2, 0.6, 0.9)
+    seen = chart.copy()
+    seen[14:18, 14:18] = False          # a hole in the middle of the chart
+    image[~seen] = 0.0
+    out = bake.fill_texture(image, seen, chart)
+    expect = np.round(np.array([0.2, 0.6, 0.9]) * 255)
+    # Telea's gradient term wobbles by a few levels even on a flat field
+    assert np.abs(out.reshape(-1, 3) - expect).max() <= 3
+
+
+# --------------------------------------------------------------------------- input checks
+
+def test_rejects_mesh_without_uvs(scene):
+    mesh, _, _, views = scene
+    bare = Mesh(vertices=mesh.vertices, faces=mesh.faces)
+    with pytest.raises(StageInputError, match="no UVs"):
+        bake.bake_texture(bare, views, settings("fast"), RASTER, "cpu", seed=0)
+
+
+def test_rejects_nan_views(scene):
+    mesh, _, _, views = scene
+    rgb = views.rgb.copy()
+    rgb[0, 10, 10, 1] = np.nan
+    with pytest.raises(StageInputError, match="views.rgb contains 1 non-finite"):
+        bake.bake_texture(mesh, Views(rgb, views.alpha, views.cameras), settings("fast"),
+                          RASTER, "cpu", seed=0)
+
+
+def test_rejects_views_not_matching_cameras(scene):
+    mesh, _, _, views = scene
+    with pytest.raises(StageInputError, match="views.rgb must have shape"):
+        bake.bake_texture(mesh, Views(views.rgb[:3], views.alpha[:3], views.cameras),
+                          settings("fast"), RASTER, "cpu", seed=0)
+
+
+@pytest.mark.parametrize("size", [100, 8, 8192])
+def test_rejects_bad_texture_size(scene, size):
+    mesh, _, _, views = scene
+    with pytest.raises(StageInputError, match="power of two"):
+        bake.bake_texture(mesh, views, settings("fast", texture_size=size), RASTER, "cpu", seed=0)
+
+
+def test_rejects_uvs_outside_unit_square(scene):
+    mesh, _, _, views = scene
+    bad = Mesh(mesh.vertices, mesh.faces, uvs=mesh.uvs * 2.0)
+    with pytest.raises(StageInputError, match=r"uvs must lie in \[0, 1\]"):
+        bake.bake_texture(bad, views, settings("fast"), RASTER, "cpu", seed=0)
+
+
+def test_rejects_views_that_miss_the_mesh(scene):
+    mesh, cams, _, views = scene
+    away = Views(views.rgb, np.zeros_like(views.alpha), cams)
+    with pytest.raises(StageInputError, match="no view sees the mesh"):
+        bake.bake_texture(mesh, away, settings("fast"), RASTER, "cpu", seed=0)
+
+
+# --------------------------------------------------------------------------- GPU path
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bake_matches_cpu(scene, opt_bake):
+    mesh, _, _, views = scene
+    texture, stats = bake.bake_texture(mesh, views, settings("opt"), RASTER, "cuda", seed=0)
+    cpu_texture, cpu_stats = opt_bake
+    assert abs(stats["bake_psnr_db"] - cpu_stats["bake_psnr_db"]) < 0.5
+    diff = np.abs(texture.image.astype(int) - cpu_texture.image.astype(int))
+    assert np.mean(diff) < 1.0

@@ -1,0 +1,165 @@
+"""Process environment for CUDA work, decided without importing torch.
+
+The old tool's segfaults began with nvdiffrast being JIT-compiled by the first
+``nvcc`` on PATH (CUDA 9.1) for a torch built against CUDA 11.8. So a worker,
+before it imports torch, points ``CUDA_HOME``/``PATH`` at a toolkit whose version
+matches ``torch.version.cuda`` (read from torch's ``version.py`` as text), gives
+JIT builds a project-local ``TORCH_EXTENSIONS_DIR``, and turns on faulthandler.
+
+GPU discovery for the supervisor lives here too: it must not initialise CUDA in
+the app process, so it asks ``nvidia-smi -L`` or ``/proc/driver/nvidia/gpus``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Iterable, Optional
+
+_RELEASE_RE = re.compile(r"release (\d+)\.(\d+)")
+
+
+def torch_cuda_version() -> Optional[str]:
+    """``torch.version.cuda`` (e.g. '12.1') without importing torch; None for CPU builds
+    or when torch is not installed."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        vfile = Path(loc) / "version.py"
+        if vfile.is_file():
+            m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([\d.]+)['\"]", vfile.read_text(), re.M)
+            return m.group(1) if m else None
+    return None
+
+
+def toolkit_version(home: Path) -> Optional[str]:
+    """'major.minor' of the CUDA toolkit at ``home``, or None when it has no nvcc."""
+    home = Path(home)
+    nvcc = home / "bin" / "nvcc"
+    if not nvcc.is_file():
+        return None
+    vjson = home / "version.json"
+    if vjson.is_file():
+        try:
+            ver = json.loads(vjson.read_text())["cuda"]["version"]
+            return ".".join(ver.split(".")[:2])
+        except (ValueError, KeyError, TypeError):
+            pass
+    vtxt = home / "version.txt"
+    if vtxt.is_file():
+        m = re.search(r"(\d+)\.(\d+)", vtxt.read_text())
+        if m:
+            return f"{m.group(1)}.{m.group(2)}"
+    try:
+        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _RELEASE_RE.search(out)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def toolkit_candidates(env: dict) -> list[Path]:
+    """Where CUDA toolkits usually live, most specific first."""
+    out: list[Path] = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if env.get(var):
+            out.append(Path(env[var]))
+    if env.get("CONDA_PREFIX"):
+        out.append(Path(env["CONDA_PREFIX"]))
+    for base in ("/usr/local", "/opt"):
+        p = Path(base)
+        if p.is_dir():
+            out.extend(sorted(p.glob("cuda-*"), reverse=True))
+            out.append(p / "cuda")
+    for d in env.get("PATH", "").split(os.pathsep):
+        if d and (Path(d) / "nvcc").is_file():
+            out.append(Path(d).resolve().parent)
+    seen, uniq = set(), []
+    for p in out:
+        key = str(p)
+        if key not in seen:
+            seen.add(key)
+            uniq.append(p)
+    return uniq
+
+
+def find_toolkit(want: str, candidates: Iterable[Path]) -> tuple[Optional[Path], list[str]]:
+    """First toolkit whose major.minor equals ``want``; also the versions seen elsewhere."""
+    want = ".".join(want.split(".")[:2])
+    seen = []
+    for home in candidates:
+        ver = toolkit_version(home)
+        if ver is None:
+            continue
+        if ver == want:
+            return home, seen
+        seen.append(f"{ver} at {home}")
+    return None, seen
+
+
+def prepare(env: dict, torch_extensions_dir: Path, gpu: Optional[str], device: str) -> dict:
+    """Adjust ``env`` (normally ``os.environ``) in place for a worker about to import torch.
+
+    gpu: the CUDA_VISIBLE_DEVICES entry this worker owns, or None to leave it alone.
+    Returns notes for the capability report: 'torch_cuda', 'cuda_home', 'toolkit'.
+    """
+    notes: dict = {}
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU worker must not even see a GPU
+    elif gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(torch_extensions_dir).resolve()))
+    env["PYTHONFAULTHANDLER"] = "1"
+    want = torch_cuda_version()
+    notes["torch_cuda"] = want
+    if want is None or device == "cpu":
+        notes["toolkit"] = "not needed" if device == "cpu" else "torch is a CPU build"
+        return notes
+    home, others = find_toolkit(want, toolkit_candidates(env))
+    if home is not None:
+        env["CUDA_HOME"] = str(home)
+        env["PATH"] = str(home / "bin") + os.pathsep + env.get("PATH", "")
+        notes["cuda_home"] = str(home)
+        notes["toolkit"] = f"CUDA {want} at {home}"
+    else:
+        # Leave PATH alone: JIT builds then fail with torch's own version-mismatch
+        # message, which beats silently building with the wrong compiler.
+        notes["toolkit"] = (f"no CUDA {want} toolkit found (torch needs it for JIT builds)"
+                            + (f"; found {', '.join(others)}" if others else ""))
+    return notes
+
+
+def detect_gpus(env: Optional[dict] = None) -> list[str]:
+    """CUDA_VISIBLE_DEVICES entries, one per GPU a worker may be pinned to.
+
+    Honors an existing CUDA_VISIBLE_DEVICES; otherwise counts GPUs with
+    ``nvidia-smi -L`` or ``/proc/driver/nvidia/gpus``. Never touches CUDA itself.
+    """
+    env = os.environ if env is None else env
+    if "CUDA_VISIBLE_DEVICES" in env:
+        out = []
+        for item in env["CUDA_VISIBLE_DEVICES"].split(","):
+            item = item.strip()
+            if not item or item.startswith("-"):
+                break  # CUDA stops at the first invalid entry
+            out.append(item)
+        return out
+    try:
+        res = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=15)
+        if res.returncode == 0:
+            n = sum(1 for line in res.stdout.splitlines() if line.startswith("GPU "))
+            return [str(i) for i in range(n)]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    gpus = Path("/proc/driver/nvidia/gpus")
+    if gpus.is_dir():
+        return [str(i) for i in range(len(list(gpus.iterdir())))]
+    return []

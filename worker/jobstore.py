@@ -1,0 +1,271 @@
+"""Jobs on disk: one directory per job, so a job survives any process dying.
+
+Layout of ``<root>/<session>/<job_id>/``::
+
+    inputs/image.png   the photo, RGB
+    inputs/mask.png    the object mask, 0 / 255
+    settings.json      the job's full settings (kiln.settings.Settings.to_dict())
+    status.json        JobStatus, rewritten atomically on every change
+    result.json        what the worker reports besides the GLB (timings, stats, checks)
+    log                human-readable history: supervisor notes, worker stage lines, tracebacks
+    outputs/model.glb  (and model.ply when asked for)
+
+Only the supervisor writes ``status.json``; the worker writes ``outputs/``,
+``result.json`` and appends to ``log``. Every file that is replaced is written to a
+temporary name first and moved over with ``os.replace``, so a reader never sees
+half a file. Pure Python + numpy + Pillow: the app process imports this.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+STATES = ("queued", "running", "done", "failed", "cancelled")
+TERMINAL = ("done", "failed", "cancelled")
+_SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_JOB_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
+
+
+@dataclass
+class JobStatus:
+    """A job's state as the UI and CLI see it.
+
+    progress: 0..1 over the whole job, never decreases within an attempt.
+    seq: sequence number of the last event; strictly increases with every change.
+    outputs: {'glb': path, 'ply': path} of what exists once done.
+    timings: stage -> seconds, plus 'queued_s', 'total_s'.
+    """
+
+    id: str
+    session: str
+    state: str = "queued"
+    stage: Optional[str] = None
+    progress: float = 0.0
+    message: str = ""
+    seq: int = 0
+    outputs: dict = field(default_factory=dict)
+    error: Optional[str] = None
+    timings: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+    attempts: int = 0
+    worker: Optional[int] = None
+    backends: dict = field(default_factory=dict)
+    created: float = 0.0
+    started: Optional[float] = None
+    finished: Optional[float] = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "JobStatus":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class Event:
+    """One change of a job, as delivered by ``Supervisor.events``. ``seq`` is per job,
+    starts at 1 and increases by one with every event."""
+
+    job_id: str
+    seq: int
+    time: float
+    state: str
+    stage: Optional[str]
+    progress: float
+    message: str
+
+
+def atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
+    """Write ``data`` to ``path`` so readers see the old or the new content, never a mix."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_json(path: Path, obj, fsync: bool = True) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True, default=str).encode(), fsync)
+
+
+def safe_session(session: str) -> str:
+    """A session name usable as a directory name; others are replaced by a stable hash."""
+    session = str(session)
+    if _SESSION_RE.fullmatch(session) and session not in (".", ".."):
+        return session
+    import hashlib
+
+    return "s-" + hashlib.sha256(session.encode()).hexdigest()[:16]
+
+
+def new_job_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+class JobStore:
+    """Creates, finds and updates job directories under ``root``."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._dirs: dict[str, Path] = {}
+
+    # -- creating and finding ------------------------------------------------
+    def create(self, rgb: np.ndarray, mask: np.ndarray, settings: dict, session: str) -> JobStatus:
+        """Write a new job's inputs and settings; returns its first (queued) status.
+
+        rgb: (H, W, 3) uint8; mask: (H, W) bool.
+        """
+        from PIL import Image
+
+        check_inputs(rgb, mask)
+        session = safe_session(session)
+        job_id = new_job_id()
+        d = self.root / session / job_id
+        (d / "inputs").mkdir(parents=True)
+        (d / "outputs").mkdir()
+        # compress_level 1: these files are read once by the worker; speed beats size
+        Image.fromarray(np.ascontiguousarray(rgb), "RGB").save(d / "inputs" / "image.png", compress_level=1)
+        Image.fromarray(mask.astype(np.uint8) * 255, "L").save(d / "inputs" / "mask.png", compress_level=1)
+        atomic_write_json(d / "settings.json", settings)
+        st = JobStatus(id=job_id, session=session, created=time.time(), message="queued")
+        self._dirs[job_id] = d
+        self.write_status(st)
+        return st
+
+    def job_dir(self, job_id: str) -> Path:
+        d = self._dirs.get(job_id)
+        if d is not None:
+            return d
+        if not _JOB_RE.fullmatch(job_id or ""):
+            raise KeyError(f"no such job: {job_id!r}")
+        for cand in self.root.glob(f"*/{job_id}"):
+            if (cand / "status.json").is_file():
+                self._dirs[job_id] = cand
+                return cand
+        raise KeyError(f"no such job: {job_id!r}")
+
+    def exists(self, job_id: str) -> bool:
+        try:
+            self.job_dir(job_id)
+            return True
+        except KeyError:
+            return False
+
+    # -- status, log ---------------------------------------------------------
+    def read_status(self, job_id: str) -> JobStatus:
+        return JobStatus.from_dict(json.loads((self.job_dir(job_id) / "status.json").read_text()))
+
+    def write_status(self, st: JobStatus, fsync: bool = True) -> None:
+        atomic_write_json(self.job_dir(st.id) / "status.json", st.to_dict(), fsync)
+
+    def append_log(self, job_id: str, line: str) -> None:
+        append_log(self.job_dir(job_id), line)
+
+    def read_log(self, job_id: str, max_bytes: int = 64_000) -> str:
+        path = self.job_dir(job_id) / "log"
+        if not path.is_file():
+            return ""
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - max_bytes))
+            return f.read().decode(errors="replace")
+
+    def read_result(self, job_id: str) -> dict:
+        path = self.job_dir(job_id) / "result.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    # -- listing and recovery --------------------------------------------------
+    def scan(self) -> list[JobStatus]:
+        """Every readable job on disk, oldest first."""
+        out = []
+        for status_file in self.root.glob("*/*/status.json"):
+            try:
+                st = JobStatus.from_dict(json.loads(status_file.read_text()))
+            except (OSError, ValueError, TypeError):
+                continue  # a foreign or damaged directory; leave it alone
+            self._dirs[st.id] = status_file.parent
+            out.append(st)
+        out.sort(key=lambda s: (s.created, s.id))
+        return out
+
+    def recover(self) -> list[JobStatus]:
+        """Mark jobs a previous server left queued or running as failed, naming why.
+
+        Returns the jobs it changed. Called once when a supervisor starts, before any
+        worker exists, so nothing else is writing these files.
+        """
+        changed = []
+        for st in self.scan():
+            if st.state not in ("queued", "running"):
+                continue
+            if st.state == "running":
+                where = f" during stage '{st.stage}'" if st.stage else ""
+                reason = f"interrupted: the server stopped while the job was running{where}"
+            else:
+                reason = "interrupted: the server stopped before the job started"
+            st.state, st.error, st.message = "failed", reason, reason
+            st.seq += 1
+            st.finished = time.time()
+            self.write_status(st)
+            self.append_log(st.id, reason)
+            changed.append(st)
+        return changed
+
+
+def append_log(job_dir: Path, line: str) -> None:
+    """Append a timestamped line; O_APPEND keeps lines from two processes whole."""
+    stamp = time.strftime("%H:%M:%S")
+    text = "".join(f"{stamp} {ln}\n" for ln in str(line).rstrip("\n").split("\n"))
+    fd = os.open(Path(job_dir) / "log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, text.encode(errors="replace"))
+    finally:
+        os.close(fd)
+
+
+def check_inputs(rgb, mask) -> None:
+    """Cheap shape/dtype checks on a job's inputs, before anything is written."""
+    if not isinstance(rgb, np.ndarray) or rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
+        raise ValueError("image must be a (H, W, 3) uint8 array, got "
+                         f"{getattr(rgb, 'dtype', type(rgb).__name__)} {getattr(rgb, 'shape', '')}")
+    if not isinstance(mask, np.ndarray) or mask.shape != rgb.shape[:2]:
+        raise ValueError(f"mask must be a (H, W) array matching the image {rgb.shape[:2]}, "
+                         f"got {getattr(mask, 'shape', type(mask).__name__)}")
+    if mask.dtype != np.bool_:
+        raise ValueError(f"mask must be bool, got {mask.dtype}")
+    if rgb.shape[0] < 2 or rgb.shape[1] < 2:
+        raise ValueError(f"image is too small: {rgb.shape[1]}x{rgb.shape[0]}")
+
+
+def load_inputs(job_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(rgb (H, W, 3) uint8, mask (H, W) bool) of a job."""
+    from PIL import Image
+
+    d = Path(job_dir) / "inputs"
+    with Image.open(d / "image.png") as im:
+        rgb = np.asarray(im.convert("RGB"))
+    with Image.open(d / "mask.png") as im:
+        mask = np.asarray(im.convert("L")) > 127
+    return rgb, mask

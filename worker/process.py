@@ -1,0 +1,305 @@
+"""The worker process: owns the only CUDA (and GL) context, runs one job at a time.
+
+Started by the supervisor with the ``spawn`` start method, so it begins as a fresh
+interpreter that inherited no handles. ``worker_main`` first fixes the
+environment (``worker.env.prepare``: CUDA toolkit matching torch, extension
+directory, faulthandler), sends its output to a per-worker log, probes the
+backends, reports ``ready`` with its capabilities, then serves jobs from its
+inbox until told to stop.
+
+Messages to the supervisor are small dicts (see ``Sender``): a pickled message
+stays under PIPE_BUF, so it reaches the pipe whole or not at all even when the
+process dies right after sending, and the supervisor can never block on half
+a message. Everything big goes through the job directory.
+
+This module is imported by the app process too (the spawn target is pickled by
+reference), so it imports nothing heavy at module level.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import json
+import os
+import pickle
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+EXIT_CUDA_STICKY = 75      # "please give me a fresh process": a CUDA error poisoned this one
+MAX_MESSAGE_BYTES = 3800   # < PIPE_BUF (4096) so a write is atomic
+CHUNK_SCALE_ENV = "KILN_CHUNK_SCALE"
+
+_CUDA_ERROR_RE = re.compile(
+    r"CUDA error|CUDA driver error|CUDA_ERROR|cuDNN error|CUDNN_STATUS|CUBLAS_STATUS|cuBLAS error|"
+    r"illegal memory access|device-side assert|unspecified launch failure|misaligned address|"
+    r"illegal instruction was encountered|NCCL error", re.I)
+
+
+def classify_error(exc: BaseException) -> str:
+    """'oom' | 'cuda' (sticky, process must go) | 'input' (bad data/settings) | 'error'."""
+    text = f"{exc}"
+    if type(exc).__name__ == "OutOfMemoryError" or ("out of memory" in text.lower()
+                                                    and "cuda" in text.lower()):
+        return "oom"
+    if _CUDA_ERROR_RE.search(text):
+        return "cuda"
+    try:
+        from pipeline.validate import StageInputError
+
+        if isinstance(exc, StageInputError):
+            return "input"
+    except ImportError:
+        pass
+    return "error"
+
+
+def _shrink(obj, limit: int):
+    if isinstance(obj, str):
+        return obj if len(obj) <= limit else obj[: limit - 3] + "..."
+    if isinstance(obj, dict):
+        return {k: _shrink(v, limit) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_shrink(v, limit) for v in obj)
+    return obj
+
+
+class Sender:
+    """Thread-safe, size-capped, synchronous ``put`` onto the worker's outbox."""
+
+    def __init__(self, queue):
+        self.queue = queue
+
+    def __call__(self, msg: dict) -> None:
+        for limit in (1500, 300, 80):
+            if len(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)) <= MAX_MESSAGE_BYTES:
+                break
+            msg = _shrink(msg, limit)
+        self.queue.put(msg)  # SimpleQueue: written to the pipe before put returns
+
+
+# --------------------------------------------------------------------------- start-up
+
+
+def _redirect_output(log_path: Path):
+    """Point fds 1 and 2 (so native libraries' prints and faulthandler too) at the log."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if log_path.is_file() and log_path.stat().st_size > 20_000_000:
+        os.replace(log_path, log_path.with_suffix(".log.1"))
+    f = open(log_path, "a", buffering=1, encoding="utf-8", errors="replace")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(f.fileno(), 1)
+    os.dup2(f.fileno(), 2)
+    faulthandler.enable(file=f, all_threads=True)
+    # SIGTERM is how the supervisor stops a hung worker: dump every thread's stack
+    # first (that is where the hang is), then die the default way.
+    faulthandler.register(signal.SIGTERM, file=f, all_threads=True, chain=True)
+    return f
+
+
+def _heartbeat(send: Sender, interval: float, parent_pid: int) -> None:
+    while True:
+        time.sleep(interval)
+        if os.getppid() != parent_pid:
+            os._exit(0)  # the supervisor is gone; nobody will ever read our results
+        send({"type": "hb", "t": time.time()})
+
+
+def _probe_all(cfg: dict, send: Sender, env_notes: dict) -> dict:
+    from kiln.settings import from_dict
+
+    from .probe import PROBES, run_probe
+
+    ctx = {"device": cfg["device"], "results": {}, "settings": from_dict(cfg["settings"])}
+    reasons, times = {}, {}
+    for name in PROBES:
+        if name in cfg["skip_probes"]:
+            ctx["results"][name] = False
+            reasons[name] = cfg["skip_probes"][name]
+            continue
+        send({"type": "probe", "name": name})
+        t0 = time.perf_counter()
+        ok, reason = run_probe(name, ctx, cfg["probe_timeout_s"])
+        times[name] = round(time.perf_counter() - t0, 3)
+        if not ok:
+            reasons[name] = reason
+        print(f"probe {name}: {'ok' if ok else reason} ({times[name]} s)", flush=True)
+    r = ctx["results"]
+    caps = {"device": ctx.get("device_name", "cpu") if r.get("cuda") else "cpu",
+            "cuda": bool(r.get("cuda")), "gsplat": bool(r.get("gsplat")),
+            "nvdiffrast": bool(r.get("nvdiffrast")), "moderngl": bool(r.get("moderngl")),
+            "cpu": bool(r.get("cpu")), "sam3d": bool(r.get("sam3d")),
+            "reasons": reasons, "probe_s": times,
+            "torch_cuda": env_notes.get("torch_cuda"), "toolkit": env_notes.get("toolkit"),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return caps
+
+
+def _warm_imports() -> None:
+    # Pay the import cost of every stage now, not inside the first job.
+    import pipeline.run  # noqa: F401
+    for mod in ("reconstruct", "render_views", "mesh_ops", "uv", "rasterize", "bake", "export", "cache"):
+        __import__(f"pipeline.{mod}")
+
+
+def worker_main(cfg: dict, inbox, outbox) -> None:
+    """Entry point of a spawned worker. ``cfg`` is built by the supervisor (plain data)."""
+    from . import env as env_mod
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's business
+    env_notes = env_mod.prepare(os.environ, Path(cfg["torch_extensions_dir"]), cfg["gpu"], cfg["device"])
+    _redirect_output(Path(cfg["log_path"]))
+    print(f"--- worker {cfg['slot']} pid {os.getpid()} starting {time.strftime('%Y-%m-%d %H:%M:%S')} "
+          f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
+          f"toolkit: {env_notes.get('toolkit')}", flush=True)
+    send = Sender(outbox)
+    threading.Thread(target=_heartbeat, args=(send, cfg["heartbeat_s"], cfg["parent_pid"]),
+                     name="heartbeat", daemon=True).start()
+    t0 = time.perf_counter()
+    caps = _probe_all(cfg, send, env_notes)
+    try:
+        _warm_imports()
+    except Exception as e:  # jobs will fail with the same error, and say so
+        caps["pipeline_error"] = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    send({"type": "ready", "pid": os.getpid(), "caps": caps,
+          "startup_s": round(time.perf_counter() - t0, 3)})
+    while True:
+        msg = inbox.get()
+        if msg.get("type") == "stop":
+            break
+        if msg.get("type") == "run":
+            _run_job(msg, cfg, caps, send)
+    try:
+        from pipeline.rasterize import release_contexts
+
+        release_contexts()
+    except Exception:
+        pass
+    print(f"--- worker {cfg['slot']} pid {os.getpid()} stopping", flush=True)
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+@contextmanager
+def _chunk_scale(scale: float):
+    """Expose the OOM-retry hint to stages that work in chunks (they may read it)."""
+    old = os.environ.get(CHUNK_SCALE_ENV)
+    if scale < 1.0:
+        os.environ[CHUNK_SCALE_ENV] = f"{scale:g}"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(CHUNK_SCALE_ENV, None)
+        else:
+            os.environ[CHUNK_SCALE_ENV] = old
+
+
+def _check_backends(settings, backends, caps: dict) -> None:
+    """Explicit backend settings this worker cannot honour fail the job up front, clearly."""
+    from pipeline.validate import StageInputError
+
+    why = caps.get("reasons", {})
+    need = []
+    if backends.device.startswith("cuda"):
+        need.append(("cuda", f"device '{backends.device}'"))
+    if settings.bake.enabled and backends.render == "gsplat":
+        need.append(("gsplat", "render backend 'gsplat'"))
+    if settings.bake.enabled:
+        need.append((backends.rasterize, f"rasterizer '{backends.rasterize}'"))
+    if settings.reconstruct.backend == "sam3d":
+        need.append(("sam3d", "reconstruction backend 'sam3d'"))
+    for cap, what in need:
+        if not caps.get(cap):
+            raise StageInputError(f"settings ask for {what}, which does not work on this worker: "
+                                  f"{why.get(cap, 'probe failed')}")
+
+
+def _json_default(o):
+    return o.item() if hasattr(o, "item") else str(o)
+
+
+def _run_job(msg: dict, cfg: dict, caps: dict, send: Sender) -> None:
+    from kiln.settings import from_dict
+
+    from . import faults
+    from .jobstore import append_log, atomic_write_bytes, load_inputs
+
+    job_id, job_dir, attempt = msg["job"], Path(msg["dir"]), msg["attempt"]
+    fault = msg.get("fault") if cfg.get("faults_enabled") else None
+    fault_kind, fault_stage = faults.split_spec(fault) if fault else (None, None)
+    state = {"stage": None, "last": 0.0}
+    print(f"=== job {job_id} attempt {attempt} ===", flush=True)
+    note = f" with {msg['overrides']}" if msg.get("overrides") else ""
+    if msg.get("chunk_scale", 1.0) < 1.0:
+        note += f", chunk scale {msg['chunk_scale']:g}"
+    append_log(job_dir, f"worker {cfg['slot']} (pid {os.getpid()}): attempt {attempt}{note}")
+
+    def on_event(stage: str, fraction: float, message: str = "") -> None:
+        now = time.monotonic()
+        new = stage != state["stage"]
+        if new:
+            state["stage"] = stage
+            append_log(job_dir, f"stage {stage}: started")
+        if new or fraction >= 1.0 or now - state["last"] >= 0.1:
+            state["last"] = now
+            send({"type": "event", "job": job_id, "stage": stage, "fraction": float(fraction),
+                  "message": str(message)[:200]})
+        if new and fault_stage == stage:
+            append_log(job_dir, f"test fault '{fault_kind}' fires at stage {stage}")
+            faults.fire(fault_kind)
+
+    try:
+        from pipeline.export import check_glb
+        from pipeline.run import resolve_backends, run_pipeline
+        from pipeline.types import ImageInput
+
+        settings = from_dict(json.loads((job_dir / "settings.json").read_text()))
+        settings = settings.override(msg.get("overrides") or {})
+        rgb, mask = load_inputs(job_dir)
+        backends = resolve_backends(settings, caps)
+        send({"type": "started", "job": job_id, "backends": dict(backends.__dict__)})
+        _check_backends(settings, backends, caps)
+        cache_dir = Path(msg["cache_dir"]) if msg.get("cache_dir") else None
+        with _chunk_scale(float(msg.get("chunk_scale", 1.0))):
+            result = run_pipeline(ImageInput(rgb=rgb, mask=mask), settings, job_dir / "outputs",
+                                  on_event=on_event, backends=backends, cache_dir=cache_dir,
+                                  name="model")
+        check = check_glb(result.glb_path)
+        report = {"timings": result.timings, "stats": result.stats, "check": check,
+                  "backends": dict(backends.__dict__),
+                  "reconstruction_cached": result.reconstruction_cached}
+        atomic_write_bytes(job_dir / "result.json",
+                           json.dumps(report, indent=1, default=_json_default).encode())
+        append_log(job_dir, "done: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items()))
+        send({"type": "done", "job": job_id, "glb": str(result.glb_path),
+              "ply": str(result.ply_path) if result.ply_path else None})
+    except Exception as e:
+        kind = classify_error(e)
+        tb = traceback.format_exc()
+        print(tb, flush=True)
+        append_log(job_dir, f"stage {state['stage']}: {kind} error\n{tb}")
+        send({"type": "failed", "job": job_id, "stage": state["stage"], "kind": kind,
+              "error": f"{type(e).__name__}: {e}".strip()})
+        if kind == "cuda":
+            # The CUDA context is poisoned for good; only a new process gets a clean one.
+            sys.stdout.flush()
+            os._exit(EXIT_CUDA_STICKY)
+        del e
+        _free_memory()
+
+
+def _free_memory() -> None:
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
