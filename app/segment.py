@@ -76,7 +76,7 @@ class GrabCutSegmenter:
 
     name = "GrabCut"
 
-    def __init__(self, max_side: int = 320, iterations: int = 3, grow: float = 0.28):
+    def __init__(self, max_side: int = 320, iterations: int = 3, grow: float = 0.45):
         self.max_side = max_side
         self.iterations = iterations
         self.grow = grow

@@ -52,7 +52,12 @@ def _merge_vertices(mesh: Mesh):
         key = np.concatenate([key, np.round(mesh.uvs.astype(np.float64) / MERGE_TOLERANCE)
                               .astype(np.int64)], axis=1)
     _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    inverse = inverse.ravel()
+    # number merged vertices in order of first appearance, so a clean mesh comes back unchanged
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    inverse = rank[inverse.ravel()]
+    first = first[order]
     colors = None
     if mesh.vertex_colors is not None:
         # average the colours that land on one vertex
@@ -133,7 +138,11 @@ def simplify_mesh(mesh: Mesh, ratio: float) -> Mesh:
     mesh: vertices (V, 3) float32, faces (F, 3) int32. Returns a new Mesh.
     """
     mesh.validate("mesh")
-    if not (isinstance(ratio, (int, float)) and 0.0 <= ratio < 1.0):
+    try:
+        ratio = float(ratio)
+    except (TypeError, ValueError):
+        ratio = float("nan")
+    if not 0.0 <= ratio < 1.0:
         raise StageInputError(f"simplify ratio must be in [0, 1) (the fraction of faces removed), "
                               f"got {ratio!r}")
     if ratio == 0.0:

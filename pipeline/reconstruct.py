@@ -165,7 +165,7 @@ def reconstruct_builtin(image: ImageInput, settings: ReconstructSettings, seed: 
         "crop": [int(v) for v in grid.bbox],
         "pixels_per_cell": float(grid.cell),
         "grid_shape": [int(s) for s in h.shape],
-        # world (x, y) * extent + center = (column, -row) in pixel units of the image
+        # world (x, y, z) * extent + center = (column, -row, depth) in pixels of the image
         "world_to_pixels": {"center": [float(c) for c in center], "extent": float(extent)},
     }
     return Reconstruction(mesh=mesh, gaussians=gaussians, meta=meta)

@@ -199,9 +199,11 @@ def load_pipeline(config_path: str | Path):
     try:
         pipe = instantiate(config)
     except Exception as e:  # noqa: BLE001
-        if _is_oom(e):
-            raise
-        raise Sam3dError(f"loading SAM 3D Objects from {path} failed: {type(e).__name__}: {e}") from e
+        cause = e.__cause__ or e    # hydra wraps what the constructor raised
+        if _is_oom(cause):
+            raise cause from None   # the worker retries / reports OOM by its type
+        raise Sam3dError(f"loading SAM 3D Objects from {path} failed: "
+                         f"{type(cause).__name__}: {cause}") from e
     _PIPELINE_CACHE.clear()   # one pipeline per worker: they are tens of GiB
     _PIPELINE_CACHE[key] = pipe
     return pipe

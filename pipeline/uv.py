@@ -23,8 +23,11 @@ def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int) -> Mesh:
     Returns a new Mesh whose vertices are split along chart seams:
     vertices (V', 3) float32, faces (F, 3) int32 (same face order),
     vertex_colors (V', 3) float32 carried over (or None), uvs (V', 2) float32 in
-    [0, 1] with v = 0 the bottom of the texture. Chart corners sit on the texel
-    grid: texel (row, col) covers u in [col, col+1)/S, v in (1-(row+1)/S, 1-row/S].
+    [0, 1] with v = 0 the bottom of the texture; texel (row, col) of the S x S
+    texture covers u in [col, col+1) / S and v in (1 - (row+1) / S, 1 - row / S].
+    xatlas pads every chart by ``gutter`` texels, so rasterized at texel centres
+    two charts are at least 2 * gutter + 1 texels apart and each can be dilated
+    by ``gutter`` texels without touching another (tests/test_uv.py checks this).
     """
     import xatlas
 

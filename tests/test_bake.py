@@ -364,3 +364,40 @@ def test_cuda_bake_matches_cpu(scene, opt_bake):
     assert abs(stats["bake_psnr_db"] - cpu_stats["bake_psnr_db"]) < 0.5
     diff = np.abs(texture.image.astype(int) - cpu_texture.image.astype(int))
     assert np.mean(diff) < 1.0
+
+
+# --------------------------------------------------------------------------- end to end
+
+def test_pipeline_bake_matches_gaussian_views():
+    """reconstruct -> Gaussian views -> clean/simplify -> unwrap -> bake, at reduced sizes.
+
+    The texture is judged against the Gaussian renders (not a known texture),
+    which is what the stage reports to users as bake_psnr_db.
+    """
+    from kiln.settings import load
+    from pipeline import mesh_ops, uv
+    from pipeline.reconstruct import reconstruct
+    from pipeline.render_views import render_gaussians
+    from pipeline.types import ImageInput
+    from synthetic import make_object_image
+
+    s = load(overrides={"reconstruct.resolution": 96, "reconstruct.num_gaussians": 15000,
+                        "views.count": 8, "views.resolution": 192, "bake.texture_size": 256})
+    rgb, mask = make_object_image(256, "blob")
+    recon = reconstruct(ImageInput(rgb, mask), s.reconstruct, seed=0)
+    v = s.views
+    views = render_gaussians(recon.gaussians, sphere_cameras(v.count, v.radius, v.fov_deg, v.resolution),
+                             backend="cpu")
+    mesh = mesh_ops.clean_mesh(recon.mesh, s.mesh.min_component_fraction, s.mesh.fill_holes)
+    mesh = mesh_ops.simplify_mesh(mesh, s.mesh.simplify_ratio)
+    mesh = uv.unwrap(mesh, s.bake.texture_size, s.bake.gutter, s.mesh.max_faces_for_uv)
+    results = {}
+    for mode in ("fast", "opt"):
+        texture, stats = bake.bake_texture(mesh, views, s.override({"bake.mode": mode}).bake,
+                                           RASTER, "cpu", seed=0)
+        results[mode] = stats["bake_psnr_db"]
+        assert stats["texels_seen_fraction"] > 0.95
+    print("bake PSNR against the Gaussian views:", results)
+    assert results["opt"] >= 28.0
+    assert results["fast"] >= 24.0
+    assert results["opt"] > results["fast"]

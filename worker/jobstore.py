@@ -221,8 +221,8 @@ class JobStore:
             if st.state not in ("queued", "running"):
                 continue
             if st.state == "running":
-                where = f" during stage '{st.stage}'" if st.stage else ""
-                reason = f"interrupted: the server stopped while the job was running{where}"
+                where = f"during stage '{st.stage}'" if st.stage else "while the job was starting"
+                reason = f"interrupted: the server stopped {where}"
             else:
                 reason = "interrupted: the server stopped before the job started"
             st.state, st.error, st.message = "failed", reason, reason

@@ -1,0 +1,401 @@
+"""The web UI's handlers without a browser: uploads, clicks -> mask, settings -> job,
+errors shown to the person, results only for their own session, safe server flags."""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from app import handlers as H
+from app.segment import GrabCutSegmenter, image_key, keep_clicked_components
+from kiln.settings import AppSettings, Settings
+from synthetic import make_object_image
+from worker.jobstore import JobStatus
+
+APP = AppSettings()
+
+
+def _png(arr: np.ndarray, mode: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr, mode).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a & b).sum() / max(1, (a | b).sum()))
+
+
+@pytest.fixture(scope="module")
+def seg():
+    return GrabCutSegmenter()
+
+
+@pytest.fixture(scope="module")
+def blob():
+    rgb, mask = make_object_image(256, "blob", seed=3)
+    return rgb, mask
+
+
+def test_click_on_object_gives_its_mask(seg, blob):
+    rgb, gt = blob
+    st = H.load_upload(_png(rgb), APP, name="blob.png")
+    assert st.image.work.shape == (256, 256, 3) and st.mask is None and not st.use_alpha
+    st = H.add_click(st, 128, 128, background=False, segmenter=seg)
+    assert st.mask.dtype == bool and st.mask.shape == gt.shape
+    assert _iou(st.mask, gt) > 0.9
+    rgb_in, mask_in = H.job_inputs(st)
+    assert rgb_in.shape == (256, 256, 3) and mask_in.dtype == bool
+    assert np.array_equal(mask_in, st.mask)
+
+
+def test_same_clicks_same_mask(seg, blob):
+    """The worker's reconstruction cache is keyed by the mask: re-segmenting must be stable."""
+    rgb, _ = blob
+    a = seg.segment(rgb, [(128, 128, 1)])
+    b = seg.segment(rgb, [(128, 128, 1)])
+    assert np.array_equal(a, b)
+
+
+def test_background_click_removes_pixels_and_undo_restores(seg, blob):
+    rgb, gt = blob
+    st = H.add_click(H.load_upload(_png(rgb), APP), 128, 128, False, seg)
+    before = st.mask.copy()
+    ys, xs = np.nonzero(gt & before)
+    # a point inside the object, away from the object click
+    far = np.argmax((xs - 128) ** 2 + (ys - 128) ** 2)
+    bx, by = int(xs[far] * 0.7 + 128 * 0.3), int(ys[far] * 0.7 + 128 * 0.3)
+    assert before[by, bx]
+    st2 = H.add_click(st, bx, by, background=True, segmenter=seg)
+    assert st2.clicks[-1] == (bx, by, 0)
+    assert not st2.mask[by, bx], "a background click must leave its pixel out of the mask"
+    assert st2.mask.sum() < before.sum()
+    st3 = H.undo_click(st2, seg)
+    assert st3.clicks == st.clicks and np.array_equal(st3.mask, before)
+    st4 = H.clear_clicks(st3)
+    assert st4.clicks == () and st4.mask is None
+    with pytest.raises(H.UIError, match="select the object"):
+        H.job_inputs(st4)
+
+
+def test_only_background_clicks_select_nothing(seg, blob):
+    st = H.add_click(H.load_upload(_png(blob[0]), APP), 5, 5, background=True, segmenter=seg)
+    assert st.mask is None and st.clicks == ((5.0, 5.0, 0),)
+
+
+def test_click_without_image_and_outside_image(seg, blob):
+    with pytest.raises(H.UIError, match="upload an image first"):
+        H.add_click(H.SessionState(), 3, 3, False, seg)
+    st = H.load_upload(_png(blob[0]), APP)
+    with pytest.raises(H.UIError, match="outside"):
+        H.add_click(st, 900, 10, False, seg)
+
+
+def test_alpha_is_the_mask_until_clicked(seg):
+    rgb, gt = make_object_image(200, "ellipse")
+    rgba = np.dstack([rgb, gt.astype(np.uint8) * 255])
+    st = H.load_upload(_png(rgba, "RGBA"), APP, name="cut.png")
+    assert st.use_alpha and st.image.has_alpha
+    assert np.array_equal(H.job_inputs(st)[1], gt)
+    clicked = H.add_click(st, 100, 100, False, seg)
+    assert not clicked.use_alpha and clicked.clicks == ((100.0, 100.0, 1),)
+    back = H.set_use_alpha(clicked, True)
+    assert back.use_alpha and np.array_equal(H.full_mask(back), gt)
+    off = H.set_use_alpha(back, False)
+    assert not off.use_alpha
+    # an opaque image offers no alpha mode
+    opaque = H.set_use_alpha(H.load_upload(_png(rgb), APP), True)
+    assert not opaque.use_alpha
+
+
+def test_large_upload_is_segmented_small_and_masked_full_size(seg):
+    rgb, gt = make_object_image(512, "ellipse")
+    big = np.asarray(Image.fromarray(rgb).resize((2048, 1536), Image.NEAREST))
+    gt_big = np.asarray(Image.fromarray(gt).resize((2048, 1536), Image.NEAREST))
+    st = H.load_upload(_png(big), APP)
+    assert st.image.work.shape == (768, 1024, 3) and st.image.rgb.shape == (1536, 2048, 3)
+    st = H.add_click(st, 512, 384, False, seg)
+    assert st.mask.shape == (768, 1024)
+    rgb_full, mask_full = H.job_inputs(st)
+    assert rgb_full.shape == (1536, 2048, 3) and mask_full.shape == (1536, 2048)
+    assert _iou(mask_full, gt_big) > 0.9
+
+
+@pytest.mark.parametrize("payload,settings,match", [
+    (b"GIF89a but then nothing useful", APP, "not an image|could not be opened|corrupt"),
+    (b"plain text" * 50, APP, "not an image"),
+    (_png(np.zeros((300, 300, 3), np.uint8)), AppSettings(max_pixels=65536), "90,000 pixels; the limit is 65,536"),
+    (_png(np.random.default_rng(0).integers(0, 255, (800, 800, 3), dtype=np.uint8)),
+     AppSettings(max_upload_mb=1), "limit is 1.0 MB"),
+    (_png(np.zeros((8, 40, 3), np.uint8)), APP, "at least 16 pixels"),
+])
+def test_bad_uploads_are_refused_with_a_reason(payload, settings, match):
+    with pytest.raises(H.UIError, match=match):
+        H.load_upload(payload, settings)
+
+
+def test_upload_by_path_honours_exif_and_cmyk(tmp_path):
+    img = Image.new("CMYK", (40, 20), (0, 255, 255, 0))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    p = tmp_path / "phone.jpg"
+    img.save(p, format="JPEG", exif=exif.tobytes())
+    st = H.load_upload(str(p), APP)
+    assert st.image.name == "phone.jpg"
+    assert st.image.rgb.shape == (40, 20, 3)        # rotated upright
+    assert st.image.rgb[20, 10, 0] > 200 and st.image.rgb[20, 10, 1] < 60
+
+
+def test_overlay_shows_mask_and_clicks(seg, blob):
+    rgb, _ = blob
+    st = H.load_upload(_png(rgb), APP)
+    plain = H.render_overlay(st)
+    assert np.array_equal(plain, st.image.work)
+    st = H.add_click(st, 128, 128, False, seg)
+    st = H.add_click(st, 10, 10, True, seg)
+    ov = H.render_overlay(st)
+    assert ov.shape == rgb.shape and ov.dtype == np.uint8
+    # background dimmed, object tinted towards blue, click dots drawn in green / red
+    assert ov[30, 240].sum() < rgb[30, 240].sum()
+    inside = st.mask & (np.hypot(*np.mgrid[0:256, 0:256] - 128) > 30)
+    assert (ov[inside][:, 2].astype(int) - rgb[inside][:, 2]).mean() > 5
+    g = ov[128, 128]
+    assert g[1] > 150 and g[0] < 120
+    r = ov[10, 10]
+    assert r[0] > 150 and r[1] < 120
+    assert H.render_overlay(H.SessionState()) is None
+    assert "Mask:" in H.mask_summary(st) and "1 object / 1 background" in H.mask_summary(st)
+
+
+def test_keep_clicked_components_drops_islands():
+    m = np.zeros((50, 50), bool)
+    m[5:15, 5:15] = True
+    m[30:40, 30:40] = True
+    kept = keep_clicked_components(m, [(10, 10, 1)])
+    assert kept[10, 10] and not kept[35, 35]
+    assert keep_clicked_components(m, [(45, 2, 1)]).sum() == m.sum()
+
+
+def test_settings_from_the_form():
+    base = Settings()
+    ov = H.ui_overrides(False, 0.97, "512", 8, "fast", 3, True)
+    s = H.job_settings(base, ov)
+    assert (s.bake.enabled, s.mesh.simplify_ratio, s.bake.texture_size, s.views.count,
+            s.bake.mode, s.seed, s.export.gaussians_ply) == (False, 0.97, 512, 8, "fast", 3, True)
+    # everything else stays as configured
+    assert s.reconstruct == base.reconstruct and s.worker == base.worker
+    assert "vertex colours" in H.settings_summary(s) and "+ply" in H.settings_summary(s)
+    with pytest.raises(H.UIError, match="mesh.simplify_ratio"):
+        H.job_settings(base, H.ui_overrides(True, 1.5, 1024, 16, "opt", 0, False))
+    with pytest.raises(H.UIError, match="bake.texture_size.*power of two"):
+        H.job_settings(base, H.ui_overrides(True, 0.9, 768, 16, "opt", 0, False))
+    with pytest.raises(H.UIError, match="seed"):
+        H.job_settings(base, H.ui_overrides(True, 0.9, 1024, 16, "opt", -4, False))
+
+
+def test_job_inputs_refuse_empty_and_full_masks(blob):
+    st = H.load_upload(_png(blob[0]), APP)
+    from dataclasses import replace
+    tiny = np.zeros((256, 256), bool)
+    tiny[0, :5] = True
+    with pytest.raises(H.UIError, match="only 5 pixels"):
+        H.job_inputs(replace(st, mask=tiny, clicks=((1, 0, 1),)))
+    with pytest.raises(H.UIError, match="whole image"):
+        H.job_inputs(replace(st, mask=np.ones((256, 256), bool), clicks=((1, 0, 1),)))
+
+
+def test_progress_html_names_stage_and_escapes_reasons():
+    st = JobStatus(id="20260101-000000-abcdef", session="web-a", state="running", stage="bake",
+                   progress=0.42, message="step 10/40", seq=5)
+    out = H.progress_html(st)
+    assert 'data-state="running"' in out and 'data-stage="bake"' in out
+    assert "Baking texture" in out and "42%" in out and "width:42.0%" in out
+    failed = JobStatus(id="x", session="web-a", state="failed", stage="rasterize",
+                       error="worker crashed with SIGSEGV during stage 'rasterize' <script>")
+    out = H.progress_html(failed)
+    assert "Failed: worker crashed with SIGSEGV" in out and "<script>" not in out and "&lt;script&gt;" in out
+    done = JobStatus(id="x", session="web-a", state="done", progress=1.0, timings={"total_s": 12.3},
+                     stats={"reconstruction_cached": True})
+    assert "Done in 12.3 s" in H.progress_html(done) and "reused from cache" in H.progress_html(done)
+    assert 'data-state="idle"' in H.progress_html()
+
+
+def test_watch_job_yields_changes_until_terminal():
+    seq = [("queued", 0, None), ("running", 1, "reconstruct"), ("running", 1, "reconstruct"),
+           ("running", 2, "bake"), ("done", 3, "export")]
+
+    class Sup:
+        i = 0
+
+        def status(self, job_id):
+            state, s, stage = seq[min(self.i, len(seq) - 1)]
+            self.i += 1
+            return JobStatus(id=job_id, session="web-a", state=state, seq=s, stage=stage)
+
+    got = [(st.state, st.seq) for st in H.watch_job(Sup(), "j", poll_s=0)]
+    assert got == [("queued", 0), ("running", 1), ("running", 2), ("done", 3)]
+
+
+def _done_job(tmp_path, session: str, name: str) -> JobStatus:
+    out = tmp_path / "jobs" / session / name / "outputs"
+    out.mkdir(parents=True)
+    (out / "model.glb").write_bytes(b"glTF-" + name.encode())
+    (out / "model.ply").write_bytes(b"ply-" + name.encode())
+    return JobStatus(id=name, session=session, state="done", created=time.time(),
+                     outputs={"glb": str(out / "model.glb"), "ply": str(out / "model.ply")})
+
+
+def test_results_are_published_per_session_outside_the_job_store(tmp_path):
+    pub = H.ResultPublisher(tmp_path / "gradio" / "results")
+    a = _done_job(tmp_path, "web-a", "20260101-000000-aaaaaa")
+    b = _done_job(tmp_path, "web-b", "20260101-000000-bbbbbb")
+    fa = pub.publish("web-a", a)
+    fb = pub.publish("web-b", b)
+    assert set(fa) == {"glb", "ply"}
+    assert fa["glb"].read_bytes() == b"glTF-" + a.id.encode()
+    # copies live outside the job store, in per-session folders with unguessable names
+    assert (tmp_path / "jobs") not in fa["glb"].parents
+    assert fa["glb"].parents[1] != fb["glb"].parents[1]
+    assert len(fa["glb"].parents[1].name) == 32
+    assert pub.publish("web-a", a) == fa            # published once, then reused
+    with pytest.raises(H.UIError, match="another session"):
+        pub.publish("web-a", b)
+    hist_a = H.history_files("web-a", [a, b], pub)
+    assert hist_a == [str(fa["glb"]), str(fa["ply"])]
+    assert all("bbbbbb" not in p for p in hist_a)
+    failed = JobStatus(id="20260101-000001-cccccc", session="web-a", state="failed", error="boom | bad",
+                       created=time.time() + 1)
+    md = H.history_markdown([a, failed], {a.id: "texture 512px fast"})
+    assert md.index("cccccc") < md.index("aaaaaa")          # newest first
+    assert "failed: boom \\| bad" in md and "texture 512px fast" in md
+    assert pub.publish("web-a", failed) == {}
+
+
+def test_status_line():
+    caps = {"device": "cpu", "cuda": False, "gsplat": False, "nvdiffrast": False, "moderngl": True}
+    line = H.status_line(caps, "GrabCut — no SAM2 checkpoint", running=1, waiting=2)
+    assert "CPU" in line and "moderngl" in line and "gsplat" not in line
+    assert "1 running, 2 waiting" in line and "GrabCut — no SAM2 checkpoint" in line
+    assert "workers starting" in H.status_line({}, "GrabCut", 0, 0)
+
+
+def test_active_jobs_per_session():
+    act = H.ActiveJobs()
+    act.set("web-a", "j1")
+    act.set("web-b", "j2")
+    assert act.get("web-a") == "j1" and act.get("web-b") == "j2"
+    act.set("web-a", None)
+    assert act.get("web-a") is None and act.get("web-b") == "j2"
+
+
+def test_image_key_depends_on_content_and_shape():
+    a = np.zeros((4, 6, 3), np.uint8)
+    assert image_key(a) == image_key(a.copy())
+    assert image_key(a) != image_key(a.reshape(6, 4, 3))
+    b = a.copy()
+    b[0, 0, 0] = 1
+    assert image_key(a) != image_key(b)
+
+
+# -- server flags -------------------------------------------------------------
+
+def test_binding_rules(caplog):
+    from app.server import LaunchError, check_binding, is_loopback, parse_auth
+
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
+    check_binding("127.0.0.1", listen=False, auth=None, no_auth=False)
+    with pytest.raises(LaunchError, match="needs --listen"):
+        check_binding("0.0.0.0", listen=False, auth=("u", "p"), no_auth=False)
+    with pytest.raises(LaunchError, match="without a login"):
+        check_binding("0.0.0.0", listen=True, auth=None, no_auth=False)
+    check_binding("0.0.0.0", listen=True, auth=("u", "p"), no_auth=False)
+    with caplog.at_level(logging.WARNING, logger="kiln.app"):
+        check_binding("0.0.0.0", listen=True, auth=None, no_auth=True)
+    assert "WITHOUT A LOGIN" in caplog.text
+    assert parse_auth("me:s3:cret") == ("me", "s3:cret") and parse_auth("") is None
+    with pytest.raises(LaunchError, match="USER:PASSWORD"):
+        parse_auth("nopassword")
+
+
+def test_main_refuses_unsafe_binding_before_starting_anything(capsys, monkeypatch):
+    from app.server import main
+
+    monkeypatch.delenv("KILN_AUTH", raising=False)
+    assert main(["--host", "0.0.0.0", "--port", "7999"]) == 2
+    assert "needs --listen" in capsys.readouterr().err
+    assert main(["--listen", "--port", "7999"]) == 2
+    assert "without a login" in capsys.readouterr().err
+    monkeypatch.setenv("KILN_AUTH", "broken")
+    assert main(["--listen", "--port", "7999"]) == 2
+    assert "USER:PASSWORD" in capsys.readouterr().err
+    assert main(["--set", "app.max_upload_mb=0"]) == 2
+    assert "app.max_upload_mb" in capsys.readouterr().err
+
+
+# -- SAM2 wiring (random weights: checks the plumbing, not the mask quality) ----
+
+def _save_random_sam2(path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("sam2")
+    import sam2  # noqa: F401  (registers sam2's hydra configs)
+    from hydra import compose
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    torch.manual_seed(0)
+    cfg = compose(config_name="configs/sam2.1/sam2.1_hiera_t.yaml")
+    OmegaConf.resolve(cfg)
+    torch.save({"model": instantiate(cfg.model, _recursive_=True).state_dict()}, path)
+
+
+def test_broken_sam2_checkpoint_falls_back_to_grabcut_with_reason(tmp_path):
+    pytest.importorskip("sam2")
+    from app.segment import choose_segmenter
+
+    bad = tmp_path / "sam2.1_hiera_tiny.pt"
+    bad.write_bytes(b"\x00not a checkpoint" * 10)
+    choice = choose_segmenter(AppSettings(sam2_checkpoint=str(bad)))
+    assert isinstance(choice.segmenter, GrabCutSegmenter)
+    assert choice.description == "GrabCut" and "cannot be read" in choice.reason
+    missing = choose_segmenter(AppSettings(sam2_checkpoint=str(tmp_path / "gone" / "sam2.1_hiera_small.pt")))
+    assert "does not exist" in missing.reason
+
+
+def test_sam2_segmenter_caches_embedding_and_never_touches_cuda(tmp_path, monkeypatch, blob):
+    torch = pytest.importorskip("torch")
+    ckpt = tmp_path / "sam2.1_hiera_tiny.pt"
+    _save_random_sam2(ckpt)
+
+    def no_cuda(*a, **k):
+        raise AssertionError("the app process initialised CUDA")
+    monkeypatch.setattr(torch.cuda, "_lazy_init", no_cuda)
+    monkeypatch.setattr(torch.cuda, "init", no_cuda)
+
+    from app.segment import Sam2Segmenter, choose_segmenter
+
+    choice = choose_segmenter(AppSettings(sam2_checkpoint=str(ckpt)))
+    assert isinstance(choice.segmenter, Sam2Segmenter), choice.reason
+    assert choice.description.startswith("SAM2") and choice.reason == ""
+    sam = choice.segmenter
+    rgb, _ = blob
+    st = H.load_upload(_png(rgb), APP)
+    H.prepare_segmenter(st, sam)                       # embedding starts in the background
+    st = H.add_click(st, 128, 128, False, sam)
+    assert st.mask.shape == (256, 256) and st.mask.dtype == bool
+    st = H.add_click(st, 20, 20, True, sam)
+    st = H.undo_click(st, sam)
+    assert sam.embeddings_computed == 1, "the image embedding must be computed once per image"
+    t = time.perf_counter()
+    H.add_click(st, 140, 120, False, sam)
+    click_s = time.perf_counter() - t
+    assert click_s < 5.0, f"a click with a cached embedding took {click_s:.2f} s"
+    # another image gets its own embedding; the first stays cached
+    other = H.load_upload(_png(np.ascontiguousarray(rgb[::-1])), APP)
+    H.add_click(other, 128, 128, False, sam)
+    H.add_click(st, 128, 128, False, sam)
+    assert sam.embeddings_computed == 2

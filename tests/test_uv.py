@@ -1,0 +1,145 @@
+"""UV unwrapping: charts inside [0, 1], not overlapping, separated by the gutter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trimesh
+
+from kiln.settings import ReconstructSettings
+from pipeline.mesh_ops import simplify_mesh
+from pipeline.reconstruct import reconstruct
+from pipeline.types import ImageInput, Mesh
+from pipeline.uv import unwrap
+from pipeline.validate import StageInputError
+from synthetic import make_object_image
+
+
+@pytest.fixture(scope="module")
+def small_mesh() -> Mesh:
+    """A reconstructed blob simplified to about 2k faces."""
+    rgb, mask = make_object_image(256, "blob", seed=2)
+    recon = reconstruct(ImageInput(rgb, mask), ReconstructSettings(resolution=80, num_gaussians=1000),
+                        seed=0)
+    return simplify_mesh(recon.mesh, 0.9)
+
+
+def chart_labels(mesh: Mesh) -> np.ndarray:
+    """(F,) chart id per face: faces sharing an (already split) vertex are one chart."""
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import connected_components
+
+    f = mesh.faces
+    a = np.concatenate([f[:, 0], f[:, 1]])
+    b = np.concatenate([f[:, 1], f[:, 2]])
+    g = sp.coo_matrix((np.ones(a.size), (a, b)), shape=(mesh.num_vertices,) * 2)
+    return connected_components(g, directed=False)[1][f[:, 0]]
+
+
+def rasterize_charts(mesh: Mesh, size: int, inset: float = 1e-3):
+    """Texel-centre rasterization of every UV triangle, each shrunk by ``inset`` (barycentric).
+
+    Returns (count (S, S) int: triangles covering each texel, label (S, S) int: chart id, -1 none).
+    Texel (row, col) centre is at uv ((col + .5) / S, 1 - (row + .5) / S).
+    """
+    labels = chart_labels(mesh)
+    count = np.zeros((size, size), np.int32)
+    label = np.full((size, size), -1, np.int64)
+    p = np.stack([mesh.uvs[:, 0] * size, (1.0 - mesh.uvs[:, 1]) * size], 1).astype(np.float64)
+    for tri, chart in zip(p[mesh.faces], labels):
+        (x0, y0), (x1, y1) = np.floor(tri.min(0)).astype(int), np.ceil(tri.max(0)).astype(int)
+        x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1 + 1, size), min(y1 + 1, size)
+        rows, cols = np.mgrid[y0:y1, x0:x1]
+        px, py = cols + 0.5, rows + 0.5
+        a, b, c = tri
+        det = (b[0] - a[0]) * (c[1] - a[1]) - (c[0] - a[0]) * (b[1] - a[1])
+        if abs(det) < 1e-12:
+            continue
+        w1 = ((px - a[0]) * (c[1] - a[1]) - (c[0] - a[0]) * (py - a[1])) / det
+        w2 = ((b[0] - a[0]) * (py - a[1]) - (px - a[0]) * (b[1] - a[1])) / det
+        inside = (w1 > inset) & (w2 > inset) & (1.0 - w1 - w2 > inset)
+        count[rows[inside], cols[inside]] += 1
+        label[rows[inside], cols[inside]] = chart
+    return count, label
+
+
+def min_chart_distance(label: np.ndarray, limit: int = 64) -> int:
+    """Smallest Chebyshev distance in texels between texels of two different charts."""
+    from scipy import ndimage
+
+    big = 1 << 30          # a float64-exact sentinel: ndimage passes cval through a double
+    for d in range(1, limit):
+        hi = ndimage.maximum_filter(label, size=d + 1, mode="constant", cval=-1)
+        lo = ndimage.minimum_filter(np.where(label < 0, big, label), size=d + 1, mode="constant", cval=big)
+        if ((hi >= 0) & (lo < big) & (hi != lo)).any():
+            return d
+    return limit
+
+
+@pytest.mark.parametrize("size, gutter", [(256, 2), (512, 4)])
+def test_unwrap_packs_charts_without_overlap_and_with_gutter(small_mesh, size, gutter):
+    out = unwrap(small_mesh, texture_size=size, gutter=gutter, max_faces=100_000)
+    out.validate()
+    assert out.uvs.dtype == np.float32 and out.faces.dtype == np.int32
+    assert out.vertices.dtype == np.float32
+    assert out.uvs.min() >= 0.0 and out.uvs.max() <= 1.0
+    assert out.num_faces == small_mesh.num_faces
+    assert out.num_vertices >= small_mesh.num_vertices          # split along seams
+
+    count, label = rasterize_charts(out, size)
+    assert count.max() == 1, "UV triangles overlap"
+    charts = len(np.unique(label[label >= 0]))
+    assert charts >= 2
+    # every chart can be dilated by `gutter` texels (what the baker does) without
+    # reaching another chart
+    assert min_chart_distance(label) >= 2 * gutter + 1
+    # the atlas is used, not shrunk into a corner
+    assert (count > 0).mean() > 0.3
+
+
+def test_unwrap_keeps_geometry_and_colours_face_by_face(small_mesh):
+    out = unwrap(small_mesh, texture_size=256, gutter=2, max_faces=100_000)
+    assert np.array_equal(out.vertices[out.faces], small_mesh.vertices[small_mesh.faces])
+    assert np.array_equal(out.vertex_colors[out.faces], small_mesh.vertex_colors[small_mesh.faces])
+    # and the surface stays closed once seams are welded again
+    welded = trimesh.Trimesh(out.vertices, out.faces, process=True)
+    assert welded.is_watertight and welded.volume > 0
+
+
+def test_unwrap_uv_area_follows_surface_area(small_mesh):
+    """Texel density is roughly uniform: UV area per surface area varies little across faces."""
+    out = unwrap(small_mesh, texture_size=512, gutter=4, max_faces=100_000)
+    uv = out.uvs[out.faces].astype(np.float64)
+    uv_area = 0.5 * np.abs((uv[:, 1, 0] - uv[:, 0, 0]) * (uv[:, 2, 1] - uv[:, 0, 1])
+                           - (uv[:, 2, 0] - uv[:, 0, 0]) * (uv[:, 1, 1] - uv[:, 0, 1]))
+    xyz = out.vertices[out.faces].astype(np.float64)
+    area = 0.5 * np.linalg.norm(np.cross(xyz[:, 1] - xyz[:, 0], xyz[:, 2] - xyz[:, 0]), axis=1)
+    ratio = uv_area[area > 0] / area[area > 0]
+    assert (uv_area > 0).all()
+    assert np.percentile(ratio, 90) / np.percentile(ratio, 10) < 3.0
+
+
+def test_large_gutter_on_small_texture_still_fits(small_mesh):
+    out = unwrap(small_mesh, texture_size=128, gutter=8, max_faces=100_000)
+    count, label = rasterize_charts(out, 128)
+    assert count.max() == 1
+    assert min_chart_distance(label) >= 17
+
+
+def test_unwrap_refuses_too_many_faces(small_mesh):
+    with pytest.raises(StageInputError, match="simplify_ratio"):
+        unwrap(small_mesh, texture_size=256, gutter=2, max_faces=small_mesh.num_faces - 1)
+
+
+@pytest.mark.parametrize("size, gutter, word", [(8, 2, "texture_size"), (256, -1, "gutter"),
+                                                (256, 40, "gutter"), (256.0, 2, "texture_size")])
+def test_unwrap_refuses_bad_sizes(small_mesh, size, gutter, word):
+    with pytest.raises(StageInputError, match=word):
+        unwrap(small_mesh, texture_size=size, gutter=gutter, max_faces=100_000)
+
+
+def test_unwrap_refuses_nan_vertices(small_mesh):
+    bad = Mesh(small_mesh.vertices.copy(), small_mesh.faces.copy())
+    bad.vertices[0, 0] = np.nan
+    with pytest.raises(StageInputError, match="non-finite"):
+        unwrap(bad, texture_size=256, gutter=2, max_faces=100_000)

@@ -1,0 +1,253 @@
+"""Worker isolation under fire: every way a worker can die ends its job with a reason
+naming the stage and cause, loses no other job, and a fresh worker serves the next.
+
+One supervisor (one worker) serves the whole module; faults are switched on by a
+FaultPlan keyed on the session name, so each test picks its fault by submitting
+under that session. The whole module runs with torch.cuda booby-trapped in this
+(the app/CLI) process; the last test checks the trap never went off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from worker.faults import FaultPlan
+from worker.jobstore import JobStore
+from worker.supervisor import FALLBACK, Supervisor
+from worker_helpers import CudaTripwire, image, small_settings
+
+PLAN = FaultPlan([
+    "segv@bake:session=segv",
+    "abort@uv:session=abort",
+    "exit@mesh:session=exit",
+    "hang@render_views:session=hang",
+    "freeze@reconstruct:session=freeze",
+    "cuda@bake:session=cuda",
+    "oom@render_views:session=oom",
+    "oom@bake:attempt=1:session=oom-once",
+    "segv@mesh:attempt=1:session=flaky",
+    "segv@reconstruct:session=poison",
+])
+
+JOB_TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    # A job a previous server left running: start() must fail it, naming the stage.
+    store = JobStore(root / "jobs")
+    rgb, mask = image()
+    orphan = store.create(rgb, mask, small_settings().to_dict(), "old")
+    orphan.state, orphan.stage, orphan.seq = "running", "bake", 7
+    store.write_status(orphan)
+
+    trip = CudaTripwire().__enter__()
+    sup = Supervisor(small_settings(), root / "jobs", root / "cache", faults=PLAN)
+    try:
+        sup.start()
+        yield SimpleNamespace(sup=sup, root=root, orphan=orphan.id, trip=trip)
+    finally:
+        sup.shutdown()
+        trip.__exit__()
+
+
+def worker_pid(sup) -> int:
+    """pid of worker 0 once it is ready (waits through a restart)."""
+    sup.wait_ready(timeout=90)
+    return sup.workers()[0]["pid"]
+
+
+def no_retry(**kw):
+    return small_settings(worker__retry_with_fallback=False, worker__stage_timeout_s=5, **kw)
+
+
+def assert_on_disk(env, job_id, state):
+    st = JobStore(env.root / "jobs").read_status(job_id)
+    assert st.state == state
+    return st
+
+
+FAULTS = [
+    ("segv", "bake", "worker crashed with SIGSEGV during stage 'bake'", "Segmentation fault"),
+    ("abort", "uv", "worker crashed with SIGABRT during stage 'uv'", "Aborted"),
+    ("exit", "mesh", "worker exited with status 3 during stage 'mesh'", None),
+    ("hang", "render_views", "worker hung during stage 'render_views': no progress for 5 s "
+     "(worker.stage_timeout_s); it was stopped with SIGTERM", "in fire"),
+    ("freeze", "reconstruct", "worker hung during stage 'reconstruct': no progress for 5 s "
+     "(worker.stage_timeout_s); it was stopped with SIGKILL", None),
+    ("cuda", "bake", "CUDA error during stage 'bake': RuntimeError: CUDA error: an illegal memory "
+     "access was encountered; the worker was restarted to get a fresh CUDA context", "CUDA error"),
+]
+
+
+@pytest.mark.parametrize("kind,stage,reason,in_log", FAULTS, ids=[f[0] for f in FAULTS])
+def test_fault_fails_job_and_fresh_worker_runs_next(env, kind, stage, reason, in_log):
+    sup = env.sup
+    pid0 = worker_pid(sup)
+    bad = sup.submit(*image(), no_retry(), session=kind)
+    good = sup.submit(*image(), small_settings(), session="good")  # waits behind the bad one
+
+    st = sup.wait(bad, timeout=JOB_TIMEOUT)
+    assert st.state == "failed"
+    assert st.error == reason
+    assert st.stage == stage
+    assert st.attempts == 1
+    log = sup.log(bad)
+    if in_log:
+        assert in_log in log  # the worker's crash report made it into the job's log
+
+    ok = sup.wait(good, timeout=JOB_TIMEOUT)
+    assert ok.state == "done", ok.error
+    assert os.path.getsize(ok.outputs["glb"]) > 0
+    assert worker_pid(sup) != pid0
+    # nothing is only in memory: the store on disk says the same
+    assert assert_on_disk(env, bad, "failed").error == reason
+    assert_on_disk(env, good, "done")
+
+
+def test_oom_is_retried_with_smaller_chunks_once_then_fails(env):
+    sup = env.sup
+    pid0 = worker_pid(sup)
+    st = sup.run(*image(), no_retry(), session="oom", timeout=JOB_TIMEOUT)
+    assert st.state == "failed"
+    assert st.error.startswith("CUDA out of memory during stage 'render_views', also after retrying "
+                               "with chunk scale 0.5")
+    assert st.attempts == 2
+    assert "chunk scale 0.5" in sup.log(st.id)
+    assert worker_pid(sup) == pid0  # an OOM does not poison the process: same worker
+
+    st = sup.run(*image(), no_retry(), session="oom-once", timeout=JOB_TIMEOUT)
+    assert st.state == "done", st.error
+    assert st.attempts == 2
+    assert st.stats["earlier_attempts"] == ["CUDA out of memory during stage 'bake'"]
+
+
+def test_crash_is_retried_once_with_safe_backends(env):
+    st = env.sup.run(*image(seed=11), small_settings(), session="flaky", timeout=JOB_TIMEOUT)
+    assert st.state == "done", st.error
+    assert st.attempts == 2
+    assert st.stats["earlier_attempts"] == ["worker crashed with SIGSEGV during stage 'mesh'"]
+    assert st.backends == {"render": "cpu", "rasterize": "moderngl", "device": "cpu"}
+    assert json.loads((env.sup.job_dir(st.id) / "settings.json").read_text())["views"]["backend"] \
+        == "auto"  # the job's own settings are untouched; the fallback is per attempt
+    assert FALLBACK["rasterize.backend"] == "moderngl"
+
+
+def test_input_that_crashed_twice_is_not_retried_again(env):
+    rgb, mask = image(seed=12)
+    st = env.sup.run(rgb, mask, small_settings(), session="poison", timeout=JOB_TIMEOUT)
+    assert st.state == "failed"
+    assert st.attempts == 2
+    assert st.error.startswith("worker crashed with SIGSEGV during stage 'reconstruct'; this was the "
+                               "retry with safe backends")
+    assert st.error.endswith("not retried again")
+
+    st = env.sup.run(rgb, mask, small_settings(), session="poison", timeout=JOB_TIMEOUT)
+    assert st.state == "failed"
+    assert st.attempts == 1
+    assert st.error == ("worker crashed with SIGSEGV during stage 'reconstruct'; not retried: "
+                        "this input has now crashed a worker 3 times")
+
+
+def wait_for_stage(sup, job_id, stage, timeout=JOB_TIMEOUT):
+    for ev in sup.follow(job_id, timeout=timeout):
+        if ev.stage == stage:
+            return ev
+    raise AssertionError(f"job never reached stage {stage}: {sup.status(job_id)}")
+
+
+def test_worker_killed_from_outside_mid_job(env):
+    sup = env.sup
+    victim = sup.submit(*image(), no_retry(bake__steps=2000), session="victim")
+    wait_for_stage(sup, victim, "bake")
+    pid = sup.workers()[0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    st = sup.wait(victim, timeout=30)
+    assert st.state == "failed"
+    assert st.error == "worker crashed with SIGKILL during stage 'bake'"
+    st = sup.run(*image(), small_settings(), session="after-kill", timeout=JOB_TIMEOUT)
+    assert st.state == "done", st.error
+    assert worker_pid(sup) != pid
+
+
+def test_cancel_queued_and_running_jobs(env):
+    sup = env.sup
+    pid0 = worker_pid(sup)
+    running = sup.submit(*image(), small_settings(bake__steps=2000), session="cancel")
+    waiting = sup.submit(*image(), small_settings(), session="cancel")
+    doomed = sup.submit(*image(), small_settings(), session="cancel")
+    assert sup.cancel(doomed)
+    st = sup.status(doomed)
+    assert st.state == "cancelled" and st.attempts == 0
+
+    wait_for_stage(sup, running, "bake")
+    t0 = time.monotonic()
+    assert sup.cancel(running)
+    assert time.monotonic() - t0 < 5.0
+    assert sup.status(running).state == "cancelled"
+    assert sup.wait(waiting, timeout=JOB_TIMEOUT).state == "done"
+    assert worker_pid(sup) != pid0
+    assert not sup.cancel(waiting)  # finished jobs stay finished
+
+
+def test_events_carry_monotonic_seq_and_progress(env):
+    sup = env.sup
+    job = sup.submit(*image(), small_settings(), session="oom-once")  # includes a retry
+    evs = list(sup.follow(job, timeout=JOB_TIMEOUT))
+    seqs = [e.seq for e in evs]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert all(b.progress >= a.progress for a, b in zip(evs, evs[1:]))
+    assert [e.state for e in evs].count("queued") == 2  # submitted, then re-queued for the retry
+    assert evs[-1].state == "done" and evs[-1].progress == 1.0
+    assert {e.stage for e in evs} >= {"reconstruct", "render_views", "mesh", "uv", "bake", "export"}
+    assert sup.status(job).seq == seqs[-1]
+    assert assert_on_disk(env, job, "done").seq == seqs[-1]
+    assert sup.events(job, since_seq=seqs[3]) == evs[4:]
+
+
+def test_only_postprocessing_changes_reuse_the_reconstruction(env):
+    sup = env.sup
+    rgb, mask = image(seed=21)
+    first = sup.run(rgb, mask, small_settings(), session="cache", timeout=JOB_TIMEOUT)
+    assert first.state == "done" and first.stats["reconstruction_cached"] is False
+    again = sup.run(rgb, mask, small_settings(mesh__simplify_ratio=0.9, bake__enabled=False,
+                                              bake__texture_size=512), session="cache")
+    assert again.state == "done" and again.stats["reconstruction_cached"] is True
+    changed = sup.run(rgb, mask, small_settings(reconstruct__thickness=0.8), session="cache")
+    assert changed.state == "done" and changed.stats["reconstruction_cached"] is False
+
+
+def test_restart_marks_jobs_left_running_as_failed(env):
+    st = env.sup.status(env.orphan)
+    assert st.state == "failed"
+    assert st.error == "interrupted: the server stopped during stage 'bake'"
+    assert st.seq == 8
+    assert [j.id for j in env.sup.jobs("old")] == [env.orphan]
+    assert "interrupted" in env.sup.log(env.orphan)
+
+
+def test_app_process_never_initialised_cuda(env):
+    # Runs last in this module: every job above went through the supervisor with the
+    # tripwire armed in this process.
+    assert env.trip.calls == []
+    assert not env.trip.torch.cuda.is_initialized()
+    caps = env.sup.capabilities()
+    assert caps["cpu"] is True and caps["moderngl"] is True
+
+
+def test_supervisor_modules_import_neither_torch_nor_pipeline():
+    code = ("import sys, worker.supervisor, worker.jobstore, worker.process, worker.faults, "
+            "worker.glb, worker.env\n"
+            "print(sorted(m for m in ('torch', 'pipeline', 'trimesh', 'cv2') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
