@@ -164,7 +164,7 @@ def prepare_segmenter(state: SessionState, segmenter) -> None:
 
 # -- display ----------------------------------------------------------------
 
-OBJECT_TINT = np.array([40, 140, 255], np.float32)
+OBJECT_TINT = (40, 140, 255)
 
 
 def render_overlay(state: SessionState) -> Optional[np.ndarray]:
@@ -175,16 +175,19 @@ def render_overlay(state: SessionState) -> Optional[np.ndarray]:
     img = state.image
     if img is None:
         return None
-    out = img.work.astype(np.float32)
+    work = img.work
     if state.mask is not None and state.mask.any():
         m = state.mask
-        out[m] = out[m] * 0.55 + OBJECT_TINT * 0.45
-        out[~m] *= 0.45
-        out = out.astype(np.uint8)
+        # OpenCV's saturating uint8 arithmetic: this runs on every click, float math is 10x slower
+        tint = np.empty_like(work)
+        tint[:] = OBJECT_TINT
+        tinted = cv2.addWeighted(work, 0.55, tint, 0.45, 0.0)
+        out = cv2.convertScaleAbs(work, alpha=0.45)
+        np.copyto(out, tinted, where=m[:, :, None])
         contours, _ = cv2.findContours(m.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
         cv2.drawContours(out, contours, -1, (255, 255, 255), max(1, max(m.shape) // 400), cv2.LINE_AA)
     else:
-        out = out.astype(np.uint8)
+        out = work.copy()
     r = max(4, max(out.shape[:2]) // 90)
     for x, y, lab in state.clicks:
         colour = (40, 220, 60) if lab == 1 else (230, 40, 40)

@@ -123,12 +123,13 @@ class GrabCutSegmenter:
         except cv2.error as e:
             # GrabCut refuses when one side has no samples at all (e.g. a click fills the image)
             log.info("grabCut failed (%s); using the seed region", e)
-        small_mask = ((seeds == cv2.GC_FGD) | (seeds == cv2.GC_PR_FGD)).astype(np.uint8)
-        if scale < 1:
-            mask = cv2.resize(small_mask * 255, (w, h), interpolation=cv2.INTER_LINEAR) >= 128
-        else:
-            mask = small_mask > 0
-        return keep_clicked_components(mask, clicks)
+        small_mask = (seeds == cv2.GC_FGD) | (seeds == cv2.GC_PR_FGD)
+        small_clicks = [(x, y, int(lab)) for (x, y), lab in zip(spts, labels)]
+        small_mask = keep_clicked_components(small_mask, small_clicks)
+        if scale >= 1:
+            return small_mask
+        up = cv2.resize(small_mask.astype(np.uint8) * 255, (w, h), interpolation=cv2.INTER_LINEAR)
+        return up >= 128
 
 
 class Sam2Segmenter:

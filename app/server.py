@@ -93,6 +93,10 @@ def _overrides(pairs: Sequence[str]) -> dict:
     return out
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def launch(settings, host: Optional[str] = None, port: Optional[int] = None, share_on_network: bool = False,
            auth: Optional[tuple[str, str]] = None, no_auth: bool = False, examples: bool = True,
            block: bool = True, context=None):
@@ -119,8 +123,6 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
     from .ui import CSS, build_ui
 
     ctx = context or AppContext(settings, files_dir)
-    if context is None:
-        ctx.start()
     example_paths = []
     if examples:
         from .examples import ensure_examples
@@ -139,12 +141,22 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
         allowed_paths=[], blocked_paths=blocked, show_error=True, quiet=True,
         prevent_thread_lock=True, css=CSS, footer_links=["settings"], ssr_mode=False,
         enable_monitoring=False, mcp_server=False)
+    if context is None:
+        # after the page is up: spawning workers competes for the CPU with Gradio's start
+        ctx.start()
     shown = url if url else f"http://{host}:{port}/"
     if host in ("0.0.0.0", "::"):
         shown = f"http://127.0.0.1:{port}/ (listening on all interfaces)"
     print(f"Kiln UI ready in {time.perf_counter() - t0:.1f} s: {shown}", flush=True)
     if not block:
         return demo, ctx, shown
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (systemd, docker stop, a test's terminate()) shuts down like Ctrl+C,
+        # so the spawned workers are stopped instead of being orphaned
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
             time.sleep(1)

@@ -184,8 +184,8 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             if waiting >= s.worker.max_queue:
                 raise gr.Error(f"The job queue is full ({waiting} waiting); try again in a few minutes.")
 
-        def run_job(st, *args):
-            *form, request = args
+        def run_job(st, bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on, request: gr.Request):
+            form = (bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on)
             session = session_of(request)
             skip = [gr.skip()] * (len(job_outputs) - 1)
             try:
@@ -245,7 +245,8 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             session = session_of(request)
             job_id = ctx.active.get(session)
             if job_id is None or ctx.sup is None:
-                return H.progress_html(note="Nothing to cancel.")
+                # a Generate still waiting in Gradio's queue is dropped by `cancels=` below
+                return H.progress_html(note="Cancelled (no job had started yet).")
             ctx.sup.cancel(job_id)
             deadline = time.monotonic() + 8
             st = ctx.sup.status(job_id)

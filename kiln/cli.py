@@ -252,6 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # serve and doctor own their flags; argparse's REMAINDER would reject a leading "-x"
+    if argv and argv[0] in ("serve", "doctor"):
+        args = argparse.Namespace(func=cmd_serve if argv[0] == "serve" else cmd_doctor, rest=argv[1:])
+        return args.func(args)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

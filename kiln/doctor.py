@@ -267,7 +267,13 @@ def check_cuda_home(torch_cuda: Optional[str], env: Mapping) -> Check:
     return Check("CUDA_HOME", "ok", f"{home} (CUDA {ver})", data={"path": home, "version": ver})
 
 
-def extension_dirs(env: Mapping, cwd: Path) -> list[Path]:
+def worker_extensions_dir(settings, cwd: Path) -> Path:
+    """Where Kiln's workers build extensions: <parent of app.jobs_dir>/torch_extensions
+    (var/torch_extensions by default), unless TORCH_EXTENSIONS_DIR is set."""
+    return (cwd / settings.app.jobs_dir).parent / "torch_extensions"
+
+
+def extension_dirs(env: Mapping, cwd: Path, extra: Optional[Path] = None) -> list[Path]:
     """torch's JIT build caches: $TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions, and
     the project-local var/torch_extensions that Kiln's workers use."""
     dirs = []
@@ -276,6 +282,8 @@ def extension_dirs(env: Mapping, cwd: Path) -> list[Path]:
     else:
         xdg = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME", str(Path.home()))) / ".cache")
         dirs.append(Path(xdg) / "torch_extensions")
+    if extra is not None:
+        dirs.append(extra)
     dirs.append(cwd / "var" / "torch_extensions")
     dirs.append(settings_mod.REPO_ROOT / "var" / "torch_extensions")
     out, seen = [], set()
@@ -301,9 +309,9 @@ def find_locks(root: Path, max_depth: int = 4) -> list[Path]:
 
 
 def check_extension_cache(env: Mapping, cwd: Path, needed: bool = False,
-                          stale_after_s: float = STALE_LOCK_S) -> Check:
+                          stale_after_s: float = STALE_LOCK_S, extra: Optional[Path] = None) -> Check:
     """Lock files left by interrupted JIT builds make every later build wait forever."""
-    dirs = extension_dirs(env, cwd)
+    dirs = extension_dirs(env, cwd, extra)
     now = time.time()
     stale, fresh = [], []
     for d in dirs:
@@ -537,7 +545,7 @@ def run_checks(settings, quick: bool = False, timeout: float = 180.0,
     try:
         from worker.env import prepare
 
-        prepare(probe_env, cwd / "var" / "torch_extensions", None, settings.worker.device)
+        prepare(probe_env, worker_extensions_dir(settings, cwd), None, settings.worker.device)
     except Exception:  # noqa: BLE001 - the probes still run, in the plain environment
         probe_env = dict(env)
 
@@ -555,7 +563,8 @@ def run_checks(settings, quick: bool = False, timeout: float = 180.0,
     jit_needed = cuda_ok and (need["gsplat"] or need["nvdiffrast"])
     checks.append(check_nvcc(torch_cuda, env, needed=jit_needed))
     checks.append(check_cuda_home(torch_cuda, env))
-    checks.append(check_extension_cache(probe_env, cwd, needed=jit_needed))
+    checks.append(check_extension_cache(env, cwd, needed=jit_needed,
+                                        extra=worker_extensions_dir(settings, cwd)))
     checks.append(check_shm())
     checks.append(check_device(settings, cuda_ok, gpus))
     nvd = check_cuda_backend("nvdiffrast", NVDIFFRAST_SNIPPET, "nvdiffrast",
@@ -633,6 +642,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:   # `kiln doctor -- --json`: the CLI may pass the separator along
+        argv = argv[1:]
     args = build_parser().parse_args(argv)
     overrides = {}
     for item in args.set or []:

@@ -40,6 +40,9 @@ BACKENDS = ("cpu", "gsplat")
 # chunks let finished pixels cull more of what lies behind them; 2^19 measured best.
 DEFAULT_FRAGMENT_BUDGET = 1 << 19
 
+# Row spans made at once (~150 bytes each while they are built).
+SPAN_BUDGET = 1 << 20
+
 # Pixels of margin around the exact footprint of a row span (float32 round-off).
 SPAN_SLACK = 0.05
 
@@ -162,7 +165,8 @@ def _render_gsplat(g: Gaussians, cameras: Cameras, dev, progress):
     C, H, W = len(cameras), cameras.height, cameras.width
     rgb_out = np.empty((C, H, W, 3), np.float32)
     alpha_out = np.empty((C, H, W), np.float32)
-    with torch.no_grad():
+    # gsplat launches on the current device's stream: make that the tensors' device.
+    with torch.no_grad(), torch.cuda.device(dev):
         # One camera per call keeps packed=False's (C, N) intermediates small and
         # lets progress move per view.
         for i in range(C):
@@ -188,17 +192,20 @@ def _render_cpu(g: Gaussians, cameras: Cameras, dev, progress,
 
     from .gaussian_math import covariance_3d
 
+    def t(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+
     with torch.no_grad():
-        means = torch.from_numpy(g.means).to(dev)
-        covars = covariance_3d(torch.from_numpy(g.quats).to(dev), torch.from_numpy(g.scales).to(dev))
-        opacities = torch.from_numpy(g.opacities).to(dev)
-        colors = torch.from_numpy(g.colors).to(dev)
+        means = t(g.means)
+        covars = covariance_3d(t(g.quats), t(g.scales))
+        opacities = t(g.opacities)
+        colors = t(g.colors)
         C, H, W = len(cameras), cameras.height, cameras.width
         rgb_out = np.empty((C, H, W, 3), np.float32)
         alpha_out = np.empty((C, H, W), np.float32)
         for i in range(C):
-            viewmat = torch.from_numpy(cameras.viewmats[i]).to(dev)
-            K = torch.from_numpy(cameras.Ks[i]).to(dev)
+            viewmat = t(cameras.viewmats[i])
+            K = t(cameras.Ks[i])
             premult, alpha = render_view(means, covars, opacities, colors, viewmat, K, W, H,
                                          fragment_budget=fragment_budget)
             rgb_out[i] = _to_straight(premult, alpha).cpu().numpy()
@@ -230,9 +237,19 @@ def render_view(means, covars, opacities, colors, viewmat, K, width: int, height
     vis = proj.visible.nonzero().squeeze(1)
     # gsplat's radix sort on depth keys is stable over Gaussian index: ties keep input order.
     vis = vis[torch.sort(proj.depths[vis], stable=True).indices]
-    spans = _row_spans(proj, opacities, colors, vis, width, height)
-    if spans is not None:
-        _composite(spans, premult, log_t, done, width, height, fragment_budget)
+    # Spans are made for a run of Gaussians at a time (about SPAN_BUDGET rows) so
+    # memory stays bounded for many or large Gaussians; compositing carries over.
+    my = proj.means2d[vis, 1]
+    ry = proj.radii[vis, 1].float()
+    nrows = (torch.ceil(my + ry).clamp(0, height) - torch.floor(my - ry).clamp(0, height)).clamp(min=0)
+    ends = torch.searchsorted(torch.cumsum(nrows.double(), 0),
+                              torch.arange(1, int(nrows.sum()) // SPAN_BUDGET + 1, device=dev,
+                                           dtype=torch.float64) * SPAN_BUDGET, right=True)
+    bounds = [0] + sorted(set(int(e) for e in ends.tolist()) - {0, vis.numel()}) + [vis.numel()]
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        spans = _row_spans(proj, opacities, colors, vis[lo:hi], width, height)
+        if spans is not None:
+            _composite(spans, premult, log_t, done, width, height, fragment_budget)
     alpha = (1.0 - torch.exp(log_t)).float().clamp_(0.0, 1.0)
     return premult.reshape(height, width, 3), alpha.reshape(height, width)
 
@@ -324,7 +341,7 @@ def _composite(spans: dict, premult, log_t, done, width: int, height: int, fragm
         # Drop spans whose pixels are all finished (prefix sums of `done` per row),
         # then take as many of the rest as fit in the budget.
         done_rows = torch.zeros(height, width + 1, dtype=torch.int32, device=dev)
-        torch.cumsum(done.view(height, width).to(torch.int32), 1, out=done_rows[:, 1:])
+        done_rows[:, 1:] = torch.cumsum(done.view(height, width), 1, dtype=torch.int32)
         done_rows = done_rows.view(-1)
         r0, rw = pref0[pos:], span_w[pos:]
         n_done = done_rows.index_select(0, r0 + rw) - done_rows.index_select(0, r0)
@@ -373,4 +390,4 @@ def _composite(spans: dict, premult, log_t, done, width: int, height: int, fragm
         weight = (alpha * torch.exp(s - la)).float() * inc
         premult.index_add_(0, pix, color.index_select(0, fspan) * weight[:, None])
         log_t.index_add_(0, pix, la * inc)
-        pass
+        done.index_fill_(0, pix.masked_select(~inc), True)

@@ -75,8 +75,11 @@ ZUP_TO_YUP = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, -1.0, 0.0]])  # (
 _PIPELINE_CACHE: dict[tuple, Any] = {}
 
 
-class Sam3dError(RuntimeError):
-    """SAM 3D Objects could not be loaded, or returned something unusable."""
+class Sam3dError(StageInputError):
+    """SAM 3D Objects could not be loaded, or returned something unusable.
+
+    A StageInputError: the job fails with this message and retrying the same
+    settings and image cannot help (the worker classifies it as 'input')."""
 
 
 def min_gpu_memory_gib() -> float:
@@ -209,6 +212,20 @@ def load_pipeline(config_path: str | Path):
     return pipe
 
 
+def run_kwargs(run: Callable) -> dict:
+    """RUN_FLAGS that ``run`` accepts: the base ``InferencePipeline.run`` has no
+    ``with_layout_postprocess`` / ``pointmap`` (only the PointMap pipeline does)."""
+    import inspect
+
+    try:
+        params = inspect.signature(run).parameters
+    except (TypeError, ValueError):
+        return dict(RUN_FLAGS)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(RUN_FLAGS)
+    return {k: v for k, v in RUN_FLAGS.items() if k in params}
+
+
 def _is_oom(e: BaseException) -> bool:
     return type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
 
@@ -232,7 +249,7 @@ def reconstruct_sam3d(image: ImageInput, settings, seed: int,
     pipe = load_pipeline(settings.sam3d_config)
     rgba = np.concatenate([image.rgb, image.mask.astype(np.uint8)[..., None] * 255], axis=-1)
     report(0.1, "running SAM 3D Objects")
-    outputs = pipe.run(rgba, None, int(seed), **RUN_FLAGS)
+    outputs = pipe.run(rgba, None, int(seed), **run_kwargs(pipe.run))
     report(0.9, "converting SAM 3D output")
     recon = convert_outputs(outputs, mask=image.mask)
     recon.meta["sam3d_config"] = str(settings.sam3d_config)

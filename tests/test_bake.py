@@ -382,7 +382,7 @@ def test_pipeline_bake_matches_gaussian_views():
     from synthetic import make_object_image
 
     s = load(overrides={"reconstruct.resolution": 96, "reconstruct.num_gaussians": 15000,
-                        "views.count": 8, "views.resolution": 192, "bake.texture_size": 256})
+                        "views.count": 8, "views.resolution": 192, "bake.texture_size": 512})
     rgb, mask = make_object_image(256, "blob")
     recon = reconstruct(ImageInput(rgb, mask), s.reconstruct, seed=0)
     v = s.views

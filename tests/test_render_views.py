@@ -12,6 +12,7 @@ import torch
 
 from pipeline.cameras import intrinsics, look_at, project, sphere_cameras
 from pipeline.gaussian_math import covariance_3d, quat_to_rotmat
+from pipeline import render_views
 from pipeline.render_views import _render_cpu, render_gaussians
 from pipeline.types import Cameras, Gaussians
 from pipeline.validate import StageInputError
@@ -225,10 +226,12 @@ def test_outputs_shapes_types_and_ranges():
 # ---------------------------------------------------------------- against the brute-force loop
 
 
-@pytest.mark.parametrize("budget", [1 << 19, 300])
-def test_matches_bruteforce_gsplat_loop(budget):
+@pytest.mark.parametrize("budget,span_budget", [(1 << 19, None), (300, 50)])
+def test_matches_bruteforce_gsplat_loop(budget, span_budget, monkeypatch):
     # Some Gaussians sit far outside the view so the clamped Jacobian matters;
-    # a tiny budget forces many chunks, carried transmittance and span culling.
+    # tiny budgets force many chunks, carried transmittance and span culling.
+    if span_budget is not None:
+        monkeypatch.setattr(render_views, "SPAN_BUDGET", span_budget)
     g = random_scene(120, seed=7, spread=0.5)
     rng = np.random.default_rng(8)
     # an opaque clump, so that many pixels finish early

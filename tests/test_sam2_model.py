@@ -195,3 +195,51 @@ def test_unknown_name_needs_a_config(tiny_ckpt, tmp_path):
     predictor = load_predictor(resolve_checkpoint(AppSettings(sam2_checkpoint=str(odd),
                                                               sam2_config="sam2.1_hiera_t.yaml")))
     assert predictor.model.image_size == 1024
+
+
+# -- GPU machines only ----------------------------------------------------------------
+
+NO_CUDA = "needs a CUDA GPU; this machine has none"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_no_cuda_context_after_loading_on_a_real_gpu(tiny_ckpt):
+    """In a fresh process (as the app is), loading and predicting leaves CUDA uninitialised."""
+    import subprocess
+    import sys
+
+    path, _ = tiny_ckpt
+    code = (
+        "import numpy as np, torch\n"
+        "from app.sam2_model import load_predictor\n"
+        "from kiln.checkpoints import info_for\n"
+        f"p = load_predictor(info_for({str(path)!r}))\n"
+        "p.set_image(np.zeros((48, 64, 3), np.uint8))\n"
+        "p.predict(point_coords=np.array([[32.0, 24.0]]), point_labels=np.array([1]))\n"
+        "print('initialized', torch.cuda.is_initialized())\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "initialized False" in res.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_sam2_on_cuda_matches_cpu(tiny_ckpt):
+    """The same checkpoint on CUDA (as a worker could run it) gives the CPU's mask logits."""
+    path, _ = tiny_ckpt
+    from sam2.sam2_image_predictor import SAM2ImagePredictor
+
+    cpu = load_predictor(resolve_checkpoint(AppSettings(), folder=path.parent))
+    gpu_model = _random_model(TINY)
+    gpu_model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True)["model"])
+    gpu = SAM2ImagePredictor(gpu_model.to("cuda").eval())
+    outs = []
+    for p in (cpu, gpu):
+        p.set_image(_image())
+        _, _, logits = p.predict(point_coords=np.array([[32.0, 24.0]]), point_labels=np.array([1]),
+                                 multimask_output=False)
+        outs.append(logits.ravel())
+    corr = np.corrcoef(outs[0], outs[1])[0, 1]
+    assert corr > 0.99, corr

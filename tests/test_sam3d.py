@@ -170,6 +170,22 @@ def test_dispatch_through_reconstruct_and_glb_fallback(fake_pkg, tmp_path):
     np.testing.assert_allclose(from_glb.mesh.vertex_colors, via_dispatch.mesh.vertex_colors, atol=3e-3)
 
 
+def test_base_pipeline_gets_only_arguments_it_accepts(fake_pkg, tmp_path):
+    """pipeline.yaml may name the base InferencePipeline, whose run() has no
+    with_layout_postprocess / pointmap; without a pointmap the pose is applied as
+    PyTorch3D does, unchecked."""
+    cfg = write_config(tmp_path / "base", _target_="sam3d_objects.pipeline.inference_pipeline.InferencePipeline",
+                       pose_wxyz=list(POSE))
+    recon = sam3d.reconstruct_sam3d(_image(), _settings(cfg), seed=1)
+    run = _calls()[-1][1]
+    assert run["base_pipeline"] and run["with_mesh_postprocess"] is False and run["with_texture_baking"] is False
+    assert recon.meta["pose_convention"] == "pytorch3d-row" and "pose_fit_median" not in recon.meta
+    from sam3d_objects.pipeline.inference_pipeline_pointmap import box_mesh
+
+    expected = _expected_kiln(box_mesh()[0], POSE, "pytorch3d-row")
+    np.testing.assert_allclose(recon.mesh.vertices, _normalise(expected), atol=2e-4)
+
+
 def test_without_pose_keeps_sam3d_canonical_frame(fake_pkg, tmp_path):
     from sam3d_objects.pipeline.inference_pipeline_pointmap import box_mesh
 

@@ -238,6 +238,7 @@ def _run_job(msg: dict, cfg: dict, caps: dict, send: Sender) -> None:
     fault = msg.get("fault") if cfg.get("faults_enabled") else None
     fault_kind, fault_stage = faults.split_spec(fault) if fault else (None, None)
     state = {"stage": None, "last": 0.0}
+    t_job = time.perf_counter()
     print(f"=== job {job_id} attempt {attempt} ===", flush=True)
     note = f" with {msg['overrides']}" if msg.get("overrides") else ""
     if msg.get("chunk_scale", 1.0) < 1.0:
@@ -270,12 +271,18 @@ def _run_job(msg: dict, cfg: dict, caps: dict, send: Sender) -> None:
         send({"type": "started", "job": job_id, "backends": dict(backends.__dict__)})
         _check_backends(settings, backends, caps)
         cache_dir = Path(msg["cache_dir"]) if msg.get("cache_dir") else None
+        t_pipe = time.perf_counter()
         with _chunk_scale(float(msg.get("chunk_scale", 1.0))):
             result = run_pipeline(ImageInput(rgb=rgb, mask=mask), settings, job_dir / "outputs",
                                   on_event=on_event, backends=backends, cache_dir=cache_dir,
                                   name="model")
+        pipeline_s = time.perf_counter() - t_pipe
         check = check_glb(result.glb_path)
-        report = {"timings": result.timings, "stats": result.stats, "check": check,
+        timings = dict(result.timings)
+        # what the pipeline itself took vs. the whole attempt in this worker (inputs, checks)
+        timings["pipeline_s"] = round(pipeline_s, 4)
+        timings["worker_job_s"] = round(time.perf_counter() - t_job, 4)
+        report = {"timings": timings, "stats": result.stats, "check": check,
                   "backends": dict(backends.__dict__),
                   "reconstruction_cached": result.reconstruction_cached}
         atomic_write_bytes(job_dir / "result.json",

@@ -414,12 +414,15 @@ class Supervisor:
         return {}
 
     def workers(self) -> list[dict]:
+        """One dict per worker slot: slot, pid, state, gpu, job, restarts, startup_s, broken,
+        heartbeat_age_s, capabilities (as last reported), log (path of the worker's log)."""
         now = time.monotonic()
         with self._lock:
             return [{"slot": s.index, "pid": s.proc.pid if s.proc else None, "state": s.state,
                      "gpu": s.gpu, "job": s.job.status.id if s.job else None,
                      "restarts": s.restarts, "startup_s": s.startup_s, "broken": s.broken,
                      "heartbeat_age_s": round(now - s.last_msg, 2) if s.proc else None,
+                     "capabilities": json.loads(json.dumps(s.caps)) if s.caps else None,
                      "log": str(self._log_path(s))} for s in self._slots]
 
     def queue_length(self) -> int:

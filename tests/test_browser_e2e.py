@@ -1,0 +1,297 @@
+"""End to end in a real browser: Playwright drives Debian's Chromium against the app
+started as a subprocess (``python -m app``) on a free localhost port, with a real
+spawned worker and small settings so each job takes seconds on a CPU.
+
+Session A: upload, click the object, check the mask overlay, generate without
+texture baking, then toggle baking on and generate again (the reconstruction
+must come from the cache), download the GLB and load it with trimesh.
+Session B, at the same time in a second browser context: uploads its own image,
+starts a slow job and cancels it, then generates; neither session sees the
+other's results. Screenshots go to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts" / "browser"
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover - depends on the machine
+    sync_playwright = None
+
+if sync_playwright is None:
+    pytest.skip("playwright is not installed (pip install playwright)", allow_module_level=True)
+if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+    pytest.skip(f"{CHROMIUM} not found (apt-get install chromium)", allow_module_level=True)
+
+SMALL_CONFIG = """
+reconstruct: {{resolution: 64, num_gaussians: 3000, max_image_side: 256}}
+views: {{count: 4, resolution: 128}}
+mesh: {{simplify_ratio: 0.9}}
+bake: {{enabled: false, texture_size: 256, mode: fast, steps: 400}}
+worker: {{count: 1, device: cpu}}
+app: {{jobs_dir: {var}/jobs, cache_dir: {var}/cache}}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_png(path: Path, arr: np.ndarray) -> Path:
+    from PIL import Image
+
+    Image.fromarray(arr).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The app as a person starts it, on a free port; yields (url, workdir, log path)."""
+    work = tmp_path_factory.mktemp("kiln-app")
+    var = work / "var"
+    cfg = work / "small.yaml"
+    cfg.write_text(SMALL_CONFIG.format(var=var))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    log_path = ARTIFACTS / "server.log"
+    port = _free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("KILN_AUTH", None)
+    log_file = open(log_path, "w")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--config", str(cfg)],
+                            cwd=work, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() - t0 > 120:
+                pytest.fail(f"server did not answer within 120 s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.3)
+        yield url, work, log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log_file.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _open(browser, url):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1100}, accept_downloads=True)
+    page = ctx.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(url)
+    page.wait_for_selector("#kiln-upload input[type=file]", state="attached")
+    return ctx, page
+
+
+def _upload(page, path: Path):
+    page.set_input_files("#kiln-upload input[type=file]", str(path))
+    page.wait_for_function(
+        "() => document.querySelector('#kiln-mask-info').innerText.includes('%s')" % path.name)
+    page.wait_for_selector("#kiln-canvas img")
+
+
+def _click_image(page, fx: float, fy: float, expect: str):
+    img = page.locator("#kiln-canvas img")
+    box = img.bounding_box()
+    img.click(position={"x": box["width"] * fx, "y": box["height"] * fy})
+    page.wait_for_function(
+        "(t) => document.querySelector('#kiln-mask-info').innerText.includes(t)", arg=expect)
+
+
+def _shown_image(page) -> np.ndarray:
+    """The canvas image exactly as the server sent it: (H, W, 3) uint8."""
+    from PIL import Image
+
+    src = page.locator("#kiln-canvas img").get_attribute("src")
+    data = page.request.get(src).body()
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def _progress(page) -> tuple[str, str, str]:
+    return page.evaluate("""() => { const e = document.querySelector('#kiln-progress');
+        return e ? [e.dataset.state || '', e.dataset.job || '', e.innerText] : ['', '', '']; }""")
+
+
+def _wait_state(page, states, timeout=240) -> tuple[str, str, str]:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        st = _progress(page)
+        if st[0] in states:
+            return st
+        time.sleep(0.25)
+    raise AssertionError(f"job did not reach {states} within {timeout} s; last: {_progress(page)}")
+
+
+def _wait_new_job(page, previous_job: str, states, timeout=240):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        st = _progress(page)
+        if st[1] and st[1] != previous_job and st[0] in states:
+            return st
+        time.sleep(0.25)
+    raise AssertionError(f"no new job reached {states} within {timeout} s; last: {_progress(page)}")
+
+
+def _download_glb(page, dest: Path) -> Path:
+    with page.expect_download() as dl:
+        page.click("#kiln-dl-glb")
+    dl.value.save_as(dest)
+    return dest
+
+
+def _textures(glb: Path) -> list:
+    import trimesh
+
+    scene = trimesh.load(glb, force="scene")
+    assert len(scene.geometry) >= 1 and sum(len(g.faces) for g in scene.geometry.values()) > 100
+    out = []
+    for g in scene.geometry.values():
+        mat = getattr(g.visual, "material", None)
+        tex = getattr(mat, "baseColorTexture", None)
+        if tex is not None:
+            out.append(tex)
+    return out
+
+
+def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_path):
+    from synthetic import make_object_image
+
+    url, work, log_path = server
+    rgb_a, gt_a = make_object_image(320, "blob", seed=5)
+    img_a = _write_png(tmp_path / "object_a.png", rgb_a)
+    rgb_b, gt_b = make_object_image(288, "ellipse", seed=9)
+    img_b = _write_png(tmp_path / "object_b.png", rgb_b)
+
+    ctx_a, a = _open(browser, url)
+    ctx_b, b = _open(browser, url)
+    try:
+        # the status line comes from the workers' capability report
+        a.wait_for_function("() => document.querySelector('#kiln-status').innerText.includes('Backends')")
+
+        # -- A: upload, click, the overlay shows the mask ------------------------
+        _upload(a, img_a)
+        assert np.abs(_shown_image(a).astype(int) - rgb_a).mean() < 6   # untouched before a click
+        _click_image(a, 0.5, 0.5, "Mask:")
+        shown = _shown_image(a).astype(int)
+        assert shown.shape == rgb_a.shape
+        inside = gt_a & (np.hypot(*np.mgrid[0:320, 0:320] - 160) > 20)    # away from the click dot
+        assert (shown[inside][:, 2] - rgb_a[inside][:, 2]).mean() > 10, "object not tinted"
+        assert shown[~gt_a].mean() < 0.6 * rgb_a[~gt_a].mean(), "background not dimmed"
+        a.screenshot(path=str(ARTIFACTS / "a1_mask.png"), full_page=True)
+
+        # -- B meanwhile: its own upload and click in a second context ------------
+        _upload(b, img_b)
+        _click_image(b, 0.5, 0.5, "Mask:")
+        b.screenshot(path=str(ARTIFACTS / "b1_mask.png"), full_page=True)
+
+        # -- A: generate with baking off (config default here) -------------------
+        assert not a.locator("#kiln-bake input").is_checked()
+        a.click("#kiln-generate")
+        st1 = _wait_state(a, ("done", "failed", "cancelled"))
+        assert st1[0] == "done", st1
+        glb1 = _download_glb(a, tmp_path / "a_vertex_colours.glb")
+        assert _textures(glb1) == [], "baking was off: expected vertex colours"
+
+        # -- B: a slow job (opt bake, many views), cancelled while it runs --------
+        b.locator("#kiln-mode label", has_text="opt").click()
+        b.locator("#kiln-bake input").check()
+        b.locator("#kiln-views input[type=number]").fill("48")
+        b.locator("#kiln-views input[type=number]").press("Enter")
+        b.click("#kiln-generate")
+        running = _wait_state(b, ("running", "done", "failed"))
+        assert running[0] == "running", running
+        b.click("#kiln-cancel")
+        cancelled = _wait_state(b, ("cancelled", "failed", "done"), timeout=30)
+        assert cancelled[0] == "cancelled", cancelled
+        b.screenshot(path=str(ARTIFACTS / "b2_cancelled.png"), full_page=True)
+
+        # -- A: toggle texture baking on, generate again: reconstruction is reused --
+        a.locator("#kiln-bake input").check()
+        a.click("#kiln-generate")
+        # B generates with fast settings at the same time; one worker serves both in turn
+        b.locator("#kiln-mode label", has_text="fast").click()
+        b.locator("#kiln-views input[type=number]").fill("4")
+        b.locator("#kiln-views input[type=number]").press("Enter")
+        b.click("#kiln-generate")
+        st2 = _wait_new_job(a, st1[1], ("done", "failed", "cancelled"))
+        assert st2[0] == "done", st2
+        assert "reused from cache" in st2[2], st2
+        glb2 = _download_glb(a, tmp_path / "a_textured.glb")
+        textures = _textures(glb2)
+        assert textures, "baking was on: expected a base colour texture"
+        tex = np.asarray(textures[0].convert("RGB"))
+        assert tex.shape[:2] == (256, 256) and tex.std() > 5, "texture is blank"
+        a.wait_for_timeout(1500)   # give the 3D viewer a moment to draw
+        a.screenshot(path=str(ARTIFACTS / "a2_result.png"), full_page=True)
+
+        stb = _wait_new_job(b, cancelled[1], ("done", "failed", "cancelled"))
+        assert stb[0] == "done", stb
+        glb_b = _download_glb(b, tmp_path / "b_textured.glb")
+        assert _textures(glb_b) and glb_b.read_bytes() != glb2.read_bytes()
+        b.screenshot(path=str(ARTIFACTS / "b3_result.png"), full_page=True)
+
+        # -- each session's history lists only its own jobs ------------------------
+        for page, own, other in ((a, [st1[1], st2[1]], [cancelled[1], stb[1]]),
+                                 (b, [cancelled[1], stb[1]], [st1[1], st2[1]])):
+            page.get_by_text("History (this session)").click()
+            page.wait_for_function("(id) => document.querySelector('#kiln-history').innerText.includes(id)",
+                                   arg=own[-1])
+            text = page.inner_text("#kiln-history")
+            assert all(j in text for j in own), text
+            assert not any(j in text for j in other), text
+            files = page.inner_text("#kiln-history-files")
+            assert own[-1] in files and not any(j in files for j in other), files
+        a.screenshot(path=str(ARTIFACTS / "a3_history.png"), full_page=True)
+
+        # -- files are served from Gradio's folder, never from the job store ------
+        job_glb = next((work / "var" / "jobs").glob(f"*/{st2[1]}/outputs/*.glb"))
+        resp = a.request.get(url + "gradio_api/file=" + str(job_glb))
+        assert resp.status in (403, 404), f"job store file was served: {resp.status}"
+    finally:
+        for c in (ctx_a, ctx_b):
+            c.close()
+        if log_path.exists():
+            shutil.copy(log_path, ARTIFACTS / "server.log.txt")

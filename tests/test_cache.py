@@ -1,0 +1,130 @@
+"""Reconstruction cache: keyed by exactly what reconstruction depends on, atomic,
+self-healing, and used by run_pipeline so post-processing changes skip reconstruction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline import cache
+from pipeline.types import Gaussians, ImageInput, Mesh, Reconstruction
+from worker_helpers import image, small_settings
+
+
+def _recon(seed: int = 0, colors: bool = True) -> Reconstruction:
+    rng = np.random.default_rng(seed)
+    v = rng.uniform(-0.5, 0.5, (12, 3)).astype(np.float32)
+    f = rng.integers(0, 12, (20, 3)).astype(np.int32)
+    vc = rng.uniform(0, 1, (12, 3)).astype(np.float32) if colors else None
+    n = 30
+    q = rng.normal(size=(n, 4)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    g = Gaussians(means=rng.uniform(-0.5, 0.5, (n, 3)).astype(np.float32),
+                  scales=rng.uniform(0.01, 0.05, (n, 3)).astype(np.float32), quats=q,
+                  opacities=rng.uniform(0.1, 1, n).astype(np.float32),
+                  colors=rng.uniform(0, 1, (n, 3)).astype(np.float32))
+    return Reconstruction(mesh=Mesh(vertices=v, faces=f, vertex_colors=vc), gaussians=g,
+                          meta={"backend": "builtin", "scale": 1.5})
+
+
+def _input(seed=0):
+    rgb, mask = image(seed=seed, size=64)
+    return ImageInput(rgb=rgb, mask=mask)
+
+
+def test_key_depends_on_inputs_reconstruct_settings_and_seed_only():
+    img, s = _input(), small_settings()
+    k = cache.reconstruction_key(img, s)
+    assert len(k) == 64 and k == cache.reconstruction_key(_input(), small_settings())
+    # post-processing settings do not matter
+    for change in ({"bake.enabled": False}, {"mesh.simplify_ratio": 0.9}, {"bake.texture_size": 2048},
+                   {"views.count": 8}, {"export.gaussians_ply": True}, {"bake.mode": "fast"},
+                   {"worker.device": "cpu"}, {"rasterize.backend": "moderngl"}):
+        assert cache.reconstruction_key(img, s.override(change)) == k, change
+    # what reconstruction depends on does
+    keys = {k}
+    for change in ({"reconstruct.thickness": 0.9}, {"reconstruct.resolution": 96},
+                   {"reconstruct.num_gaussians": 3000}, {"reconstruct.max_image_side": 512},
+                   {"seed": 1}):
+        keys.add(cache.reconstruction_key(img, s.override(change)))
+    other_mask = ImageInput(rgb=img.rgb, mask=img.mask.copy())
+    other_mask.mask[0, 0] = not other_mask.mask[0, 0]
+    keys.add(cache.reconstruction_key(other_mask, s))
+    other_rgb = ImageInput(rgb=img.rgb.copy(), mask=img.mask)
+    other_rgb.rgb[5, 5, 1] ^= 1
+    keys.add(cache.reconstruction_key(other_rgb, s))
+    assert len(keys) == 8
+
+
+def test_code_version_covers_reconstruct_and_what_it_imports():
+    files = {p.name for p in cache._module_closure("reconstruct")}
+    assert {"reconstruct.py", "types.py", "validate.py"} <= files
+    assert "bake.py" not in files and "export.py" not in files
+
+
+def test_code_version_changes_with_the_reconstruction_source(monkeypatch, tmp_path):
+    base = cache.code_version()
+    fake = tmp_path / "pipeline"
+    fake.mkdir()
+    for p in cache._module_closure("reconstruct"):
+        (fake / p.name).write_bytes(p.read_bytes())
+    monkeypatch.setattr(cache, "_PIPELINE_DIR", fake)
+    cache.code_version.cache_clear()
+    try:
+        assert cache.code_version() == base  # same sources, same version
+        with open(fake / "reconstruct.py", "a") as f:
+            f.write("\n# a change\n")
+        cache.code_version.cache_clear()
+        assert cache.code_version() != base
+    finally:
+        cache.code_version.cache_clear()
+
+
+@pytest.mark.parametrize("colors", [True, False])
+def test_save_then_load_gives_the_same_reconstruction(tmp_path, colors):
+    r = _recon(colors=colors)
+    key = "ab" * 32
+    path = cache.save_reconstruction(tmp_path, key, r)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp files left
+    back = cache.load_reconstruction(tmp_path, key)
+    for a, b in ((r.mesh.vertices, back.mesh.vertices), (r.mesh.faces, back.mesh.faces),
+                 (r.gaussians.means, back.gaussians.means), (r.gaussians.quats, back.gaussians.quats),
+                 (r.gaussians.opacities, back.gaussians.opacities)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert (back.mesh.vertex_colors is None) == (not colors)
+    assert back.meta == r.meta
+    assert cache.load_reconstruction(tmp_path, "cd" * 32) is None
+
+
+def test_damaged_entries_are_dropped_not_trusted(tmp_path):
+    key = "ef" * 32
+    path = cache.save_reconstruction(tmp_path, key, _recon())
+    path.write_bytes(path.read_bytes()[:200])
+    assert cache.load_reconstruction(tmp_path, key) is None
+    assert not path.exists()
+    # an entry that loads but holds invalid data (NaN vertices) is dropped too
+    bad = _recon()
+    bad.mesh.vertices[0, 0] = np.nan
+    cache.save_reconstruction(tmp_path, key, bad)
+    assert cache.load_reconstruction(tmp_path, key) is None
+
+
+def test_keys_must_be_hex_digests(tmp_path):
+    with pytest.raises(ValueError):
+        cache.load_reconstruction(tmp_path, "../../etc/passwd")
+
+
+def test_run_pipeline_skips_reconstruction_when_only_postprocessing_changes(tmp_path):
+    from pipeline.run import run_pipeline
+
+    img = _input(seed=4)
+    s = small_settings(bake__enabled=False)
+    first = run_pipeline(img, s, tmp_path / "a", cache_dir=tmp_path / "cache")
+    assert not first.reconstruction_cached
+    second = run_pipeline(img, s.override({"mesh.simplify_ratio": 0.8}), tmp_path / "b",
+                          cache_dir=tmp_path / "cache")
+    assert second.reconstruction_cached
+    third = run_pipeline(img, s.override({"reconstruct.thickness": 1.0}), tmp_path / "c",
+                         cache_dir=tmp_path / "cache")
+    assert not third.reconstruction_cached
+    assert len(list((tmp_path / "cache").glob("recon-*.npz"))) == 2

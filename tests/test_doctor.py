@@ -1,0 +1,194 @@
+"""``kiln doctor`` on this machine and against staged problems (fake nvcc, stale
+locks, small /dev/shm, a CUDA device requested where there is none)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from kiln import doctor
+from kiln.settings import Settings
+
+
+def _has_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    res = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return res.returncode == 0 and "GPU " in res.stdout
+
+
+def _fake_nvcc(folder: Path, release: str = "9.1") -> Path:
+    """A stand-in toolkit whose nvcc reports an old CUDA release, as on the old tool's machine."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True)
+    nvcc = bin_dir / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+                    f"echo 'Cuda compilation tools, release {release}, V{release}.85'\n")
+    nvcc.chmod(0o755)
+    return bin_dir
+
+
+def _json_run(capsys, *argv) -> tuple[int, dict]:
+    code = doctor.main(["--json", *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _check(report: dict, name: str) -> dict:
+    return next(c for c in report["checks"] if c["name"] == name)
+
+
+def test_default_config_passes_here_without_touching_cuda(capsys, monkeypatch):
+    """Full run (subprocess probes included). The doctor process itself must not
+    initialise CUDA or even ask torch about it."""
+    torch = pytest.importorskip("torch")
+
+    def boom(*a, **k):
+        raise AssertionError("the doctor process touched CUDA")
+
+    monkeypatch.setattr(torch.cuda, "_lazy_init", boom)
+    monkeypatch.setattr(torch.cuda, "is_available", boom)
+    code, report = _json_run(capsys, "--timeout", "120")
+    assert code == 0, [c for c in report["checks"] if c["status"] == "fail"]
+    assert report["ok"] and not report["quick"]
+    names = [c["name"] for c in report["checks"]]
+    for n in ("python", "torch", "gpus", "nvcc", "CUDA_HOME", "extension cache", "/dev/shm",
+              "moderngl/EGL", "gsplat", "nvdiffrast", "sam2", "sam3d"):
+        assert n in names
+    assert _check(report, "moderngl/EGL")["status"] == "ok"   # rendered one triangle in a subprocess
+    if not _has_gpu():
+        assert "not available: no CUDA" in _check(report, "gsplat")["detail"]
+    assert report["summary"].startswith("kiln doctor: ok")
+
+
+def test_summary_is_one_quick_line(capsys):
+    t0 = time.perf_counter()
+    code = doctor.main(["--summary"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0 and len(out) == 1
+    assert out[0].startswith("kiln doctor: ok |") and "moderngl ok" in out[0]
+    assert time.perf_counter() - t0 < 15
+
+
+def test_nvcc_mismatch_is_flagged_with_the_fix(tmp_path, monkeypatch, capsys):
+    bin_dir = _fake_nvcc(tmp_path / "cuda-9.1")
+    env = {"PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", "HOME": str(tmp_path)}
+    # the old tool's situation: nvcc 9.1 first on PATH, torch built for CUDA 11.8
+    c = doctor.check_nvcc("11.8", env)
+    assert c.status == "warn" and "CUDA 9.1" in c.detail and "mismatch" in c.detail
+    assert "export CUDA_HOME=/usr/local/cuda-11.8 PATH=/usr/local/cuda-11.8/bin:$PATH" in c.fix
+    # when the pipeline needs a JIT build and no matching toolkit exists, it is a failure
+    assert doctor.check_nvcc("11.8", env, needed=True).status == "fail"
+    # a matching nvcc is fine
+    ok_dir = _fake_nvcc(tmp_path / "cuda-11.8", release="11.8")
+    assert doctor.check_nvcc("11.8", {"PATH": str(ok_dir)}).status == "ok"
+
+    # end to end with the installed torch: its CUDA version against the fake nvcc 9.1
+    torch_cuda = doctor.check_torch(import_torch=False).data.get("cuda")
+    if not torch_cuda:
+        pytest.skip("installed torch is a CPU build: no CUDA version to compare with")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    code, report = _json_run(capsys, "--quick")
+    nvcc = _check(report, "nvcc")
+    assert nvcc["status"] in ("warn", "fail")
+    assert f"is CUDA 9.1 but torch is built for CUDA {torch_cuda}" in nvcc["detail"]
+    assert any(f.startswith("export CUDA_HOME=") and f.endswith("/bin:$PATH") for f in nvcc["fix"])
+    assert code == 0   # the default config on a CPU machine compiles nothing
+
+
+def test_stale_lock_is_found_with_rm_command(tmp_path, monkeypatch, capsys):
+    ext = tmp_path / "ext"
+    stale = ext / "py311_cu130" / "gsplat_cuda" / "lock"
+    fresh = ext / "py311_cu130" / "nvdiffrast_plugin" / "lock"
+    for p in (stale, fresh):
+        p.parent.mkdir(parents=True)
+        p.write_text("")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    env = {"TORCH_EXTENSIONS_DIR": str(ext), "HOME": str(tmp_path)}
+    c = doctor.check_extension_cache(env, tmp_path)
+    assert c.status == "warn" and str(stale) in c.detail and str(fresh) not in c.detail
+    assert c.fix == [f"rm -f {stale}"]
+    assert doctor.check_extension_cache(env, tmp_path, needed=True).status == "fail"
+    os.remove(stale)
+    c = doctor.check_extension_cache(env, tmp_path)
+    assert c.status == "info" and str(fresh) in c.detail   # recent: a build may be running
+
+    os.utime(fresh, (old, old))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(ext))
+    code, report = _json_run(capsys, "--quick")
+    cache = _check(report, "extension cache")
+    assert cache["status"] == "warn" and f"rm -f {fresh}" in cache["fix"]
+
+
+@pytest.mark.skipif(_has_gpu(), reason="this machine has a GPU, so worker.device=cuda is satisfiable")
+def test_cuda_requested_on_cpu_machine_fails(capsys):
+    code = doctor.main(["--quick", "--set", "worker.device=cuda"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "[FAIL] worker.device" in out and "fix: --set worker.device=auto" in out
+    assert "1 problem(s): worker.device" in out
+
+
+def test_needed_backend_missing_fails(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "moderngl" else real(name, *a))
+    c = doctor.check_moderngl(quick=True, timeout=10, needed=True)
+    assert c.status == "fail" and "not installed" in c.detail and "pip install moderngl" in c.fix[0]
+    assert doctor.main(["--quick", "--set", "rasterize.backend=moderngl"]) == 1
+    capsys.readouterr()
+    # without texture baking nothing rasterizes, so it is only a warning
+    assert doctor.main(["--quick", "--set", "rasterize.backend=moderngl", "--set", "bake.enabled=false"]) == 0
+
+
+def test_sam3d_backend_without_package_fails(tmp_path, capsys):
+    code = doctor.main(["--quick", "--set", "reconstruct.backend=sam3d"])
+    out = capsys.readouterr().out
+    assert code == 1 and "[FAIL] sam3d" in out and "reconstruct.sam3d_config is empty" in out
+    (tmp_path / "pipeline.yaml").write_text(
+        "_target_: sam3d_objects.pipeline.inference_pipeline_pointmap.InferencePipelinePointMap\n")
+    code = doctor.main(["--quick", "--set", "reconstruct.backend=sam3d",
+                        "--set", f"reconstruct.sam3d_config={tmp_path}"])
+    out = capsys.readouterr().out
+    assert code == 1 and "sam3d_objects package is not installed" in out
+
+
+def test_sam2_checkpoints_are_listed(tmp_path):
+    (tmp_path / "sam2_hiera_large.pt").write_bytes(b"x")
+    (tmp_path / "sam2.1_hiera_small.pt").write_bytes(b"x")
+    c = doctor.check_sam2(Settings(), str(tmp_path))
+    if c.status == "warn":   # sam2 not installed here: still lists what it found
+        assert "sam2.1_hiera_small.pt" in c.detail
+    else:
+        assert c.status == "ok" and "sam2.1 small (sam2.1_hiera_small.pt)" in c.detail
+        assert "configs/sam2.1/sam2.1_hiera_s.yaml" in c.detail
+    assert [f["path"] for f in c.data["found"]] == [str(tmp_path / "sam2.1_hiera_small.pt"),
+                                                   str(tmp_path / "sam2_hiera_large.pt")]
+    missing = Settings().override({"app.sam2_checkpoint": str(tmp_path / "gone.pt")})
+    c = doctor.check_sam2(missing, str(tmp_path))
+    assert c.status == "warn" and "does not exist" in c.detail
+
+
+def test_small_shm_warns_with_docker_hint():
+    c = doctor.check_shm("/dev/shm", min_bytes=1 << 60)
+    assert c.status == "warn" and "--shm-size" in c.fix[0]
+    assert doctor.check_shm("/dev/shm", min_bytes=1).status == "ok"
+
+
+def test_snippets_report_crash_and_timeout():
+    res, err = doctor.run_snippet("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", 30)
+    assert res is None and err.startswith("crashed with SIGSEGV")
+    t0 = time.perf_counter()
+    res, err = doctor.run_snippet("import subprocess, time; subprocess.Popen(['sleep', '30']); time.sleep(30)", 1)
+    assert res is None and err == "timed out after 1 s" and time.perf_counter() - t0 < 10
+    res, err = doctor.run_snippet("import json; print('noise'); print(json.dumps({'ok': True}))", 30)
+    assert res == {"ok": True} and err == ""

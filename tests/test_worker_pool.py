@@ -1,0 +1,97 @@
+"""Several workers, GPU pinning, and the supervisor's own death."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from worker.faults import FaultPlan
+from worker.jobstore import JobStore
+from worker.supervisor import Supervisor
+from worker_helpers import image, small_settings
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead, just unreaped
+    except FileNotFoundError:
+        return False
+
+
+def test_one_worker_per_visible_gpu_and_a_crash_stays_in_its_worker(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # two "GPUs"; worker.count 0 = one each
+    plan = FaultPlan(["segv@reconstruct:session=bad"])
+    with Supervisor(small_settings(), tmp_path / "jobs", None, faults=plan) as sup:
+        ws = sup.workers()
+        assert [w["gpu"] for w in ws] == ["0", "1"]
+        # each worker saw only its own device before it imported torch
+        assert [w["capabilities"]["cuda_visible_devices"] for w in ws] == ["0", "1"]
+        long = sup.submit(*image(), small_settings(bake__steps=40), session="long")
+        for ev in sup.follow(long, timeout=60):
+            if ev.stage == "render_views":
+                break
+        busy = next(w for w in sup.workers() if w["job"] == long)
+        bad = sup.submit(*image(seed=5), small_settings(worker__retry_with_fallback=False),
+                         session="bad")
+        st = sup.wait(bad, timeout=60)
+        assert st.state == "failed"
+        assert st.error == "worker crashed with SIGSEGV during stage 'reconstruct'"
+        assert st.worker != busy["slot"]
+        assert sup.status(long).state == "running"  # the neighbour's crash did not touch it
+        done = sup.wait(long, timeout=120)
+        assert done.state == "done", done.error
+        after = {w["slot"]: w for w in sup.workers()}
+        assert after[busy["slot"]]["pid"] == busy["pid"] and after[busy["slot"]]["restarts"] == 0
+        assert after[st.worker]["restarts"] == 1
+
+
+SERVER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from worker.supervisor import Supervisor
+    from worker_helpers import image, small_settings
+
+    if __name__ == "__main__":
+        sup = Supervisor(small_settings(), {jobs!r}, None).start()
+        job = sup.submit(*image(), small_settings(bake__steps=3000))
+        for ev in sup.follow(job):
+            if ev.stage == "bake":
+                break
+        print(sup.workers()[0]["pid"], job, flush=True)
+        time.sleep(600)
+""")
+
+
+def test_server_killed_mid_job_orphan_worker_exits_and_job_is_recovered(tmp_path):
+    script = tmp_path / "server.py"
+    jobs = tmp_path / "jobs"
+    script.write_text(SERVER.format(tests=str(TESTS), jobs=str(jobs)))
+    server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              cwd=TESTS.parent)
+    try:
+        line = server.stdout.readline()
+        assert line, "server did not start a job"
+        worker_pid, job_id = int(line.split()[0]), line.split()[1]
+        assert _alive(worker_pid)
+        os.kill(server.pid, signal.SIGKILL)  # no shutdown, no atexit: the worst case
+        server.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(worker_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(worker_pid), "orphaned worker kept running"
+    finally:
+        if server.poll() is None:
+            server.kill()
+    store = JobStore(jobs)
+    assert store.read_status(job_id).state == "running"  # what the dead server left behind
+    [st] = store.recover()
+    assert st.id == job_id and st.state == "failed"
+    assert st.error == "interrupted: the server stopped during stage 'bake'"

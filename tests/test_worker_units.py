@@ -1,0 +1,275 @@
+"""The worker package's pieces that need no process: job store, GLB check, fault specs,
+environment preparation, error classification, message size cap."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import stat
+
+import numpy as np
+import pytest
+
+from worker import env as wenv
+from worker.faults import Fault, FaultPlan, parse
+from worker.glb import GLBError, check_glb_light
+from worker.jobstore import (JobStatus, JobStore, atomic_write_bytes, atomic_write_json, load_inputs,
+                             safe_session)
+from worker.process import MAX_MESSAGE_BYTES, Sender, classify_error
+from worker.supervisor import describe_exit
+from worker_helpers import image
+
+# --------------------------------------------------------------------------- job store
+
+
+def test_job_directory_round_trips_inputs_and_settings(tmp_path):
+    store = JobStore(tmp_path)
+    rgb, mask = image(seed=3, size=64)
+    st = store.create(rgb, mask, {"seed": 5}, "sess-1")
+    d = store.job_dir(st.id)
+    assert d == tmp_path / "sess-1" / st.id
+    back_rgb, back_mask = load_inputs(d)
+    assert np.array_equal(back_rgb, rgb) and np.array_equal(back_mask, mask)
+    assert json.loads((d / "settings.json").read_text()) == {"seed": 5}
+    assert store.read_status(st.id).state == "queued"
+    assert (d / "outputs").is_dir()
+    # a second store (a restarted server) finds it by id alone
+    assert JobStore(tmp_path).read_status(st.id).id == st.id
+
+
+@pytest.mark.parametrize("rgb,mask,msg", [
+    (np.zeros((8, 8, 3), np.float32), np.ones((8, 8), bool), "uint8"),
+    (np.zeros((8, 8), np.uint8), np.ones((8, 8), bool), "(H, W, 3)"),
+    (np.zeros((8, 8, 3), np.uint8), np.ones((8, 9), bool), "matching the image"),
+    (np.zeros((8, 8, 3), np.uint8), np.ones((8, 8), np.uint8), "must be bool"),
+])
+def test_job_inputs_are_checked_before_anything_is_written(tmp_path, rgb, mask, msg):
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        JobStore(tmp_path).create(rgb, mask, {}, "s")
+    assert not any(tmp_path.rglob("status.json"))
+
+
+def test_session_names_cannot_escape_the_store():
+    assert safe_session("abc_1.x-Y") == "abc_1.x-Y"
+    for bad in ("../etc", "a/b", "", ".", "..", "x" * 100, "é"):
+        out = safe_session(bad)
+        assert out.startswith("s-") and "/" not in out and out == safe_session(bad)
+
+
+def test_unknown_or_malformed_job_id_is_a_key_error(tmp_path):
+    store = JobStore(tmp_path)
+    for job_id in ("20260101-000000-abcdef", "../../x", ""):
+        with pytest.raises(KeyError):
+            store.read_status(job_id)
+
+
+def test_atomic_write_leaves_old_content_when_writing_fails(tmp_path):
+    path = tmp_path / "status.json"
+    atomic_write_json(path, {"v": 1})
+    with pytest.raises(TypeError):
+        atomic_write_bytes(path, 12345)  # fails after the temp file was opened
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]  # no temp file left behind
+
+
+def test_recover_fails_unfinished_jobs_with_a_reason(tmp_path):
+    store = JobStore(tmp_path)
+    rgb, mask = image(size=32)
+    queued = store.create(rgb, mask, {}, "a")
+    running = store.create(rgb, mask, {}, "a")
+    running.state, running.stage, running.seq = "running", "uv", 4
+    store.write_status(running)
+    done = store.create(rgb, mask, {}, "b")
+    done.state = "done"
+    store.write_status(done)
+
+    changed = JobStore(tmp_path).recover()
+    assert sorted(s.id for s in changed) == sorted([queued.id, running.id])
+    r = store.read_status(running.id)
+    assert (r.state, r.error, r.seq) == ("failed", "interrupted: the server stopped during stage 'uv'", 5)
+    q = store.read_status(queued.id)
+    assert q.error == "interrupted: the server stopped before the job started"
+    assert store.read_status(done.id).state == "done"
+    assert "interrupted" in store.read_log(running.id)
+    assert JobStore(tmp_path).recover() == []  # idempotent
+
+
+def test_status_json_round_trip_ignores_unknown_keys():
+    st = JobStatus(id="x", session="s", state="running", stage="bake", progress=0.5, seq=3)
+    d = st.to_dict()
+    d["from_the_future"] = 1
+    assert JobStatus.from_dict(d) == st
+
+
+# --------------------------------------------------------------------------- GLB check
+
+
+def _glb(path):
+    import trimesh
+
+    trimesh.creation.box().export(path)
+    return path
+
+
+def test_glb_light_check_accepts_a_real_glb(tmp_path):
+    info = check_glb_light(_glb(tmp_path / "m.glb"))
+    assert info["meshes"] == 1 and info["bytes"] == (tmp_path / "m.glb").stat().st_size
+
+
+@pytest.mark.parametrize("damage,msg", [
+    (lambda b: b[: len(b) // 2], "truncated"),
+    (lambda b: b"GLTF" + b[4:], "magic"),
+    (lambda b: b"", "too small"),
+    (lambda b: b[:12] + b"\x00" * (len(b) - 12), "JSON chunk"),
+])
+def test_glb_light_check_rejects_damaged_files(tmp_path, damage, msg):
+    good = _glb(tmp_path / "m.glb").read_bytes()
+    bad = tmp_path / "bad.glb"
+    bad.write_bytes(damage(good))
+    with pytest.raises(GLBError, match=msg):
+        check_glb_light(bad)
+
+
+def test_glb_light_check_missing_file(tmp_path):
+    with pytest.raises(GLBError, match="does not exist"):
+        check_glb_light(tmp_path / "nope.glb")
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_fault_specs_parse_and_match():
+    rules = parse("segv@bake, hang@uv:attempt=1:session=t1")
+    assert rules == [Fault("segv", "bake"), Fault("hang", "uv", attempt=1, session="t1")]
+    plan = FaultPlan(["hang@uv:attempt=1:session=t1", "oom@mesh:session=t2"])
+    assert plan.pick("t1", 1) == "hang@uv"
+    assert plan.pick("t1", 2) is None
+    assert plan.pick("t2", 5) == "oom@mesh"
+    assert plan.pick("other", 1) is None
+
+
+@pytest.mark.parametrize("spec", ["boom@bake", "segv", "segv@bake:attempt=x", "segv@bake:colour=red", "segv@"])
+def test_bad_fault_specs_are_rejected(spec):
+    with pytest.raises(ValueError):
+        parse(spec)
+
+
+def test_fault_plan_from_env_only_when_set(monkeypatch):
+    monkeypatch.delenv("KILN_TEST_FAULTS", raising=False)
+    assert FaultPlan.from_env() is None
+    monkeypatch.setenv("KILN_TEST_FAULTS", "abort@export")
+    assert FaultPlan.from_env().pick("any", 1) == "abort@export"
+
+
+# --------------------------------------------------------------------------- errors, messages
+
+
+def test_error_classification():
+    import torch
+
+    from pipeline.validate import StageInputError
+
+    assert classify_error(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate")) == "oom"
+    assert classify_error(RuntimeError("CUDA error: out of memory")) == "oom"
+    assert classify_error(RuntimeError("CUDA error: an illegal memory access was encountered")) == "cuda"
+    assert classify_error(RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED")) == "cuda"
+    assert classify_error(RuntimeError("device-side assert triggered")) == "cuda"
+    assert classify_error(StageInputError("mask is empty")) == "input"
+    assert classify_error(ValueError("something else")) == "error"
+    assert classify_error(MemoryError()) == "error"
+
+
+def test_sender_keeps_messages_under_pipe_buf():
+    sent = []
+
+    class Q:
+        def put(self, m):
+            sent.append(m)
+
+    Sender(Q())({"type": "failed", "error": "x" * 100_000,
+                 "caps": {"reasons": {str(i): "y" * 5000 for i in range(6)}}})
+    assert len(pickle.dumps(sent[0], protocol=pickle.HIGHEST_PROTOCOL)) <= MAX_MESSAGE_BYTES
+    assert sent[0]["type"] == "failed" and sent[0]["error"].startswith("xxx")
+
+
+def test_exit_descriptions():
+    assert describe_exit(-11) == "crashed with SIGSEGV"
+    assert describe_exit(-6) == "crashed with SIGABRT"
+    assert describe_exit(-9) == "crashed with SIGKILL"
+    assert describe_exit(3) == "exited with status 3"
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _fake_toolkit(root, version: str, how: str):
+    bindir = root / "bin"
+    bindir.mkdir(parents=True)
+    nvcc = bindir / "nvcc"
+    major, minor = version.split(".")
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {major}.{minor}, V{version}.1'\n")
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
+    if how == "json":
+        (root / "version.json").write_text(json.dumps({"cuda": {"version": f"{version}.2"}}))
+    return root
+
+
+def test_toolkit_matching_picks_the_version_torch_was_built_for(tmp_path):
+    old = _fake_toolkit(tmp_path / "cuda-9.1", "9.1", "nvcc")
+    good = _fake_toolkit(tmp_path / "cuda-11.8", "11.8", "json")
+    assert wenv.toolkit_version(old) == "9.1"
+    assert wenv.toolkit_version(good) == "11.8"
+    home, others = wenv.find_toolkit("11.8", [old, good])
+    assert home == good and others == [f"9.1 at {old}"]
+    assert wenv.find_toolkit("12.1", [old, good])[0] is None
+
+
+def test_prepare_points_cuda_home_and_path_at_the_matching_toolkit(tmp_path, monkeypatch):
+    _fake_toolkit(tmp_path / "cuda-9.1", "9.1", "nvcc")
+    good = _fake_toolkit(tmp_path / "cuda-11.8", "11.8", "json")
+    monkeypatch.setattr(wenv, "torch_cuda_version", lambda: "11.8")
+    monkeypatch.setattr(wenv, "toolkit_candidates", lambda env: [tmp_path / "cuda-9.1", good])
+    env = {"PATH": str(tmp_path / "cuda-9.1" / "bin") + os.pathsep + "/usr/bin",
+           "CUDA_HOME": str(tmp_path / "cuda-9.1")}
+    notes = wenv.prepare(env, tmp_path / "ext", gpu="1", device="auto")
+    assert env["CUDA_HOME"] == str(good)
+    assert env["PATH"].split(os.pathsep)[0] == str(good / "bin")
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["TORCH_EXTENSIONS_DIR"] == str((tmp_path / "ext").resolve())
+    assert env["PYTHONFAULTHANDLER"] == "1"
+    assert notes["toolkit"] == f"CUDA 11.8 at {good}"
+
+
+def test_prepare_for_a_cpu_worker_hides_gpus_and_keeps_a_user_extension_dir(tmp_path):
+    env = {"PATH": "/usr/bin", "TORCH_EXTENSIONS_DIR": "/mine", "CUDA_VISIBLE_DEVICES": "0"}
+    wenv.prepare(env, tmp_path, gpu=None, device="cpu")
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env["TORCH_EXTENSIONS_DIR"] == "/mine"
+
+
+def test_torch_cuda_version_is_read_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from worker.env import torch_cuda_version; v = torch_cuda_version(); "
+            "print(repr(v), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    import torch
+
+    assert out.stdout.split() == [repr(torch.version.cuda), "False"]
+
+
+@pytest.mark.parametrize("value,expect", [("0,1", ["0", "1"]), ("", []), ("2,-1,3", ["2"]),
+                                          ("GPU-abc, GPU-def", ["GPU-abc", "GPU-def"])])
+def test_detect_gpus_honours_cuda_visible_devices(value, expect):
+    assert wenv.detect_gpus({"CUDA_VISIBLE_DEVICES": value}) == expect
+
+
+def test_detect_gpus_without_a_driver_is_empty_here():
+    import shutil
+
+    if shutil.which("nvidia-smi") or os.path.exists("/proc/driver/nvidia/gpus"):
+        pytest.skip("machine has an NVIDIA driver")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    assert wenv.detect_gpus(env) == []
