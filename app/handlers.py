@@ -417,10 +417,24 @@ def status_line(caps: Optional[dict], segmenter_text: str, running: int, waiting
 
 @dataclass
 class ActiveJobs:
-    """session -> the job it is watching, so Cancel finds it whatever the page holds."""
+    """session -> the job it is watching, so Cancel finds it whatever the page holds;
+    plus the sessions whose Generate is still waiting for a worker slot."""
 
     jobs: dict = field(default_factory=dict)
+    pending: set = field(default_factory=set)     # sessions whose Generate waits in Gradio's queue
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def set_pending(self, session: str, on: bool) -> None:
+        with self.lock:
+            (self.pending.add if on else self.pending.discard)(session)
+
+    def take_pending(self, session: str) -> bool:
+        """True (and forget it) when the session had a Generate waiting."""
+        with self.lock:
+            if session in self.pending:
+                self.pending.discard(session)
+                return True
+            return False
 
     def set(self, session: str, job_id: Optional[str]) -> None:
         with self.lock:

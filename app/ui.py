@@ -169,8 +169,10 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             return (H.history_markdown(statuses, ctx.summaries),
                     H.history_files(session, statuses, ctx.publisher) or None)
 
-        def check_before_queue(st, *form):
+        def check_before_queue(st, bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on,
+                               request: gr.Request):
             """Runs outside the queue: refuse at once what cannot run, before waiting for a slot."""
+            form = (bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on)
             if st.image is None:
                 raise gr.Error("Upload an image first.")
             try:
@@ -183,10 +185,12 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             waiting = gpu_queue_counts(demo)[1]
             if waiting >= s.worker.max_queue:
                 raise gr.Error(f"The job queue is full ({waiting} waiting); try again in a few minutes.")
+            ctx.active.set_pending(session_of(request), True)
 
         def run_job(st, bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on, request: gr.Request):
             form = (bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on)
             session = session_of(request)
+            ctx.active.set_pending(session, False)
             skip = [gr.skip()] * (len(job_outputs) - 1)
             try:
                 rgb, mask = H.job_inputs(st)
@@ -245,8 +249,10 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             session = session_of(request)
             job_id = ctx.active.get(session)
             if job_id is None or ctx.sup is None:
-                # a Generate still waiting in Gradio's queue is dropped by `cancels=` below
-                return H.progress_html(note="Cancelled (no job had started yet).")
+                if ctx.active.take_pending(session):
+                    # the Generate still waiting in Gradio's queue is dropped by `cancels=` below
+                    return H.progress_html(note="Cancelled before it started.")
+                return H.progress_html(note="Nothing to cancel.")
             ctx.sup.cancel(job_id)
             deadline = time.monotonic() + 8
             st = ctx.sup.status(job_id)

@@ -305,7 +305,7 @@ def _project_view(p, n, viewmat, K, center, depth, rgba):
     cam = p @ viewmat[:3, :3].T + viewmat[:3, 3]
     z = cam[:, 2]
     zs = torch.where(z > 1e-6, z, torch.ones_like(z))
-    px = cam[:, 0] / zs * K[0, 0] + K[0, 2]
+    px = (cam[:, 0] * K[0, 0] + cam[:, 1] * K[0, 1]) / zs + K[0, 2]
     py = cam[:, 1] / zs * K[1, 1] + K[1, 2]
     to_cam = torch.nn.functional.normalize(center - p, dim=1)
     cos = (n * to_cam).sum(1)
@@ -422,17 +422,19 @@ def _sampling_matrices(idx, w, n_texels: int):
 
     m = len(idx)
     dev = idx.device
-    crow = torch.arange(0, 4 * m + 1, 4, device=dev)
-    cols = idx.reshape(-1)
+    # 32-bit indices where they fit: half the memory, and what every sparse backend supports
+    itype = torch.int32 if max(4 * m, n_texels) < 2**31 - 1 else torch.int64
+    crow = torch.arange(0, 4 * m + 1, 4, device=dev, dtype=itype)
+    cols = idx.reshape(-1).to(itype)
     vals = w.reshape(-1).contiguous()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         forward = torch.sparse_csr_tensor(crow, cols, vals, (m, n_texels), check_invariants=False)
     order = torch.argsort(cols, stable=True)
     counts = torch.bincount(cols, minlength=n_texels)
-    trow = torch.zeros(n_texels + 1, dtype=torch.int64, device=dev)
+    trow = torch.zeros(n_texels + 1, dtype=itype, device=dev)
     trow[1:] = counts.cumsum(0)
-    rows = torch.arange(m, device=dev).repeat_interleave(4)
+    rows = torch.arange(m, device=dev, dtype=itype).repeat_interleave(4)
     backward = torch.sparse_csr_tensor(trow, rows[order], vals[order], (n_texels, m),
                                        check_invariants=False)
     return forward, backward

@@ -290,6 +290,11 @@ def test_active_jobs_per_session():
     assert act.get("web-a") == "j1" and act.get("web-b") == "j2"
     act.set("web-a", None)
     assert act.get("web-a") is None and act.get("web-b") == "j2"
+    act.set_pending("web-c", True)
+    assert act.take_pending("web-c") and not act.take_pending("web-c")
+    act.set_pending("web-c", True)
+    act.set_pending("web-c", False)
+    assert not act.take_pending("web-c")
 
 
 def test_image_key_depends_on_content_and_shape():
@@ -399,3 +404,78 @@ def test_sam2_segmenter_caches_embedding_and_never_touches_cuda(tmp_path, monkey
     H.add_click(other, 128, 128, False, sam)
     H.add_click(st, 128, 128, False, sam)
     assert sam.embeddings_computed == 2
+
+
+# -- the served app, without a browser ------------------------------------------
+
+SERVE_PROBE = '''
+import json, sys
+
+def main():
+    import httpx
+    from kiln.settings import load
+    from app.server import launch
+
+    var = sys.argv[1]
+    settings = load(None, {"app.max_upload_mb": 1, "app.jobs_dir": var + "/jobs",
+                           "app.cache_dir": var + "/cache", "worker.count": 1, "worker.device": "cpu"})
+    demo, ctx, url = launch(settings, port=int(sys.argv[2]), block=False, examples=False)
+    out = {}
+    try:
+        base = "http://127.0.0.1:" + sys.argv[2]
+        out["page"] = httpx.get(base + "/").status_code
+        up = base + "/gradio_api/upload"
+        big = httpx.post(up, files={"files": ("big.png", b"x" * (2 * 1024 * 1024))})
+        out["big_upload"] = [big.status_code, big.text[:200]]
+        small = httpx.post(up, files={"files": ("small.png", b"x" * 1000)})
+        out["small_upload"] = [small.status_code, small.json()]
+        secret = settings.app.jobs_dir + "/web-other/secret.txt"
+        import os
+        os.makedirs(os.path.dirname(secret), exist_ok=True)
+        open(secret, "w").write("another session's file")
+        out["job_store_file"] = httpx.get(base + "/gradio_api/file=" + os.path.abspath(secret)).status_code
+        out["source_file"] = httpx.get(base + "/gradio_api/file=" + os.path.abspath("app/server.py")).status_code
+        ctx.sup_ready.wait(300)
+        out["caps"] = ctx.capabilities()
+        out["sup_error"] = ctx.sup_error
+        out["pipeline_modules"] = sorted(m for m in sys.modules if m.split(".")[0] == "pipeline")
+        import torch
+        out["cuda_initialized"] = torch.cuda.is_initialized()
+    finally:
+        demo.close()
+        ctx.shutdown()
+    print("RESULT " + json.dumps(out))
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_served_app_limits_uploads_hides_job_store_and_stays_off_cuda(tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = tmp_path / "serve_probe.py"
+    script.write_text(SERVE_PROBE)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "var"), str(port)], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = json.loads(line[len("RESULT "):])
+    assert out["page"] == 200
+    assert out["big_upload"][0] == 413 and "maximum allowed size" in out["big_upload"][1]
+    assert out["small_upload"][0] == 200
+    # uploads land in Gradio's folder next to the job store, not in /tmp/gradio
+    assert out["small_upload"][1][0].startswith(str(tmp_path / "var" / "gradio"))
+    assert out["job_store_file"] == 403, "a job store file was served"
+    assert out["source_file"] == 403, "a source file was served"
+    assert out["sup_error"] is None and out["caps"]["device"] == "cpu"
+    assert out["pipeline_modules"] == [], "the app process imported pipeline/"
+    assert out["cuda_initialized"] is False

@@ -239,7 +239,7 @@ def test_bake_ignores_transparent_view_pixels(scene):
     texture, stats = bake.bake_texture(mesh, Views(noisy, alpha, cams), settings("opt", steps=60),
                                        RASTER, "cpu", seed=0)
     chart = interior(chart_mask(mesh, TEX), 2)
-    assert texel_psnr(texture, truth, chart & texture.seen) > 27.0
+    assert texel_psnr(texture, truth, chart & texture.seen) > 35.0   # ~25 dB if the noise got in
 
 
 # --------------------------------------------------------------------------- unseen texels and gutter
@@ -358,12 +358,15 @@ def test_rejects_views_that_miss_the_mesh(scene):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_bake_matches_cpu(scene, opt_bake):
+    """Same code on the GPU: same quality, nearly the same texels (float order differs)."""
     mesh, _, _, views = scene
     texture, stats = bake.bake_texture(mesh, views, settings("opt"), RASTER, "cuda", seed=0)
     cpu_texture, cpu_stats = opt_bake
     assert abs(stats["bake_psnr_db"] - cpu_stats["bake_psnr_db"]) < 0.5
-    diff = np.abs(texture.image.astype(int) - cpu_texture.image.astype(int))
-    assert np.mean(diff) < 1.0
+    assert texel_psnr(texture, cpu_texture, np.ones((TEX, TEX), bool)) > 35.0
+    fast_gpu = bake.bake_texture(mesh, views, settings("fast"), RASTER, "cuda", seed=0)[0]
+    fast_cpu = bake.bake_texture(mesh, views, settings("fast"), RASTER, "cpu", seed=0)[0]
+    assert np.abs(fast_gpu.image.astype(int) - fast_cpu.image.astype(int)).max() <= 1
 
 
 # --------------------------------------------------------------------------- end to end

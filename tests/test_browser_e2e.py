@@ -222,7 +222,12 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         assert shown[~gt_a].mean() < 0.6 * rgb_a[~gt_a].mean(), "background not dimmed"
         a.screenshot(path=str(ARTIFACTS / "a1_mask.png"), full_page=True)
 
-        # -- B meanwhile: its own upload and click in a second context ------------
+        # -- B meanwhile: a broken file is refused with the reason, then its own image
+        bad = tmp_path / "broken.png"
+        bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really" * 20)
+        b.set_input_files("#kiln-upload input[type=file]", str(bad))
+        b.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('Cannot use')")
+        assert "broken.png" in b.inner_text("#kiln-mask-info")
         _upload(b, img_b)
         _click_image(b, 0.5, 0.5, "Mask:")
         b.screenshot(path=str(ARTIFACTS / "b1_mask.png"), full_page=True)

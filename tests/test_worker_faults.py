@@ -94,7 +94,9 @@ def test_fault_fails_job_and_fresh_worker_runs_next(env, kind, stage, reason, in
     sup = env.sup
     pid0 = worker_pid(sup)
     bad = sup.submit(*image(), no_retry(), session=kind)
-    good = sup.submit(*image(), small_settings(), session="good")  # waits behind the bad one
+    # waits behind the bad one; vertex colours only, to keep the module quick (the full
+    # pipeline on a fresh worker is exercised by the retry, cancel and kill tests)
+    good = sup.submit(*image(), small_settings(bake__enabled=False), session="good")
 
     st = sup.wait(bad, timeout=JOB_TIMEOUT)
     assert st.state == "failed"
@@ -129,6 +131,18 @@ def test_oom_is_retried_with_smaller_chunks_once_then_fails(env):
     assert st.state == "done", st.error
     assert st.attempts == 2
     assert st.stats["earlier_attempts"] == ["CUDA out of memory during stage 'bake'"]
+
+
+def test_bad_input_fails_in_its_stage_without_costing_the_worker(env):
+    sup = env.sup
+    pid0 = worker_pid(sup)
+    rgb, mask = image()
+    mask[:] = False
+    st = sup.run(rgb, mask, small_settings(), session="bad-input", timeout=JOB_TIMEOUT)
+    assert st.state == "failed"
+    assert st.error.startswith("stage 'reconstruct' rejected its input: StageInputError:")
+    assert st.attempts == 1
+    assert worker_pid(sup) == pid0
 
 
 def test_crash_is_retried_once_with_safe_backends(env):

@@ -39,10 +39,19 @@ _JOB_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
 class JobStatus:
     """A job's state as the UI and CLI see it.
 
-    progress: 0..1 over the whole job, never decreases within an attempt.
-    seq: sequence number of the last event; strictly increases with every change.
-    outputs: {'glb': path, 'ply': path} of what exists once done.
-    timings: stage -> seconds, plus 'queued_s', 'total_s'.
+    state: 'queued' | 'running' | 'done' | 'failed' | 'cancelled'.
+    stage: the pipeline stage running (or that was running when it ended), None before.
+    progress: 0..1 over the whole job; never decreases, not even across a retry.
+    stage_progress: 0..1 within ``stage``.
+    message: the latest human-readable line; error: why it failed/was cancelled.
+    seq: sequence number of the last event; increases by one with every change.
+    outputs: {'glb': path[, 'ply': path]} once done.
+    timings: stage -> seconds of the successful attempt (as PipelineResult.timings).
+    stats: the pipeline's stats plus 'glb_check', 'job' ({'queued_s', 'total_s',
+        'pipeline_s', 'worker_job_s'}) and 'earlier_attempts' (failures that were retried).
+    attempts: how many times a worker started it; worker: the slot of the last one.
+    backends: {'render', 'rasterize', 'device'} the last attempt used.
+    created / started / finished: Unix times.
     """
 
     id: str
@@ -50,6 +59,7 @@ class JobStatus:
     state: str = "queued"
     stage: Optional[str] = None
     progress: float = 0.0
+    stage_progress: float = 0.0
     message: str = ""
     seq: int = 0
     outputs: dict = field(default_factory=dict)
@@ -88,6 +98,7 @@ class Event:
     stage: Optional[str]
     progress: float
     message: str
+    stage_progress: float = 0.0
 
 
 def atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:

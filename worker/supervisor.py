@@ -706,7 +706,8 @@ class Supervisor:
         here = STAGE_WEIGHTS.get(stage, 0.1) * min(max(fraction, 0.0), 1.0)
         progress = max(job.status.progress, min(1.0, (done + here) / total))
         text = f"{stage}: {message}" if message else stage
-        self._emit(job, stage=stage, progress=progress, message=text)
+        self._emit(job, stage=stage, progress=progress, message=text,
+                   stage_progress=min(max(fraction, 0.0), 1.0))
 
     def _on_done(self, job: _Job, msg: dict) -> None:
         glb = Path(msg["glb"])
@@ -725,6 +726,7 @@ class Supervisor:
         st.timings = dict(result.get("timings", {}))
         st.stats = dict(result.get("stats", {}))
         st.stats["glb_check"] = result.get("check", light)
+        st.stats["job"] = dict(result.get("job", {}))
         if job.notes:
             st.stats["earlier_attempts"] = list(job.notes)
         st.backends = result.get("backends", st.backends)
@@ -797,10 +799,11 @@ class Supervisor:
     def _finish(self, job: _Job, state: str, message: str, progress: Optional[float] = None) -> None:
         st = job.status
         st.finished = time.time()
-        st.timings = dict(st.timings)
+        times = dict(st.stats.get("job", {}))
         if st.started is not None:
-            st.timings["queued_s"] = round(st.started - st.created, 3)
-        st.timings["total_s"] = round(st.finished - st.created, 3)
+            times["queued_s"] = round(st.started - st.created, 3)
+        times["total_s"] = round(st.finished - st.created, 3)
+        st.stats = {**st.stats, "job": times}
         if state != "done":
             st.error = message
         if state in ("failed", "cancelled"):
@@ -809,13 +812,15 @@ class Supervisor:
 
     def _emit(self, job: _Job, state: Optional[str] = None, stage: object = ...,
               progress: Optional[float] = None, message: Optional[str] = None,
-              force_write: bool = False) -> None:
+              stage_progress: Optional[float] = None, force_write: bool = False) -> None:
         st = job.status
         changed = force_write
         if state is not None and state != st.state:
             st.state, changed = state, True
         if stage is not ... and stage != st.stage:
-            st.stage, changed = stage, True
+            st.stage, st.stage_progress, changed = stage, 0.0, True
+        if stage_progress is not None:
+            st.stage_progress = float(stage_progress)
         if progress is not None:
             st.progress = float(progress)
         if message is not None:
@@ -823,7 +828,8 @@ class Supervisor:
         st.seq += 1
         now = time.monotonic()
         job.events.append(Event(job_id=st.id, seq=st.seq, time=time.time(), state=st.state,
-                                stage=st.stage, progress=st.progress, message=st.message))
+                                stage=st.stage, progress=st.progress, message=st.message,
+                                stage_progress=st.stage_progress))
         if len(job.events) > EVENTS_KEPT:
             del job.events[: len(job.events) - EVENTS_KEPT]
         if changed or now - job.last_write > 0.5:
@@ -835,7 +841,8 @@ class Supervisor:
     @staticmethod
     def _event_of(st: JobStatus) -> Event:
         return Event(job_id=st.id, seq=st.seq, time=st.finished or st.created, state=st.state,
-                     stage=st.stage, progress=st.progress, message=st.message)
+                     stage=st.stage, progress=st.progress, message=st.message,
+                     stage_progress=st.stage_progress)
 
     # ------------------------------------------------------------------ crash memory
     def _load_crashes(self) -> dict:
