@@ -328,11 +328,25 @@ class ResultPublisher:
     unguessable name, so the browser downloads them from there and the job store
     itself is never served. Copies are made once per (session, job)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, prune_age_s: float = 86400.0):
         self.root = Path(root)
+        self._prune(prune_age_s)
         self._lock = threading.Lock()
         self._tokens: dict[str, str] = {}
         self._done: dict[tuple[str, str], dict[str, Path]] = {}
+
+    def _prune(self, age_s: float) -> None:
+        """Drop session folders older than ``age_s``: sessions do not outlive a server, and
+        every published file is only a copy of a job output."""
+        if not self.root.is_dir():
+            return
+        cutoff = time.time() - age_s
+        for d in self.root.iterdir():
+            try:
+                if d.is_dir() and d.stat().st_mtime < cutoff:
+                    shutil.rmtree(d, ignore_errors=True)
+            except OSError:
+                continue
 
     def _session_dir(self, session: str) -> Path:
         with self._lock:

@@ -14,8 +14,9 @@ Two modes (``BakeSettings.mode``):
   sparse-dense products; the same torch code runs on CPU and CUDA.
 
 Both then inpaint chart texels no view saw (OpenCV Telea) and dilate the
-gutter: texels outside the charts copy their nearest chart texel, so bilinear
-and mip-mapped sampling near seams never reads black.
+gutter: texels outside the charts (and not read by any view pixel) copy their
+nearest chart texel, so bilinear and mip-mapped sampling near seams never
+reads black.
 
 Sampling convention (``types.py``): texel (row, col) of an S x S texture sits at
 uv = ((col + 0.5) / S, 1 - (row + 0.5) / S); row 0 is v = 1. Sampling is
@@ -72,8 +73,8 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
     settings.texture_size, Texture.seen (S, S) bool. stats (JSON-friendly):
     ``bake_mode``, ``bake_psnr_db`` (masked PSNR of the final uint8 texture
     rendered from the views' cameras, over pixels the mesh covers with
-    alpha > ALPHA_MIN), ``bake_fast_psnr_db`` (same for the fast result that
-    opt starts from; opt only), ``texels_seen_fraction`` (seen / chart texels),
+    alpha > ALPHA_MIN), ``bake_fast_psnr_db`` (opt only: the same measure for
+    the fast result opt starts from, before quantisation and inpainting), ``texels_seen_fraction`` (seen / chart texels),
     ``texels_chart_fraction``, ``bake_pixels``, ``bake_timings`` (seconds).
     """
     import torch
@@ -363,7 +364,7 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
     uv_t = torch.as_tensor(pixel_uv, device=dev)
     idx, w = bilinear_taps(uv_t, size)
     # neighbouring pixels then read neighbouring texels: the sparse products stay cache friendly
-    order = torch.argsort(idx[:, 0])
+    order = torch.argsort(idx[:, 0], stable=True)
     idx, w = idx[order], w[order]
     tgt = torch.as_tensor(target, device=dev)[order]
     m = len(idx)
@@ -373,12 +374,15 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
     init_pred = sample @ tex
     fast_psnr = -10.0 * math.log10(max(float(((init_pred - tgt) ** 2).mean()), 1e-10))
 
-    pair_x = torch.as_tensor(chart[:, 1:] & chart[:, :-1], device=dev)[..., None].float()
-    pair_y = torch.as_tensor(chart[1:, :] & chart[:-1, :], device=dev)[..., None].float()
-    n_pairs = max(float(pair_x.sum() + pair_y.sum()), 1.0) * 3.0
-    tv_scale = float(settings.tv_weight) / n_pairs
-    data_scale = 1.0 / (m * 3.0)
+    # Adam is invariant to the loss scale, so drop the 1/(3M) of the mean: per-pixel
+    # gradients of ~1 keep Adam's second moments far from float32 denormals
+    tv_x, tv_y = _tv_pair_weights(chart, float(settings.tv_weight) * 3.0 * m, dev)
 
+    # every per-step array is allocated once: fresh multi-megabyte blocks each step
+    # cost page faults that, on small VMs, take longer than the arithmetic
+    resid = torch.empty_like(tgt)
+    grad = torch.empty_like(tex)
+    tv_buf = torch.empty(n_texels * 3, device=dev) if tv_x is not None else None
     adam = _Adam(tex)
     steps = int(settings.steps)
     report_every = max(1, steps // 20)
@@ -387,27 +391,51 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
         frac = step / max(steps - 1, 1)
         lr = settings.lr * (FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION)
                             * 0.5 * (1 + math.cos(math.pi * frac)))
-        resid = sample @ tex - tgt
-        grad = sample_t @ (torch.sign(resid) * data_scale)
-        if tv_scale > 0:
-            img = tex.view(size, size, 3)
-            g_img = grad.view(size, size, 3)
-            sx = torch.sign(img[:, 1:] - img[:, :-1]) * pair_x * tv_scale
-            g_img[:, 1:] += sx
-            g_img[:, :-1] -= sx
-            sy = torch.sign(img[1:] - img[:-1]) * pair_y * tv_scale
-            g_img[1:] += sy
-            g_img[:-1] -= sy
+        torch.addmm(tgt, sample, tex, beta=-1.0, out=resid)          # rendered - target
+        report_now = (step + 1) % report_every == 0 or step + 1 == steps
+        l1 = float(resid.abs().mean()) if report_now else 0.0
+        torch.mm(sample_t, resid.sign_(), out=grad)
+        if tv_x is not None:
+            # anisotropic L1 TV on the flat (S*S*3) array: right neighbour 3 entries on, lower 3*S on
+            flat, gflat = tex.view(-1), grad.view(-1)
+            for shift, pair_w in ((3, tv_x), (3 * size, tv_y)):
+                s_ = torch.sub(flat[shift:], flat[:-shift], out=tv_buf[:-shift]).sign_().mul_(pair_w)
+                gflat[shift:] += s_
+                gflat[:-shift] -= s_
         adam.step(grad, lr)
         tex.clamp_(0.0, 1.0)
-        if (step + 1) % report_every == 0 or step + 1 == steps:
-            progress((step + 1) / steps, f"step {step + 1}/{steps}, "
-                                         f"L1 {float(resid.abs().mean()):.4f}")
+        if report_now:
+            progress((step + 1) / steps, f"step {step + 1}/{steps}, L1 {l1:.4f}")
 
     touched = torch.zeros(n_texels, dtype=torch.bool, device=dev)
     touched[idx.reshape(-1)[w.reshape(-1) > 0]] = True
     result = tex.reshape(size, size, 3).cpu().numpy()
     return result, touched.reshape(size, size).cpu().numpy(), fast_psnr
+
+
+def _tv_pair_weights(chart: np.ndarray, tv_weight: float, dev):
+    """Per-entry weights of TV's neighbour pairs on the flat (S*S*3) texture, or (None, None).
+
+    Entry i of tv_x weights the pair (i, i + 3) (right neighbour, same channel),
+    entry i of tv_y the pair (i, i + 3 S) (lower neighbour); both lengths are
+    trimmed to match the shifted slices. Only pairs with both texels inside a
+    chart count: gutter texels must not pull chart edges towards other charts.
+    """
+    import torch
+
+    if tv_weight <= 0:
+        return None, None
+    size = chart.shape[0]
+    both_x = np.zeros((size, size), bool)
+    both_x[:, :-1] = chart[:, 1:] & chart[:, :-1]
+    both_y = np.zeros((size, size), bool)
+    both_y[:-1] = chart[1:] & chart[:-1]
+    scale = tv_weight / (max(int(both_x.sum() + both_y.sum()), 1) * 3.0)   # mean over pairs and channels
+    weights = []
+    for both, shift in ((both_x, 3), (both_y, 3 * size)):
+        w = torch.as_tensor(np.repeat(both.reshape(-1), 3).astype(np.float32) * scale, device=dev)
+        weights.append(w[:-shift].contiguous())
+    return weights[0], weights[1]
 
 
 def _sampling_matrices(idx, w, n_texels: int):
@@ -472,17 +500,20 @@ class _Adam:
         self.param = param
         self.m = torch.zeros_like(param)
         self.v = torch.zeros_like(param)
+        self.denom = torch.empty_like(param)
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         self.t = 0
 
     def step(self, grad, lr: float) -> None:
+        import torch
+
         self.t += 1
         self.m.mul_(self.beta1).add_(grad, alpha=1 - self.beta1)
         self.v.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
         bias1 = 1 - self.beta1 ** self.t
         bias2 = 1 - self.beta2 ** self.t
-        denom = (self.v / bias2).sqrt_().add_(self.eps)
-        self.param.addcdiv_(self.m, denom, value=-lr / bias1)
+        torch.div(self.v, bias2, out=self.denom).sqrt_().add_(self.eps)
+        self.param.addcdiv_(self.m, self.denom, value=-lr / bias1)
 
 
 class _Progress:

@@ -273,6 +273,12 @@ def test_results_are_published_per_session_outside_the_job_store(tmp_path):
     assert md.index("cccccc") < md.index("aaaaaa")          # newest first
     assert "failed: boom \\| bad" in md and "texture 512px fast" in md
     assert pub.publish("web-a", failed) == {}
+    # a restarted server drops copies older than its age limit, keeps fresh ones
+    import os
+    old_dir = fa["glb"].parents[1]
+    os.utime(old_dir, (time.time() - 7200, time.time() - 7200))
+    H.ResultPublisher(tmp_path / "gradio" / "results", prune_age_s=3600)
+    assert not old_dir.exists() and fb["glb"].exists()
 
 
 def test_status_line():

@@ -242,6 +242,32 @@ def test_bake_ignores_transparent_view_pixels(scene):
     assert texel_psnr(texture, truth, chart & texture.seen) > 35.0   # ~25 dB if the noise got in
 
 
+def test_fast_bake_respects_occlusion():
+    """A small cube in front of the big one hides part of its front: those texels stay unseen."""
+    big, small = cube_mesh(), cube_mesh()
+    small.vertices = (small.vertices * (0.15 / HALF) + np.array([0, 0, 0.7])).astype(np.float32)
+    # big cube's charts in the lower half of the atlas, the small cube's in the upper half
+    uvs = np.concatenate([big.uvs * [1, 0.5], small.uvs * [1, 0.5] + [0, 0.5]]).astype(np.float32)
+    mesh = Mesh(np.concatenate([big.vertices, small.vertices]),
+                np.concatenate([big.faces, small.faces + big.num_vertices]).astype(np.int32), uvs=uvs)
+    truth = truth_texture()
+    cams = sphere_cameras(1, radius=2.4, fov_deg=40.0, resolution=128)
+    texture, _ = bake.bake_texture(mesh, views_of(mesh, truth, cams), settings("fast"), RASTER,
+                                   "cpu", seed=0)
+    # texel centres of the big cube's front chart (u 0.02..0.32, v 0.05..0.2) in world x, y
+    rows, cols = np.mgrid[0:TEX, 0:TEX]
+    u, v = (cols + 0.5) / TEX, 1 - (rows + 0.5) / TEX
+    a, b = (u - 0.02) / 0.3, (v / 0.5 - 0.1) / 0.3
+    front = (a > 0.02) & (a < 0.98) & (b > 0.02) & (b < 0.98)
+    x, y = -HALF + 2 * HALF * a, -HALF + 2 * HALF * b
+    hidden = front & (np.abs(x) < 0.15) & (np.abs(y) < 0.15)      # the shadow is ~0.19 wide
+    open_ = front & ((np.abs(x) > 0.25) | (np.abs(y) > 0.25))
+    assert hidden.sum() > 50 and open_.sum() > 200
+    assert not texture.seen[hidden].any()
+    assert texture.seen[open_].all()
+    assert texel_psnr(texture, truth, interior(open_, 1)) > 24.0
+
+
 # --------------------------------------------------------------------------- unseen texels and gutter
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -216,7 +217,22 @@ def test_cancel_queued_and_running_jobs(env):
 def test_events_carry_monotonic_seq_and_progress(env):
     sup = env.sup
     job = sup.submit(*image(), small_settings(), session="oom-once")  # includes a retry
-    evs = list(sup.follow(job, timeout=JOB_TIMEOUT))
+    # a reader polling status.json meanwhile must always see a whole file, seq never going back
+    seen, stop = [], threading.Event()
+
+    def read_status_file():
+        path = sup.job_dir(job) / "status.json"
+        while not stop.is_set():
+            seen.append(json.loads(path.read_text())["seq"])
+
+    reader = threading.Thread(target=read_status_file)
+    reader.start()
+    try:
+        evs = list(sup.follow(job, timeout=JOB_TIMEOUT))
+    finally:
+        stop.set()
+        reader.join()
+    assert len(seen) > 10 and seen == sorted(seen)
     seqs = [e.seq for e in evs]
     assert seqs == list(range(1, len(seqs) + 1))
     assert all(b.progress >= a.progress for a, b in zip(evs, evs[1:]))

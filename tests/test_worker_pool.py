@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from worker.faults import FaultPlan
 from worker.jobstore import JobStore
 from worker.supervisor import Supervisor
@@ -95,3 +97,39 @@ def test_server_killed_mid_job_orphan_worker_exits_and_job_is_recovered(tmp_path
     [st] = store.recover()
     assert st.id == job_id and st.state == "failed"
     assert st.error == "interrupted: the server stopped during stage 'bake'"
+
+
+def test_shutdown_ends_running_and_queued_jobs_with_a_reason(tmp_path):
+    sup = Supervisor(small_settings(), tmp_path / "jobs", None).start()
+    running = sup.submit(*image(), small_settings(bake__steps=3000))
+    queued = sup.submit(*image(), small_settings())
+    for ev in sup.follow(running, timeout=60):
+        if ev.stage == "render_views":
+            break
+    pid = sup.workers()[0]["pid"]
+    t0 = time.monotonic()
+    sup.shutdown()
+    assert time.monotonic() - t0 < 10
+    assert not _alive(pid)
+    store = JobStore(tmp_path / "jobs")
+    assert store.read_status(running).error == "the server shut down during stage 'render_views'"
+    assert store.read_status(queued).error == "the server shut down before the job started"
+    with pytest.raises(RuntimeError, match="not running"):
+        sup.submit(*image(), small_settings())
+
+
+def test_a_probe_that_crashes_the_worker_only_disables_its_backend(tmp_path):
+    # The old tool's failure: a native rasterizer segfaulting on first use. Here it costs
+    # one worker start and that backend, not the server.
+    plan = FaultPlan(["segv@probe:moderngl"])
+    with Supervisor(small_settings(), tmp_path / "jobs", None, faults=plan) as sup:
+        caps = sup.capabilities()
+        assert caps["moderngl"] is False and caps["cpu"] is True
+        assert caps["reasons"]["moderngl"] == "probe crashed with SIGSEGV (see worker-0.log)"
+        st = sup.run(*image(), small_settings(), timeout=60)
+        assert st.state == "failed"
+        assert st.error == ("the job could not start: StageInputError: settings ask for rasterizer "
+                            "'moderngl', which does not work on this worker: probe crashed with "
+                            "SIGSEGV (see worker-0.log)")
+        st = sup.run(*image(), small_settings(bake__enabled=False), timeout=60)
+        assert st.state == "done", st.error

@@ -140,8 +140,11 @@ def test_glb_light_check_missing_file(tmp_path):
 
 
 def test_fault_specs_parse_and_match():
-    rules = parse("segv@bake, hang@uv:attempt=1:session=t1")
-    assert rules == [Fault("segv", "bake"), Fault("hang", "uv", attempt=1, session="t1")]
+    rules = parse("segv@bake, hang@uv:attempt=1:session=t1, abort@probe:moderngl")
+    assert rules == [Fault("segv", "bake"), Fault("hang", "uv", attempt=1, session="t1"),
+                     Fault("abort", "probe:moderngl")]
+    assert FaultPlan(rules).probe_faults() == {"moderngl": "abort"}
+    assert FaultPlan(rules).pick("t1", 2) == "segv@bake"  # probe rules never fire in a job
     plan = FaultPlan(["hang@uv:attempt=1:session=t1", "oom@mesh:session=t2"])
     assert plan.pick("t1", 1) == "hang@uv"
     assert plan.pick("t1", 2) is None
@@ -149,7 +152,8 @@ def test_fault_specs_parse_and_match():
     assert plan.pick("other", 1) is None
 
 
-@pytest.mark.parametrize("spec", ["boom@bake", "segv", "segv@bake:attempt=x", "segv@bake:colour=red", "segv@"])
+@pytest.mark.parametrize("spec", ["boom@bake", "segv", "segv@bake:attempt=x", "segv@bake:colour=red",
+                                  "segv@", "segv@bake:attempt"])
 def test_bad_fault_specs_are_rejected(spec):
     with pytest.raises(ValueError):
         parse(spec)

@@ -10,18 +10,21 @@ Spec grammar, comma-separated rules::
 
     KIND@STAGE[:attempt=N][:session=NAME]
 
-KIND is one of ``KINDS``; STAGE a pipeline stage name; ``attempt`` limits the rule
-to that attempt of a job (1 = first run, 2 = the retry); ``session`` to jobs
+KIND is one of ``KINDS``; STAGE a pipeline stage name, or ``probe:NAME`` for a
+start-up backend probe (``worker.probe.PROBES``); ``attempt`` limits the rule to
+that attempt of a job (1 = first run, 2 = the retry); ``session`` to jobs
 submitted under that session name.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
 ENV_VAR = "KILN_TEST_FAULTS"
+PROBE_PREFIX = "probe:"
 
 KINDS = {
     "segv": "invalid memory read (SIGSEGV)",
@@ -44,8 +47,8 @@ class Fault:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"unknown fault kind {self.kind!r}; choose one of {', '.join(KINDS)}")
-        if not self.stage:
-            raise ValueError("a fault needs a stage name")
+        if not re.fullmatch(r"(probe:)?[a-z_][a-z0-9_]*", self.stage or ""):
+            raise ValueError(f"fault stage {self.stage!r} must be a stage name or probe:NAME")
 
     @property
     def spec(self) -> str:
@@ -64,7 +67,7 @@ def parse(text: str) -> list[Fault]:
         raw = raw.strip()
         if not raw:
             continue
-        head, *opts = raw.split(":")
+        head, *opts = re.split(r":(?=\w+=)", raw)  # "probe:NAME" keeps its colon
         if "@" not in head:
             raise ValueError(f"fault rule {raw!r} must look like KIND@STAGE")
         kind, stage = head.split("@", 1)
@@ -96,9 +99,15 @@ class FaultPlan:
 
     def pick(self, session: str, attempt: int) -> Optional[str]:
         for rule in self.rules:
-            if rule.matches(session, attempt):
+            if not rule.stage.startswith(PROBE_PREFIX) and rule.matches(session, attempt):
                 return rule.spec
         return None
+
+    def probe_faults(self) -> dict[str, str]:
+        """{probe name: fault kind} for rules on ``probe:NAME`` stages: they fire while a
+        worker starts, in that backend probe, every time until the probe is skipped."""
+        return {r.stage[len(PROBE_PREFIX):]: r.kind for r in self.rules
+                if r.stage.startswith(PROBE_PREFIX)}
 
 
 def split_spec(spec: str) -> tuple[str, str]:

@@ -125,6 +125,11 @@ def _probe_all(cfg: dict, send: Sender, env_notes: dict) -> dict:
             reasons[name] = cfg["skip_probes"][name]
             continue
         send({"type": "probe", "name": name})
+        if cfg.get("faults_enabled") and name in cfg.get("probe_faults", {}):
+            from . import faults
+
+            print(f"test fault '{cfg['probe_faults'][name]}' fires in probe {name}", flush=True)
+            faults.fire(cfg["probe_faults"][name])
         t0 = time.perf_counter()
         ok, reason = run_probe(name, ctx, cfg["probe_timeout_s"])
         times[name] = round(time.perf_counter() - t0, 3)

@@ -111,7 +111,6 @@ class _Job:
     crash_retried: bool = False
     oom_retried: bool = False
     error_retried: bool = False
-    last_write: float = 0.0
     notes: list = field(default_factory=list)   # earlier attempts' failures
 
     @property
@@ -270,7 +269,7 @@ class Supervisor:
                 if job.status.terminal:
                     continue
                 if job.status.state == "running":
-                    reason = f"the server shut down while the job was running {_where(job.status.stage)}"
+                    reason = f"the server shut down {_where(job.status.stage)}"
                 else:
                     reason = "the server shut down before the job started"
                 self._finish(job, "failed", reason)
@@ -465,7 +464,10 @@ class Supervisor:
         for s in self._slots:
             if s.proc is None:
                 if not s.broken and now >= s.next_spawn:
-                    self._spawn(s)
+                    try:
+                        self._spawn(s)
+                    except Exception as e:  # e.g. out of file descriptors: back off, then retry
+                        self._start_failed(s, f"could not be spawned ({type(e).__name__}: {e})", "")
                 continue
             self._drain(s)
             if s.proc is not None and not s.proc.is_alive():
@@ -602,12 +604,7 @@ class Supervisor:
                 s.skip_probes[probe] = f"{why} (see {self._log_path(s).name})"
                 log.warning("worker %d: %s probe %s; restarting without it", s.index, probe, why)
             else:
-                s.failures += 1
-                s.next_spawn = time.monotonic() + min(30.0, 2.0 ** s.failures)
-                log.error("worker %d %s while starting (%d in a row)\n%s", s.index, desc, s.failures, tail)
-                if s.failures >= STARTUP_FAILURES_LIMIT:
-                    s.broken = f"worker {s.index} failed to start {s.failures} times: {desc}"
-                    self._fail_if_no_workers()
+                self._start_failed(s, f"{desc} while starting", tail)
             self._cond.notify_all()
             return
         s.restarts += 1
@@ -633,6 +630,15 @@ class Supervisor:
         if tail:
             append_log(job.dir, "worker log around the failure:\n" + tail)
         self._crashed(job, why)
+
+    def _start_failed(self, s: _Slot, what: str, tail: str) -> None:
+        s.failures += 1
+        s.next_spawn = time.monotonic() + min(30.0, 2.0 ** s.failures)
+        log.error("worker %d %s (%d in a row)\n%s", s.index, what, s.failures, tail)
+        if s.failures >= STARTUP_FAILURES_LIMIT:
+            s.broken = f"worker {s.index} failed to start {s.failures} times: {what}"
+            self._fail_if_no_workers()
+        self._cond.notify_all()
 
     def _discard(self, s: _Slot) -> None:
         proc = s.proc
@@ -661,6 +667,7 @@ class Supervisor:
                "probe_timeout_s": ws.probe_timeout_s, "log_path": str(self._log_path(s)),
                "torch_extensions_dir": str(self.var_dir / "torch_extensions"),
                "skip_probes": dict(s.skip_probes), "faults_enabled": self.faults is not None,
+               "probe_faults": self.faults.probe_faults() if self.faults else {},
                "parent_pid": os.getpid(), "settings": self.settings.to_dict()}
         proc = self._ctx.Process(target=process_mod.worker_main, args=(cfg, s.inbox, s.outbox),
                                  name=f"kiln-worker-{s.index}", daemon=True)
@@ -826,16 +833,14 @@ class Supervisor:
         if message is not None:
             st.message = message
         st.seq += 1
-        now = time.monotonic()
         job.events.append(Event(job_id=st.id, seq=st.seq, time=time.time(), state=st.state,
                                 stage=st.stage, progress=st.progress, message=st.message,
                                 stage_progress=st.stage_progress))
         if len(job.events) > EVENTS_KEPT:
             del job.events[: len(job.events) - EVENTS_KEPT]
-        if changed or now - job.last_write > 0.5:
-            job.last_write = now
-            # fsync only where it matters (state changes); progress ticks may be lost in a crash
-            self.store.write_status(st, fsync=changed)
+        # Written on every event so the seq on disk is never behind one a client saw (a
+        # restarted server continues from it); fsync only for state/stage changes.
+        self.store.write_status(st, fsync=changed)
         self._cond.notify_all()
 
     @staticmethod
