@@ -361,6 +361,19 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_inherited_contexts)
 
 
+def _load_triton_before_mesa() -> None:
+    """Import torch's compiler stack (and Triton's LLVM) before Mesa's llvmpipe loads its own.
+
+    Measured here: once an EGL context exists, a later ``import torch._dynamo`` (which
+    any ``torch.optim`` optimizer or ``torch.compile`` triggers) segfaults inside
+    Triton's LLVM; in the other order both work.
+    """
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # torch absent or built without it: nothing to protect
+        pass
+
+
 def _gl_state() -> _GLState:
     key = (os.getpid(), threading.get_ident())
     me = threading.current_thread()
@@ -374,6 +387,7 @@ def _gl_state() -> _GLState:
         import moderngl
     except ImportError as e:
         raise BackendUnavailableError(f"moderngl is not installed: {e}") from None
+    _load_triton_before_mesa()
     try:
         ctx = moderngl.create_standalone_context(backend="egl", require=330)
     except Exception as e:

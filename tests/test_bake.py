@@ -13,7 +13,7 @@ import torch
 
 from kiln.settings import BakeSettings
 from pipeline import bake
-from pipeline.cameras import sphere_cameras
+from pipeline.cameras import look_at, sphere_cameras
 from pipeline.types import Cameras, Mesh, Texture, Views
 from pipeline.validate import StageInputError
 
@@ -272,11 +272,10 @@ def test_fast_bake_respects_occlusion():
 
 @pytest.fixture(scope="module")
 def one_sided_bake(scene):
-    """Two cameras in front: the back, top and bottom sides are never seen."""
+    """One camera in front, one 45 degrees to its right: only the +z and +x sides are seen."""
     mesh, _, truth, _ = scene
     cams = sphere_cameras(1, radius=2.4, fov_deg=40.0, resolution=128)
     side = sphere_cameras(1, radius=2.4, fov_deg=40.0, resolution=128)
-    from pipeline.cameras import look_at
     side.viewmats[0] = look_at((1.7, 0.0, 1.7))
     cams = Cameras(np.concatenate([cams.viewmats, side.viewmats]),
                    np.concatenate([cams.Ks, side.Ks]), 128, 128)

@@ -485,3 +485,23 @@ def test_nvdiffrast_matches_moderngl_on_cuda():
     uvm = grid_uv_mesh(2000)
     for size in (256, 1000, 2500):
         _compare(R.rasterize_uv(uvm, size, backend="nvdiffrast"), R.rasterize_uv(uvm, size), min_agree=0.99)
+
+
+def test_optimizer_after_egl_context_does_not_segfault():
+    """Mesa's llvmpipe and Triton's LLVM clash when Triton loads second (SIGSEGV in
+    triton/knobs.py): the rasterizer must load torch's compiler stack first."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, trimesh\n"
+        "from pipeline.types import Mesh\n"
+        "from pipeline import rasterize\n"
+        "m = trimesh.creation.icosphere(2)\n"
+        "uv = (m.vertices[:, :2] * 0.5 + 0.5).clip(0, 1).astype(np.float32)\n"
+        "rasterize.rasterize_uv(Mesh(m.vertices.astype(np.float32), m.faces.astype(np.int32), uvs=uv), 32)\n"
+        "import torch\n"
+        "torch.optim.Adam([torch.zeros(3, requires_grad=True)])\n"
+        "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])

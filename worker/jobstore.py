@@ -46,7 +46,8 @@ class JobStatus:
     message: the latest human-readable line; error: why it failed/was cancelled.
     seq: sequence number of the last event; increases by one with every change.
     outputs: {'glb': path[, 'ply': path]} once done.
-    timings: stage -> seconds of the successful attempt (as PipelineResult.timings).
+    timings: stage -> seconds of the successful attempt (as PipelineResult.timings), plus
+        'queued_s' (submit -> first start) and 'total_s' (submit -> end) once it ended.
     stats: the pipeline's stats plus 'glb_check', 'job' ({'queued_s', 'total_s',
         'pipeline_s', 'worker_job_s'}) and 'earlier_attempts' (failures that were retried).
     attempts: how many times a worker started it; worker: the slot of the last one.

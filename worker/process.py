@@ -158,8 +158,7 @@ _STAGE_LIBRARIES = ("trimesh", "trimesh.exchange.gltf", "scipy.ndimage", "scipy.
 def _warm_imports() -> None:
     import importlib
 
-    import pipeline.run  # noqa: F401
-    for mod in ("reconstruct", "render_views", "mesh_ops", "uv", "rasterize", "bake", "export", "cache"):
+    for mod in ("run", "reconstruct", "render_views", "mesh_ops", "uv", "rasterize", "bake", "export", "cache"):
         importlib.import_module(f"pipeline.{mod}")
     for lib in _STAGE_LIBRARIES:
         try:

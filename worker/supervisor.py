@@ -49,8 +49,7 @@ from . import env as env_mod
 from . import process as process_mod
 from .faults import FaultPlan
 from .glb import GLBError, check_glb_light
-from .jobstore import (TERMINAL, Event, JobStatus, JobStore, append_log, atomic_write_json,
-                       check_inputs)
+from .jobstore import Event, JobStatus, JobStore, append_log, atomic_write_json, check_inputs
 
 log = logging.getLogger("kiln.worker")
 
@@ -811,6 +810,9 @@ class Supervisor:
             times["queued_s"] = round(st.started - st.created, 3)
         times["total_s"] = round(st.finished - st.created, 3)
         st.stats = {**st.stats, "job": times}
+        st.timings = {**st.timings, "total_s": times["total_s"]}
+        if "queued_s" in times:
+            st.timings["queued_s"] = times["queued_s"]
         if state != "done":
             st.error = message
         if state in ("failed", "cancelled"):
