@@ -63,7 +63,8 @@ STAGE_WEIGHTS = {"reconstruct": 0.30, "render_views": 0.15, "mesh": 0.05, "uv": 
 STAGE_ORDER = tuple(STAGE_WEIGHTS)
 KILL_GRACE_S = 1.0          # SIGTERM -> SIGKILL
 STARTUP_FAILURES_LIMIT = 3  # consecutive failed starts before a slot gives up
-EVENTS_KEPT = 2000
+EVENTS_KEPT = 2000          # per running job
+EVENTS_KEPT_FINISHED = 200
 
 
 class QueueFullError(RuntimeError):
@@ -818,6 +819,8 @@ class Supervisor:
         if state in ("failed", "cancelled"):
             append_log(job.dir, f"{state}: {message}")
         self._emit(job, state=state, message=message, progress=progress, force_write=True)
+        # a long-running server keeps every job's record; only recent events of finished ones
+        del job.events[:-EVENTS_KEPT_FINISHED]
 
     def _emit(self, job: _Job, state: Optional[str] = None, stage: object = ...,
               progress: Optional[float] = None, message: Optional[str] = None,
