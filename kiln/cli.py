@@ -104,7 +104,8 @@ class Progress:
 
 def timing_table(timings: dict, total: float | None = None) -> str:
     rows = [(s, timings[s]) for s in STAGE_ORDER if s in timings]
-    rows += [(s, t) for s, t in timings.items() if s not in STAGE_ORDER]
+    if timings.get("queued_s"):
+        rows.append(("queued", timings["queued_s"]))
     total = total if total is not None else sum(t for _, t in rows)
     lines = [f"{'stage':<14}{'seconds':>9}", "-" * 23]
     lines += [f"{s:<14}{t:>9.2f}" for s, t in rows]

@@ -60,8 +60,8 @@ MAX_OPT_PIXELS = 8_000_000     # opt fits a seeded random subset of the target p
 # --------------------------------------------------------------------------- public API
 
 def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backend: str,
-                 device: str, seed: int, progress: Optional[ProgressFn] = None
-                 ) -> tuple[Texture, dict]:
+                 device: str, seed: int, progress: Optional[ProgressFn] = None,
+                 chunk_scale: float = 1.0) -> tuple[Texture, dict]:
     """Bake ``views`` onto ``mesh``'s UV layout.
 
     mesh:  validated Mesh with ``uvs`` (V, 2) float32 in [0, 1]
@@ -69,6 +69,7 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
     seed:  seeds the random pixel subset opt uses when there are more than
            MAX_OPT_PIXELS target pixels (nothing else is random)
     progress(fraction, message): monotonic fractions in [0, 1]
+    chunk_scale: multiplies the block sizes and the opt pixel cap (< 1 after an out-of-memory retry)
     Returns (Texture, stats). Texture.image (S, S, 3) uint8 with S =
     settings.texture_size, Texture.seen (S, S) bool. stats (JSON-friendly):
     ``bake_mode``, ``bake_psnr_db`` (masked PSNR of the final uint8 texture
@@ -106,7 +107,10 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
     report(0.1, "back-projecting views")
 
     t0 = time.perf_counter()
-    colors, seen_chart = _fast_bake(mesh, uv_raster, chart, view_raster, views, dev, rz)
+    fast_chunk = max(1 << 12, int(FAST_CHUNK * chunk_scale))
+    sample_chunk = max(1 << 12, int(SAMPLE_CHUNK * chunk_scale))
+    max_opt_pixels = max(1, int(MAX_OPT_PIXELS * chunk_scale))
+    colors, seen_chart = _fast_bake(mesh, uv_raster, chart, view_raster, views, dev, rz, fast_chunk)
     image = np.zeros((size, size, 3), np.float32)
     image[chart] = colors
     seen = np.zeros((size, size), bool)
@@ -123,10 +127,10 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
         report(0.2, "optimising texture")
         init = _nearest_fill(image, seen)
         opt_uv, opt_target = pixel_uv, target
-        if len(pixel_uv) > MAX_OPT_PIXELS:
+        if len(pixel_uv) > max_opt_pixels:
             # a seeded subset bounds memory (64 views at 2048^2 would be ~80M pixels)
             gen = torch.Generator().manual_seed(int(seed))
-            pick = torch.randperm(len(pixel_uv), generator=gen)[:MAX_OPT_PIXELS].sort().values.numpy()
+            pick = torch.randperm(len(pixel_uv), generator=gen)[:max_opt_pixels].sort().values.numpy()
             opt_uv, opt_target = pixel_uv[pick], target[pick]
         image, touched, fast_psnr = _optimise(
             init, chart, opt_uv, opt_target, settings, dev,
@@ -141,7 +145,7 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
     timings["fill"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    rendered = sample_texture(final, pixel_uv, dev)
+    rendered = sample_texture(final, pixel_uv, dev, chunk=sample_chunk)
     psnr = masked_psnr(rendered, target, np.ones(len(target), bool))
     timings["psnr"] = time.perf_counter() - t0
 
@@ -196,7 +200,8 @@ def masked_psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
     return float(-10.0 * math.log10(mse))
 
 
-def sample_texture(image: np.ndarray, uv: np.ndarray, device: str = "cpu") -> np.ndarray:
+def sample_texture(image: np.ndarray, uv: np.ndarray, device: str = "cpu",
+                   chunk: int = SAMPLE_CHUNK) -> np.ndarray:
     """Bilinear lookup: image (S, S, 3) uint8 or float32 in [0, 1], uv (N, 2) -> (N, 3) float32."""
     import torch
 
@@ -205,8 +210,8 @@ def sample_texture(image: np.ndarray, uv: np.ndarray, device: str = "cpu") -> np
     tex = (tex.float() / 255.0) if tex.dtype == torch.uint8 else tex.float()
     tex = tex.reshape(size * size, 3).to(device)
     out = np.empty((len(uv), 3), np.float32)
-    for start in range(0, len(uv), SAMPLE_CHUNK):
-        idx, w = bilinear_taps(torch.as_tensor(uv[start:start + SAMPLE_CHUNK], device=device), size)
+    for start in range(0, len(uv), chunk):
+        idx, w = bilinear_taps(torch.as_tensor(uv[start:start + chunk], device=device), size)
         out[start:start + len(idx)] = (tex[idx] * w[..., None]).sum(1).cpu().numpy()
     return out
 
@@ -263,7 +268,7 @@ def fill_texture(image: np.ndarray, seen: np.ndarray, chart: np.ndarray) -> np.n
 # --------------------------------------------------------------------------- fast mode
 
 def _fast_bake(mesh: Mesh, uv_raster: Raster, chart: np.ndarray, view_raster: Raster,
-               views: Views, dev, rz) -> tuple[np.ndarray, np.ndarray]:
+               views: Views, dev, rz, chunk: int = FAST_CHUNK) -> tuple[np.ndarray, np.ndarray]:
     """Visibility-weighted back-projection. Returns colours (N, 3) float32 and
     seen (N,) bool for the N chart texels in row-major order."""
     import torch
@@ -284,8 +289,8 @@ def _fast_bake(mesh: Mesh, uv_raster: Raster, chart: np.ndarray, view_raster: Ra
         rgba = torch.as_tensor(np.concatenate([views.rgb[c] * alpha, alpha], -1), device=dev)
         rgba = rgba.permute(2, 0, 1).contiguous()                              # (4, H, W)
         depth = torch.as_tensor(np.asarray(view_raster.depth[c], np.float32), device=dev)
-        for start in range(0, len(positions), FAST_CHUNK):
-            end = start + FAST_CHUNK
+        for start in range(0, len(positions), chunk):
+            end = start + chunk
             acc[start:end] += _project_view(p_all[start:end], n_all[start:end], viewmats[c], Ks[c],
                                             centers[c], depth, rgba)
     w = acc[:, 3]

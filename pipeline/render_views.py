@@ -50,7 +50,7 @@ ProgressFn = Callable[..., None]
 
 
 def render_gaussians(g: Gaussians, cameras: Cameras, backend: str = "cpu", device: str = "cpu",
-                     progress: Optional[ProgressFn] = None) -> Views:
+                     progress: Optional[ProgressFn] = None, chunk_scale: float = 1.0) -> Views:
     """Render ``g`` from every camera.
 
     g:       Gaussians (means (N, 3), scales (N, 3), quats (N, 4) wxyz, opacities (N,),
@@ -59,6 +59,7 @@ def render_gaussians(g: Gaussians, cameras: Cameras, backend: str = "cpu", devic
     backend: "cpu" (Kiln's renderer, runs with torch on ``device``) or "gsplat" (CUDA only)
     device:  torch device string, "cpu" or "cuda[:n]"
     progress: optional ``progress(fraction, message)``, called after each view
+    chunk_scale: multiplies the CPU renderer's fragment budget (< 1 after an out-of-memory retry)
     returns Views: rgb (C, H, W, 3) float32 straight colour in [0, 1] (0 where alpha is 0),
              alpha (C, H, W) float32 in [0, 1]
     """
@@ -67,7 +68,8 @@ def render_gaussians(g: Gaussians, cameras: Cameras, backend: str = "cpu", devic
     if backend == "gsplat":
         rgb, alpha = _render_gsplat(g, cameras, dev, progress)
     else:
-        rgb, alpha = _render_cpu(g, cameras, dev, progress)
+        budget = max(1 << 12, int(DEFAULT_FRAGMENT_BUDGET * chunk_scale))
+        rgb, alpha = _render_cpu(g, cameras, dev, progress, fragment_budget=budget)
     return Views(rgb=rgb, alpha=alpha, cameras=cameras)
 
 

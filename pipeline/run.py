@@ -40,6 +40,7 @@ class Backends:
     render: str = "cpu"        # "cpu" | "gsplat"
     rasterize: str = "moderngl"  # "moderngl" | "nvdiffrast"
     device: str = "cpu"        # torch device for bake optimisation / rendering
+    chunk_scale: float = 1.0   # < 1 shrinks memory-bound blocks (the worker's out-of-memory retry)
 
 
 def resolve_backends(settings: Settings, capabilities: Optional[dict] = None) -> Backends:
@@ -125,7 +126,7 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
         cams = sphere_cameras(v.count, v.radius, v.fov_deg, v.resolution)
         views = render_views.render_gaussians(
             recon.gaussians, cams, backend=backends.render, device=backends.device,
-            progress=lambda f, m="": emit("render_views", f, m))
+            progress=lambda f, m="": emit("render_views", f, m), chunk_scale=backends.chunk_scale)
         done("render_views", t0)
 
     t0 = stage("mesh")
@@ -148,7 +149,7 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
         texture, bake_stats = bake_mod.bake_texture(
             mesh, views, settings.bake, raster_backend=backends.rasterize,
             device=backends.device, seed=settings.seed,
-            progress=lambda f, m="": emit("bake", f, m))
+            progress=lambda f, m="": emit("bake", f, m), chunk_scale=backends.chunk_scale)
         stats.update(bake_stats)
         done("bake", t0)
 

@@ -135,6 +135,7 @@ def test_oom_is_retried_with_smaller_chunks_once_then_fails(env):
     assert st.state == "done", st.error
     assert st.attempts == 2
     assert st.stats["earlier_attempts"] == ["CUDA out of memory during stage 'bake'"]
+    assert st.backends["chunk_scale"] == 0.5   # the retry really ran with smaller blocks
 
 
 def test_bad_input_fails_in_its_stage_without_costing_the_worker(env):
@@ -154,7 +155,7 @@ def test_crash_is_retried_once_with_safe_backends(env):
     assert st.state == "done", st.error
     assert st.attempts == 2
     assert st.stats["earlier_attempts"] == ["worker crashed with SIGSEGV during stage 'mesh'"]
-    assert st.backends == {"render": "cpu", "rasterize": "moderngl", "device": "cpu"}
+    assert st.backends == {"render": "cpu", "rasterize": "moderngl", "device": "cpu", "chunk_scale": 1.0}
     stages = ("reconstruct", "render_views", "mesh", "uv", "bake", "export")
     assert set(stages) <= set(st.timings)
     assert st.timings["total_s"] >= sum(st.timings[s] for s in stages)

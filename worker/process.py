@@ -29,12 +29,10 @@ import sys
 import threading
 import time
 import traceback
-from contextlib import contextmanager
 from pathlib import Path
 
 EXIT_CUDA_STICKY = 75      # "please give me a fresh process": a CUDA error poisoned this one
 MAX_MESSAGE_BYTES = 3800   # < PIPE_BUF (4096) so a write is atomic
-CHUNK_SCALE_ENV = "KILN_CHUNK_SCALE"
 
 _CUDA_ERROR_RE = re.compile(
     r"CUDA error|CUDA driver error|CUDA_ERROR|cuDNN error|CUDNN_STATUS|CUBLAS_STATUS|cuBLAS error|"
@@ -207,21 +205,6 @@ def worker_main(cfg: dict, inbox, outbox) -> None:
 # --------------------------------------------------------------------------- jobs
 
 
-@contextmanager
-def _chunk_scale(scale: float):
-    """Expose the OOM-retry hint to stages that work in chunks (they may read it)."""
-    old = os.environ.get(CHUNK_SCALE_ENV)
-    if scale < 1.0:
-        os.environ[CHUNK_SCALE_ENV] = f"{scale:g}"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(CHUNK_SCALE_ENV, None)
-        else:
-            os.environ[CHUNK_SCALE_ENV] = old
-
-
 def _check_backends(settings, backends, caps: dict) -> None:
     """Explicit backend settings this worker cannot honour fail the job up front, clearly."""
     from pipeline.validate import StageInputError
@@ -290,10 +273,11 @@ def _run_job(msg: dict, cfg: dict, caps: dict, send: Sender) -> None:
         _check_backends(settings, backends, caps)
         cache_dir = Path(msg["cache_dir"]) if msg.get("cache_dir") else None
         t_pipe = time.perf_counter()
-        with _chunk_scale(float(msg.get("chunk_scale", 1.0))):
-            result = run_pipeline(ImageInput(rgb=rgb, mask=mask), settings, job_dir / "outputs",
-                                  on_event=on_event, backends=backends, cache_dir=cache_dir,
-                                  name="model")
+        # the out-of-memory retry shrinks the stages' memory-bound blocks
+        backends.chunk_scale = float(msg.get("chunk_scale", 1.0))
+        result = run_pipeline(ImageInput(rgb=rgb, mask=mask), settings, job_dir / "outputs",
+                              on_event=on_event, backends=backends, cache_dir=cache_dir,
+                              name="model")
         pipeline_s = time.perf_counter() - t_pipe
         check = check_glb(result.glb_path)
         # what the pipeline itself took vs. the whole attempt in this worker (inputs, checks)
