@@ -14,12 +14,12 @@ Pure PIL + numpy: the app process imports this and must stay light.
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
+
+from .atomic import atomic_write
 
 
 class ImageError(ValueError):
@@ -193,17 +193,4 @@ def save_png(path: str | Path, array: np.ndarray) -> Path:
         raise ValueError(f"save_png got an empty image of shape {arr.shape}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            Image.fromarray(np.ascontiguousarray(arr)).save(f, format="PNG")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    return atomic_write(path, lambda f: Image.fromarray(np.ascontiguousarray(arr)).save(f, format="PNG"))

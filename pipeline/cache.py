@@ -18,13 +18,12 @@ import hashlib
 import io
 import json
 import logging
-import os
-import secrets
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
+from kiln.atomic import atomic_write
 from kiln.settings import Settings
 
 from .types import Gaussians, ImageInput, Mesh, Reconstruction
@@ -144,15 +143,7 @@ def save_reconstruction(cache_dir: Path, key: str, recon: Reconstruction) -> Pat
         arrays["mesh_uvs"] = m.uvs
     buf = io.BytesIO()
     np.savez(buf, **arrays)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(buf.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, buf.getbuffer())
     return path
 
 

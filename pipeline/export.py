@@ -12,11 +12,11 @@ final name.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from kiln.atomic import atomic_write
 
 from .types import Gaussians, Mesh, Texture
 from .validate import StageInputError, check_array
@@ -72,7 +72,7 @@ def export_glb(mesh: Mesh, texture: Texture | None, path) -> Path:
         tm.visual = trimesh.visual.TextureVisuals(material=material)
     tm.vertex_normals = smooth_vertex_normals(mesh)
     data = trimesh.exchange.gltf.export_glb(trimesh.Scene(tm), include_normals=True)
-    return _write_atomic(path, data)
+    return atomic_write(path, data)
 
 
 def check_glb(path) -> dict:
@@ -178,7 +178,7 @@ def export_gaussians_ply(g: Gaussians, path) -> Path:
     def write(f):
         ply.write(f)
 
-    return _write_atomic(path, write)
+    return atomic_write(path, write)
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
@@ -190,24 +190,3 @@ def _logit(p: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- files
 
 
-def _write_atomic(path: Path, data) -> Path:
-    """Write bytes (or call ``data(fileobj)``) to ``path`` via a temporary file + os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)   # mkstemp makes 0600; outputs are meant to be shared/downloaded
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path

@@ -258,20 +258,3 @@ def test_check_glb_rejects_non_finite_positions(tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(E.GLBError, match="non-finite"):
         E.check_glb(path)
-
-
-def test_writes_are_atomic(tmp_path):
-    target = tmp_path / "model.glb"
-    target.write_bytes(b"old contents")
-
-    def explode(f):
-        f.write(b"half a file")
-        raise RuntimeError("disk on fire")
-
-    with pytest.raises(RuntimeError, match="disk on fire"):
-        E._write_atomic(target, explode)
-    assert target.read_bytes() == b"old contents"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.glb"]
-    E._write_atomic(target, b"new")
-    assert target.read_bytes() == b"new"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.glb"]

@@ -14,7 +14,8 @@ import pytest
 from worker import env as wenv
 from worker.faults import Fault, FaultPlan, parse
 from worker.glb import GLBError, check_glb_light
-from worker.jobstore import (JobStatus, JobStore, atomic_write_bytes, atomic_write_json, load_inputs,
+from kiln.atomic import atomic_write
+from worker.jobstore import (JobStatus, JobStore, atomic_write_json, load_inputs,
                              safe_session)
 from worker.process import MAX_MESSAGE_BYTES, Sender, classify_error
 from worker.supervisor import describe_exit
@@ -68,7 +69,7 @@ def test_atomic_write_leaves_old_content_when_writing_fails(tmp_path):
     path = tmp_path / "status.json"
     atomic_write_json(path, {"v": 1})
     with pytest.raises(TypeError):
-        atomic_write_bytes(path, 12345)  # fails after the temp file was opened
+        atomic_write(path, 12345)  # fails after the temp file was opened
     assert json.loads(path.read_text()) == {"v": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["status.json"]  # no temp file left behind
 

@@ -29,6 +29,8 @@ from typing import Optional
 
 import numpy as np
 
+from kiln.atomic import atomic_write
+
 STATES = ("queued", "running", "done", "failed", "cancelled")
 TERMINAL = ("done", "failed", "cancelled")
 _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -102,24 +104,8 @@ class Event:
     stage_progress: float = 0.0
 
 
-def atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
-    """Write ``data`` to ``path`` so readers see the old or the new content, never a mix."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def atomic_write_json(path: Path, obj, fsync: bool = True) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True, default=str).encode(), fsync)
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True, default=str).encode(), fsync)
 
 
 def safe_session(session: str) -> str:

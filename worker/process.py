@@ -230,10 +230,11 @@ def _json_default(o):
 
 
 def _run_job(msg: dict, cfg: dict, caps: dict, send: Sender) -> None:
+    from kiln.atomic import atomic_write
     from kiln.settings import from_dict
 
     from . import faults
-    from .jobstore import append_log, atomic_write_bytes, load_inputs
+    from .jobstore import append_log, load_inputs
 
     job_id, job_dir, attempt = msg["job"], Path(msg["dir"]), msg["attempt"]
     fault = msg.get("fault") if cfg.get("faults_enabled") else None
@@ -286,7 +287,7 @@ def _run_job(msg: dict, cfg: dict, caps: dict, send: Sender) -> None:
         report = {"timings": result.timings, "job": job_times, "stats": result.stats, "check": check,
                   "backends": dict(backends.__dict__),
                   "reconstruction_cached": result.reconstruction_cached}
-        atomic_write_bytes(job_dir / "result.json",
+        atomic_write(job_dir / "result.json",
                            json.dumps(report, indent=1, default=_json_default).encode())
         append_log(job_dir, "done: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items()))
         send({"type": "done", "job": job_id, "glb": str(result.glb_path),

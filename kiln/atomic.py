@@ -1,0 +1,37 @@
+"""Atomic file writes: readers see the old content or the new, never a mix, and a
+crash mid-write leaves at most a hidden temporary file, never a torn output."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import BinaryIO, Callable, Union
+
+Payload = Union[bytes, bytearray, memoryview, Callable[[BinaryIO], None]]
+
+
+def atomic_write(path: str | Path, data: Payload, fsync: bool = True, mode: int = 0o644) -> Path:
+    """Write ``data`` (bytes, or a function writing to the open file) to ``path``.
+
+    The temporary file sits in the same folder, so ``os.replace`` is a rename on
+    one file system. ``mode`` is applied before the rename (outputs are meant to
+    be served and downloaded).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
