@@ -167,7 +167,10 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
         use_alpha.input(on_alpha, [state, use_alpha], seg_outputs, **seg_kw)
 
         # -- jobs ------------------------------------------------------------
-        job_outputs = [progress, model, glb_btn, ply_btn, history_md, history_files]
+        # Gradio 6.31's Model3D never mounts its viewer when a generator sets its value,
+        # so the generator leaves the GLB path in a State and a plain handler shows it.
+        result_glb = gr.State(None)
+        job_outputs = [progress, result_glb, glb_btn, ply_btn, history_md, history_files]
 
         def history(session: str):
             if ctx.sup is None:
@@ -223,7 +226,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             last = None
             try:
                 # hide the previous result's buttons while the new job runs
-                yield (H.progress_html(note="Queued…"), gr.skip(), gr.update(visible=False),
+                yield (H.progress_html(note="Queued…"), None, gr.update(visible=False),
                        gr.update(visible=False), gr.skip(), gr.skip())
                 for last in H.watch_job(sup, job_id):
                     if not last.terminal:
@@ -240,7 +243,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             hist_md, hist_files = history(session)
             glb, plyf = files.get("glb"), files.get("ply")
             yield (H.progress_html(last),
-                   str(glb) if glb else gr.skip(),
+                   str(glb) if glb else None,
                    gr.update(value=str(glb), visible=True) if glb else gr.update(visible=False),
                    gr.update(value=str(plyf), visible=True) if plyf else gr.update(visible=False),
                    hist_md, hist_files)
@@ -251,6 +254,8 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             run_job, [state, *settings_inputs], job_outputs,
             concurrency_id=GPU_GROUP, concurrency_limit=ctx.workers, show_progress="hidden",
         )
+        gen_event.then(lambda path: path if path else gr.skip(), [result_glb], [model],
+                       queue=False, show_progress="hidden")
 
         def on_cancel(request: gr.Request):
             session = session_of(request)

@@ -26,13 +26,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+# SwiftShader gives headless Chromium a software WebGL, so the 3D viewer really draws
+LAUNCH_ARGS = ["--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
+               "--disable-background-networking",
                "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 try:
@@ -61,9 +64,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _write_png(path: Path, arr: np.ndarray) -> Path:
-    from PIL import Image
+def _assert_viewer_draws(page) -> None:
+    """The 3D preview really shows the model: a WebGL canvas with more than its clear colour."""
+    page.wait_for_selector("#kiln-model canvas", timeout=30000)
+    page.wait_for_timeout(2000)
+    shot = np.asarray(Image.open(io.BytesIO(page.locator("#kiln-model canvas").screenshot())).convert("RGB"))
+    assert shot.reshape(-1, 3).std(axis=0).max() > 10, "3D viewer shows a blank canvas"
 
+
+def _write_png(path: Path, arr: np.ndarray) -> Path:
     Image.fromarray(arr).save(path)
     return path
 
@@ -241,6 +250,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         assert st1[0] == "done", st1
         glb1 = _download_glb(a, tmp_path / "a_vertex_colours.glb")
         assert _textures(glb1) == [], "baking was off: expected vertex colours"
+        _assert_viewer_draws(a)
 
         # -- B: a slow job (opt bake, many views), cancelled while it runs --------
         b.locator("#kiln-mode label", has_text="opt").click()
@@ -279,7 +289,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         assert textures, "baking was on: expected a base colour texture"
         tex = np.asarray(textures[0].convert("RGB"))
         assert tex.shape[:2] == (256, 256) and tex.std() > 5, "texture is blank"
-        a.wait_for_timeout(1500)   # give the 3D viewer a moment to draw
+        _assert_viewer_draws(a)
         a.screenshot(path=str(ARTIFACTS / "a2_result.png"), full_page=True)
 
         stb = _wait_new_job(b, cancelled[1], ("done", "failed", "cancelled"))
