@@ -88,7 +88,7 @@ class WorkerSettings:
     device: str = field(default="auto", metadata=_choice("auto", "cpu", "cuda"))
     stage_timeout_s: float = field(default=600.0, metadata=_num(5, 7200))
     heartbeat_s: float = field(default=2.0, metadata=_num(0.1, 60))
-    probe_timeout_s: float = field(default=60.0, metadata=_num(5, 600))
+    probe_timeout_s: float = field(default=300.0, metadata=_num(5, 1800))
     retry_with_fallback: bool = True
     max_queue: int = field(default=16, metadata=_num(1, 1000))
 
