@@ -29,7 +29,7 @@ need_debs() {
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         log "installing Debian packages:$missing"
         DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
     else
         log "missing system packages:$missing"
         log "install them with: sudo apt-get install -y$missing"
