@@ -35,6 +35,7 @@ import numpy as np
 from kiln.settings import BakeSettings
 
 from .cameras import camera_centers
+from .geometry import vertex_normals
 from .types import Cameras, Mesh, Raster, Texture, Views
 from .validate import StageInputError, check_array, check_finite
 
@@ -274,7 +275,8 @@ def _fast_bake(mesh: Mesh, uv_raster: Raster, chart: np.ndarray, view_raster: Ra
     import torch
 
     positions = np.asarray(rz.interpolate(uv_raster, mesh, mesh.vertices), np.float32)[0][chart]
-    normals = np.asarray(rz.interpolate(uv_raster, mesh, _vertex_normals(mesh)), np.float32)[0][chart]
+    # welded across UV seams, so the view weighting does not jump at a seam
+    normals = rz.interpolate(uv_raster, mesh, vertex_normals(mesh.vertices, mesh.faces))[0][chart]
     p_all = torch.as_tensor(positions, device=dev)
     n_all = torch.nn.functional.normalize(torch.as_tensor(normals, device=dev), dim=1)
     cams = views.cameras
@@ -330,25 +332,6 @@ def _project_view(p, n, viewmat, K, center, depth, rgba):
         align_corners=False)[0, :, 0].T                                       # (N, 4)
     weight = torch.where(visible, cos.clamp(min=0) ** FAST_COS_POWER, torch.zeros_like(cos))
     return sampled * weight[:, None]
-
-
-def _vertex_normals(mesh: Mesh) -> np.ndarray:
-    """(V, 3) float32 area-weighted normals, shared across UV seams.
-
-    xatlas splits vertices along seams; welding by position first keeps the
-    normal (and so the view weighting) continuous across a seam.
-    """
-    verts = mesh.vertices.astype(np.float64)
-    _, weld = np.unique(verts, axis=0, return_inverse=True)
-    weld = weld.reshape(-1)
-    tri = verts[mesh.faces]
-    face_n = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])   # length = 2 * area
-    acc = np.zeros((weld.max() + 1, 3))
-    for k in range(3):
-        np.add.at(acc, weld[mesh.faces[:, k]], face_n)
-    normals = acc[weld]
-    length = np.linalg.norm(normals, axis=1, keepdims=True)
-    return (normals / np.maximum(length, 1e-20)).astype(np.float32)
 
 
 # --------------------------------------------------------------------------- opt mode

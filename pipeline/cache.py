@@ -61,10 +61,11 @@ def _local_imports(source: str) -> set[str]:
     return names
 
 
-def _module_closure(root: str) -> list[Path]:
-    """Source files of ``pipeline.<root>`` and every pipeline module it imports, transitively."""
+def _module_closure(*roots: str) -> list[Path]:
+    """Source files of the ``pipeline.<root>`` modules and every pipeline module they
+    import, transitively."""
     seen: dict[str, Path] = {}
-    todo = [root]
+    todo = list(roots)
     while todo:
         name = todo.pop()
         if name in seen:
@@ -83,10 +84,15 @@ def _module_closure(root: str) -> list[Path]:
     return [seen[k] for k in sorted(seen)]
 
 
-@lru_cache(maxsize=1)
-def code_version() -> str:
-    """Hash of the reconstruction code (``pipeline/reconstruct.py`` and the pipeline
-    modules it imports), the package version and the numerics libraries' versions."""
+@lru_cache(maxsize=8)
+def code_version(backend: str = "builtin") -> str:
+    """Hash of the reconstruction code (``pipeline/reconstruct.py``, the backend's own
+    module ``pipeline/<backend>.py`` when it has one, and the pipeline modules they
+    import), the package version and the numerics libraries' versions.
+
+    The backend module is named explicitly because reconstruct.py loads it with
+    importlib, which the import scan cannot see.
+    """
     from importlib import metadata
 
     h = hashlib.sha256(f"kiln-recon-cache-v{CACHE_FORMAT}".encode())
@@ -95,7 +101,8 @@ def code_version() -> str:
             h.update(f"{dist}={metadata.version(dist)};".encode())
         except metadata.PackageNotFoundError:
             h.update(f"{dist}=none;".encode())
-    for path in _module_closure("reconstruct"):
+    roots = ("reconstruct", backend) if backend.isidentifier() else ("reconstruct",)
+    for path in _module_closure(*roots):
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -108,13 +115,20 @@ def reconstruction_key(image: ImageInput, settings: Settings) -> str:
     setting, the seed and ``code_version()``; nothing else (bake, mesh, views and
     export settings deliberately do not take part).
     """
-    from .run import image_digest
-
     h = hashlib.sha256()
     h.update(image_digest(image).encode())
     h.update(json.dumps(settings.to_dict()["reconstruct"], sort_keys=True).encode())
     h.update(f"seed={int(settings.seed)}".encode())
-    h.update(code_version().encode())
+    h.update(code_version(settings.reconstruct.backend).encode())
+    return h.hexdigest()
+
+
+def image_digest(image: ImageInput) -> str:
+    """Content hash of the image and mask (shape included)."""
+    h = hashlib.sha256()
+    for arr in (image.rgb, image.mask):
+        h.update(str(arr.shape).encode())
+        h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()
 
 

@@ -49,11 +49,12 @@ def look_at(eye, target=(0.0, 0.0, 0.0), up=WORLD_UP) -> np.ndarray:
     return m.astype(np.float32)
 
 
-def hammersley_directions(n: int, offset: float = 0.0) -> np.ndarray:
+def hammersley_directions(n: int) -> np.ndarray:
     """(n, 3) float64 unit vectors spread evenly over the sphere (Hammersley set).
 
-    The first point sits near the +z pole's equator side; ``offset`` rotates the
-    set about the y axis (radians) so different seeds give different rings.
+    Heights step evenly from just below the top (+y) to just above the bottom;
+    azimuths follow the base-2 radical inverse, so consecutive heights face far
+    apart and no band of the sphere is left out.
     """
     if n < 1:
         raise ValueError("need at least one view")
@@ -70,7 +71,7 @@ def hammersley_directions(n: int, offset: float = 0.0) -> np.ndarray:
     v = bits                    # uniform in azimuth
     y = 1.0 - 2.0 * u           # y-up world: height along y
     r = np.sqrt(np.clip(1.0 - y * y, 0.0, 1.0))
-    phi = 2.0 * math.pi * v + offset
+    phi = 2.0 * math.pi * v
     return np.stack([r * np.sin(phi), y, r * np.cos(phi)], axis=1)
 
 

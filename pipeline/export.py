@@ -18,6 +18,7 @@ import numpy as np
 
 from kiln.atomic import atomic_write
 
+from .geometry import vertex_normals
 from .types import Gaussians, Mesh, Texture
 from .validate import StageInputError, check_array
 
@@ -109,19 +110,10 @@ def check_glb(path) -> dict:
 
 
 def smooth_vertex_normals(mesh: Mesh) -> np.ndarray:
-    """(V, 3) float32 unit normals: area-weighted face normals summed over all vertices
-    at the same position (so split UV-seam vertices agree); +y for isolated vertices."""
-    v = mesh.vertices.astype(np.float64)
-    f = mesh.faces
-    face_n = np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])   # length = 2 * area
-    _, where = np.unique(mesh.vertices, axis=0, return_inverse=True)
-    where = where.reshape(-1)
-    acc = np.zeros((int(where.max()) + 1, 3))
-    for k in range(3):
-        np.add.at(acc, where[f[:, k]], face_n)
-    n = acc[where]
-    length = np.linalg.norm(n, axis=1, keepdims=True)
-    n = np.where(length > 1e-20, n / np.maximum(length, 1e-20), [0.0, 1.0, 0.0])
+    """(V, 3) float32 unit normals, shared by vertices at the same position (so split
+    UV-seam vertices agree); +y where there is none, as glTF wants unit normals."""
+    n = vertex_normals(mesh.vertices, mesh.faces)
+    n[np.linalg.norm(n, axis=1) == 0] = [0.0, 1.0, 0.0]
     return n.astype(np.float32)
 
 
@@ -185,8 +177,3 @@ def _logit(p: np.ndarray) -> np.ndarray:
     # opacities may be exactly 1; keep the logit finite (float32 sigmoid(16.1) rounds to 1 anyway)
     p = np.clip(np.asarray(p, np.float64), 1e-7, 1.0 - 1e-7)
     return np.log(p) - np.log1p(-p)
-
-
-# --------------------------------------------------------------------------- files
-
-

@@ -13,8 +13,16 @@ from .types import Mesh
 from .validate import StageInputError
 
 MERGE_TOLERANCE = 1e-7        # of the bounding-box diagonal: vertices closer than this are one
+MAX_FACES = 10_000_000        # cleaning needs ~100 bytes a face; beyond this input is a mistake
 MIN_TARGET_FACES = 4
 TARGET_TOLERANCE = 0.05       # simplify_mesh aims to land within 5 % of the target face count
+
+
+def _validate(mesh: Mesh) -> None:
+    if isinstance(getattr(mesh, "faces", None), np.ndarray) and len(mesh.faces) > MAX_FACES:
+        raise StageInputError(f"mesh has {len(mesh.faces)} faces, more than the limit {MAX_FACES} "
+                              "the mesh stage handles; lower reconstruct.resolution")
+    mesh.validate("mesh")
 
 
 # --------------------------------------------------------------------------- cleaning
@@ -29,7 +37,7 @@ def clean_mesh(mesh: Mesh, min_component_fraction: float, fill_holes: bool) -> M
     triangle fans (trimesh), adding faces but no vertices.
     Returns a new Mesh with the same attributes, unreferenced vertices removed.
     """
-    mesh.validate("mesh")
+    _validate(mesh)
     if not 0.0 <= min_component_fraction <= 1.0:
         raise StageInputError(f"min_component_fraction must be in [0, 1], got {min_component_fraction}")
 
@@ -137,7 +145,7 @@ def simplify_mesh(mesh: Mesh, ratio: float) -> Mesh:
     dropped (unwrap after simplifying).
     mesh: vertices (V, 3) float32, faces (F, 3) int32. Returns a new Mesh.
     """
-    mesh.validate("mesh")
+    _validate(mesh)
     try:
         ratio = float(ratio)
     except (TypeError, ValueError):

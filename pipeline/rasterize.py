@@ -152,15 +152,6 @@ def interpolate(raster: Raster, mesh: Mesh, attr: np.ndarray) -> np.ndarray:
     return out
 
 
-def face_normals(mesh: Mesh) -> np.ndarray:
-    """(F, 3) float32 unit normals following the faces' counter-clockwise winding; 0 for degenerate faces."""
-    v = mesh.vertices.astype(np.float64)
-    f = mesh.faces
-    n = np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])
-    length = np.linalg.norm(n, axis=1, keepdims=True)
-    return np.where(length > 1e-20, n / np.maximum(length, 1e-20), 0.0).astype(np.float32)
-
-
 def release_contexts() -> None:
     """Free every rasterizer context this process created (GL and nvdiffrast).
 
@@ -394,7 +385,12 @@ def _gl_state() -> _GLState:
         raise BackendUnavailableError(
             f"cannot create an OpenGL context on EGL ({e}); install Mesa's EGL and GL drivers "
             "(Debian: libegl1 libgl1-mesa-dri libegl-mesa0)") from None
-    program = ctx.program(vertex_shader=_VERTEX_SHADER, fragment_shader=_FRAGMENT_SHADER)
+    try:
+        program = ctx.program(vertex_shader=_VERTEX_SHADER, fragment_shader=_FRAGMENT_SHADER)
+    except Exception as e:
+        ctx.release()   # not cached yet: nobody else would ever free it
+        raise BackendUnavailableError(f"the OpenGL driver cannot build the rasterizer's shaders: "
+                                      f"{e}") from None
     state = _GLState(ctx=ctx, program=program, thread=me)
     with _LOCK:
         _GL_STATES[key] = state
@@ -411,8 +407,9 @@ def _moderngl_rasterize(job: _RasterJob) -> Raster:
     expanded = np.ascontiguousarray(job.positions[job.faces.reshape(-1)], dtype=np.float32)
     with ctx:
         vbo = ctx.buffer(expanded.tobytes())
-        vao = ctx.vertex_array(prog, [(vbo, "3f", "in_pos")])
+        vao = None
         try:
+            vao = ctx.vertex_array(prog, [(vbo, "3f", "in_pos")])
             fbo = state.framebuffer(w, h)
             fbo.use()
             if job.depth_test:
@@ -437,7 +434,8 @@ def _moderngl_rasterize(job: _RasterJob) -> Raster:
                     _store(out, i, slice(y0, y0 + rows), slice(0, w), px[..., 3], px[..., 0],
                            px[..., 1], px[..., 2])
         finally:
-            vao.release()
+            if vao is not None:
+                vao.release()
             vbo.release()
     return out
 

@@ -46,6 +46,10 @@ SPAN_BUDGET = 1 << 20
 # Pixels of margin around the exact footprint of a row span (float32 round-off).
 SPAN_SLACK = 0.05
 
+# views x height x width; the output alone is 16 bytes a pixel (~4.3 GB here),
+# the most the bake settings can ask for (64 views of 2048^2).
+MAX_TOTAL_PIXELS = 2 ** 28
+
 ProgressFn = Callable[..., None]
 
 
@@ -64,6 +68,8 @@ def render_gaussians(g: Gaussians, cameras: Cameras, backend: str = "cpu", devic
              alpha (C, H, W) float32 in [0, 1]
     """
     _validate(g, cameras, backend)
+    if not (isinstance(chunk_scale, (int, float)) and 0 < chunk_scale <= 1e3):
+        raise StageInputError(f"chunk_scale must be a positive number, got {chunk_scale!r}")
     dev = _resolve_device(device, backend)
     if backend == "gsplat":
         rgb, alpha = _render_gsplat(g, cameras, dev, progress)
@@ -82,6 +88,11 @@ def _validate(g: Gaussians, cameras: Cameras, backend: str) -> None:
         raise StageInputError(f"render_gaussians needs Cameras, got {type(cameras).__name__}")
     g.validate()
     cameras.validate()
+    pixels = len(cameras) * cameras.width * cameras.height
+    if pixels > MAX_TOTAL_PIXELS:
+        raise StageInputError(f"{len(cameras)} views of {cameras.width}x{cameras.height} are {pixels} "
+                              f"pixels, more than the limit {MAX_TOTAL_PIXELS}; use fewer views or a "
+                              "lower resolution")
     if (g.opacities < 0).any() or (g.opacities > 1).any():
         raise StageInputError("gaussians.opacities must be in [0, 1] (activated, not logit)")
     if (g.colors < 0).any() or (g.colors > 1).any():

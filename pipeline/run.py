@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import numpy as np
-
 from kiln.settings import Settings
 
 from .types import ImageInput, Reconstruction
@@ -75,9 +73,8 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     stored after computing it.
     """
     from . import bake as bake_mod
-    from . import cache as cache_mod
     from . import export as export_mod
-    from . import mesh_ops, reconstruct, render_views, uv
+    from . import mesh_ops, render_views, uv
     from .cameras import sphere_cameras
 
     emit = on_event or _noop
@@ -96,19 +93,8 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
         timings[name_] = time.perf_counter() - t0
         emit(name_, 1.0, message)
 
-    # reconstruct (cached)
     t0 = stage("reconstruct")
-    recon: Reconstruction | None = None
-    key = None
-    if cache_dir is not None:
-        key = cache_mod.reconstruction_key(image, settings)
-        recon = cache_mod.load_reconstruction(Path(cache_dir), key)
-    cached = recon is not None
-    if recon is None:
-        recon = reconstruct.reconstruct(image, settings.reconstruct, seed=settings.seed,
-                                        progress=lambda f, m="": emit("reconstruct", f, m))
-        if cache_dir is not None:
-            cache_mod.save_reconstruction(Path(cache_dir), key, recon)
+    recon, cached = _reconstruct_cached(image, settings, cache_dir, emit, stats)
     stats["reconstruction_cached"] = cached
     stats["reconstruct_faces"] = recon.mesh.num_faces
     stats["gaussians"] = len(recon.gaussians)
@@ -161,12 +147,24 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
                           reconstruction_cached=cached)
 
 
-def image_digest(image: ImageInput) -> str:
-    """Content hash of the image and mask (shape included)."""
-    import hashlib
+def _reconstruct_cached(image: ImageInput, settings: Settings, cache_dir: Path | None,
+                        emit: EventFn, stats: dict) -> tuple[Reconstruction, bool]:
+    """(reconstruction, whether it came from the cache)."""
+    from . import cache as cache_mod
+    from . import reconstruct
 
-    h = hashlib.sha256()
-    for arr in (image.rgb, image.mask):
-        h.update(str(arr.shape).encode())
-        h.update(np.ascontiguousarray(arr).tobytes())
-    return h.hexdigest()
+    key = None
+    if cache_dir is not None:
+        key = cache_mod.reconstruction_key(image, settings)
+        recon = cache_mod.load_reconstruction(Path(cache_dir), key)
+        if recon is not None:
+            return recon, True
+    recon = reconstruct.reconstruct(image, settings.reconstruct, seed=settings.seed,
+                                    progress=lambda f, m="": emit("reconstruct", f, m))
+    if key is not None:
+        try:
+            cache_mod.save_reconstruction(Path(cache_dir), key, recon)
+        except OSError as e:
+            # a full or read-only cache costs the next job time; it must not fail this one
+            stats["reconstruction_cache_error"] = f"{type(e).__name__}: {e}"
+    return recon, False

@@ -55,6 +55,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from .geometry import signed_volume
 from .types import Gaussians, ImageInput, Mesh, Reconstruction
 from .validate import StageInputError
 
@@ -407,6 +408,27 @@ def _choose_rotation(q: np.ndarray, t: np.ndarray, s: np.ndarray, local_pts: np.
     return r_row, "pytorch3d-row", fits
 
 
+def _frame_rotation(outputs: dict, local_means: np.ndarray, mask: Optional[np.ndarray],
+                    meta: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(3, 3) rotation from SAM 3D's local frame to Kiln's, and the (3,) pose scale
+    kept (uniform). Records the orientation and pose convention used in ``meta``."""
+    pose = _pose(outputs)
+    if pose is None:
+        meta["orientation"] = "sam3d canonical (no pose returned)"
+        return ZUP_TO_YUP, np.ones(3)
+    q, t, s = pose
+    scene = _scene_points(outputs, mask)
+    r_pose, convention, fits = _choose_rotation(q, t, s, local_means, scene)
+    meta.update(orientation="photo camera", pose_convention=convention,
+                pose={"rotation_wxyz": q.tolist(), "translation": t.tolist(), "scale": s.tolist()})
+    if fits:
+        meta["pose_fit_median"] = fits
+    if not np.allclose(s, s.mean(), rtol=1e-3):
+        # an anisotropic scale would shear the Gaussians; its mean keeps proportions close
+        meta["pose_scale_made_uniform"] = True
+    return CAM_TO_KILN @ r_pose, np.full(3, s.mean())
+
+
 def convert_outputs(outputs: dict, mask: Optional[np.ndarray] = None) -> Reconstruction:
     """SAM 3D's ``run`` output dict -> Kiln ``Reconstruction`` (frame: module docstring).
 
@@ -438,25 +460,7 @@ def convert_outputs(outputs: dict, mask: Optional[np.ndarray] = None) -> Reconst
             raise Sam3dError(f"SAM 3D output has non-finite {name}")
 
     meta: dict = {"backend": "sam3d", "gaussians_from_model": int(len(g["means"]))}
-    pose = _pose(outputs)
-    if pose is not None:
-        q, t, s = pose
-        scene = _scene_points(outputs, mask)
-        r_pose, convention, fits = _choose_rotation(q, t, s, g["means"], scene)
-        rot = CAM_TO_KILN @ r_pose
-        meta.update(orientation="photo camera", pose_convention=convention,
-                    pose={"rotation_wxyz": q.tolist(), "translation": t.tolist(), "scale": s.tolist()})
-        if fits:
-            meta["pose_fit_median"] = fits
-        if not np.allclose(s, s.mean(), rtol=1e-3):
-            # an anisotropic scale would shear the Gaussians; its mean keeps proportions close
-            meta["pose_scale_made_uniform"] = True
-        scale_vec = np.full(3, s.mean())
-    else:
-        rot = ZUP_TO_YUP
-        scale_vec = np.ones(3)
-        meta["orientation"] = "sam3d canonical (no pose returned)"
-
+    rot, scale_vec = _frame_rotation(outputs, g["means"], mask, meta)
     # uniform part of the pose scale cancels in the normalisation below
     verts_k = verts @ rot.T
     means_k = g["means"] @ rot.T
@@ -476,7 +480,7 @@ def convert_outputs(outputs: dict, mask: Optional[np.ndarray] = None) -> Reconst
                              "pose_scale": scale_vec.tolist()}
 
     faces = faces.astype(np.int32)
-    if _signed_volume(verts_k, faces) < 0:
+    if signed_volume(verts_k, faces) < 0:
         faces = faces[:, [0, 2, 1]]
         meta["faces_flipped"] = True
     if vcolors is None or vcolors.shape != verts.shape:
@@ -502,11 +506,6 @@ def convert_outputs(outputs: dict, mask: Optional[np.ndarray] = None) -> Reconst
     except StageInputError as e:
         raise Sam3dError(f"SAM 3D output could not be converted: {e}") from None
     return Reconstruction(mesh=mesh, gaussians=gaussians, meta=meta)
-
-
-def _signed_volume(v: np.ndarray, f: np.ndarray) -> float:
-    a, b, c = v[f[:, 0]], v[f[:, 1]], v[f[:, 2]]
-    return float(np.einsum("ij,ij->i", a, np.cross(b, c)).sum() / 6.0)
 
 
 def _colours_from_gaussians(verts: np.ndarray, means: np.ndarray, colors: np.ndarray) -> np.ndarray:

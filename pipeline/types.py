@@ -24,6 +24,10 @@ import numpy as np
 
 from .validate import StageInputError, check_array, check_finite
 
+# More Gaussians than any stage can hold (the renderers keep ~200 bytes each per
+# view in flight); such a count is a bug upstream, refused before any work.
+MAX_GAUSSIANS = 10_000_000
+
 
 @dataclass
 class ImageInput:
@@ -72,11 +76,11 @@ class Mesh:
         check_array(f"{name}.faces", self.faces, dtype=np.int32, shape=(None, 3))
         if self.num_faces == 0:
             raise StageInputError(f"{name} has no faces")
-        if self.faces.min() < 0 or self.faces.max() >= self.num_vertices:
-            raise StageInputError(f"{name}.faces index vertices outside 0..{self.num_vertices - 1}")
         if max_faces is not None and self.num_faces > max_faces:
             raise StageInputError(f"{name} has {self.num_faces} faces, more than the limit {max_faces}; "
-                             "simplify more (raise mesh.simplify_ratio)")
+                                  "simplify more (raise mesh.simplify_ratio)")
+        if self.faces.min() < 0 or self.faces.max() >= self.num_vertices:
+            raise StageInputError(f"{name}.faces index vertices outside 0..{self.num_vertices - 1}")
         if self.vertex_colors is not None:
             check_array(f"{name}.vertex_colors", self.vertex_colors, dtype=np.float32,
                         shape=(self.num_vertices, 3))
@@ -108,10 +112,12 @@ class Gaussians:
         return int(self.means.shape[0])
 
     def validate(self, name: str = "gaussians") -> "Gaussians":
+        check_array(f"{name}.means", self.means, dtype=np.float32, shape=(None, 3))
         n = len(self)
         if n == 0:
             raise StageInputError(f"{name} is empty")
-        check_array(f"{name}.means", self.means, dtype=np.float32, shape=(n, 3))
+        if n > MAX_GAUSSIANS:
+            raise StageInputError(f"{name} holds {n} Gaussians, more than the limit {MAX_GAUSSIANS}")
         check_array(f"{name}.scales", self.scales, dtype=np.float32, shape=(n, 3))
         check_array(f"{name}.quats", self.quats, dtype=np.float32, shape=(n, 4))
         check_array(f"{name}.opacities", self.opacities, dtype=np.float32, shape=(n,))
@@ -141,13 +147,17 @@ class Cameras:
         return int(self.viewmats.shape[0])
 
     def validate(self, name: str = "cameras") -> "Cameras":
+        check_array(f"{name}.viewmats", self.viewmats, dtype=np.float32, shape=(None, 4, 4))
         c = len(self)
         if c == 0:
             raise StageInputError(f"{name} is empty")
-        check_array(f"{name}.viewmats", self.viewmats, dtype=np.float32, shape=(c, 4, 4))
         check_array(f"{name}.Ks", self.Ks, dtype=np.float32, shape=(c, 3, 3))
         check_finite(f"{name}.viewmats", self.viewmats)
         check_finite(f"{name}.Ks", self.Ks)
+        for side in (self.width, self.height):
+            if isinstance(side, bool) or not isinstance(side, (int, np.integer)):
+                raise StageInputError(f"{name} image size must be whole pixels, got "
+                                      f"{self.width!r} x {self.height!r}")
         if not (1 <= self.width <= 8192 and 1 <= self.height <= 8192):
             raise StageInputError(f"{name} image size {self.width}x{self.height} is outside 1..8192")
         return self

@@ -80,6 +80,26 @@ def test_code_version_changes_with_the_reconstruction_source(monkeypatch, tmp_pa
         cache.code_version.cache_clear()
 
 
+def test_key_follows_the_backend_module_reconstruct_loads_dynamically(monkeypatch, tmp_path):
+    img = _input()
+    builtin, sam3d = small_settings(), small_settings().override({"reconstruct.backend": "sam3d"})
+    fake = tmp_path / "pipeline"
+    fake.mkdir()
+    for p in cache._PIPELINE_DIR.glob("*.py"):
+        (fake / p.name).write_bytes(p.read_bytes())
+    monkeypatch.setattr(cache, "_PIPELINE_DIR", fake)
+    cache.code_version.cache_clear()
+    try:
+        before = cache.reconstruction_key(img, builtin), cache.reconstruction_key(img, sam3d)
+        with open(fake / "sam3d.py", "a") as f:
+            f.write("\n# a change to the SAM 3D conversion\n")
+        cache.code_version.cache_clear()
+        assert cache.reconstruction_key(img, sam3d) != before[1]
+        assert cache.reconstruction_key(img, builtin) == before[0]
+    finally:
+        cache.code_version.cache_clear()
+
+
 @pytest.mark.parametrize("colors", [True, False])
 def test_save_then_load_gives_the_same_reconstruction(tmp_path, colors):
     r = _recon(colors=colors)
@@ -128,3 +148,14 @@ def test_run_pipeline_skips_reconstruction_when_only_postprocessing_changes(tmp_
                          cache_dir=tmp_path / "cache")
     assert not third.reconstruction_cached
     assert len(list((tmp_path / "cache").glob("recon-*.npz"))) == 2
+
+
+def test_unwritable_cache_does_not_fail_the_job(tmp_path):
+    from pipeline.run import run_pipeline
+
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache folder should be")
+    res = run_pipeline(_input(seed=5), small_settings(**{"bake.enabled": False}), tmp_path / "out",
+                       cache_dir=blocked)
+    assert res.glb_path.is_file() and not res.reconstruction_cached
+    assert "reconstruction_cache_error" in res.stats

@@ -126,6 +126,16 @@ def test_clean_refuses_bad_fraction_and_indices():
         clean_mesh(bad, 0.01, False)
 
 
+def test_absurdly_large_meshes_are_refused():
+    n = 10_000_001     # a broadcast view: the test allocates nothing
+    huge = Mesh(vertices=np.float32([[0, 0, 0], [1, 0, 0], [0, 1, 0]]),
+                faces=np.broadcast_to(np.int32([[0, 1, 2]]), (n, 3)))
+    with pytest.raises(StageInputError, match="more than the limit"):
+        clean_mesh(huge, 0.01, False)
+    with pytest.raises(StageInputError, match="more than the limit"):
+        simplify_mesh(huge, 0.9)
+
+
 # --------------------------------------------------------------------------- simplify
 
 @pytest.mark.parametrize("ratio", [0.5, 0.9, 0.95, 0.99])

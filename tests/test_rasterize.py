@@ -14,6 +14,7 @@ import pytest
 
 from pipeline import rasterize as R
 from pipeline.cameras import camera_centers, intrinsics, look_at, project, sphere_cameras
+from pipeline.geometry import face_normals
 from pipeline.types import Cameras, Mesh
 from pipeline.validate import StageInputError
 
@@ -151,7 +152,7 @@ def test_cube_shows_only_front_faces():
     mesh = to_mesh(trimesh.creation.box(extents=(0.8, 0.6, 0.7)))
     cams = sphere_cameras(6, 2.4, 40.0, 96)
     r = R.rasterize_views(mesh, cams)
-    normals = R.face_normals(mesh)
+    normals = face_normals(mesh.vertices, mesh.faces)
     centres = camera_centers(cams)
     points = R.interpolate(r, mesh, mesh.vertices)
     for c in range(len(cams)):
@@ -275,9 +276,9 @@ def test_face_normals_point_outwards():
     import trimesh
 
     mesh = to_mesh(trimesh.creation.icosphere(subdivisions=1, radius=0.4))
-    n = R.face_normals(mesh)
+    n = face_normals(mesh.vertices, mesh.faces)
     centres = mesh.vertices[mesh.faces].mean(1)
-    assert n.dtype == np.float32 and n.shape == (mesh.num_faces, 3)
+    assert n.dtype == np.float64 and n.shape == (mesh.num_faces, 3)
     np.testing.assert_allclose(np.linalg.norm(n, axis=1), 1.0, atol=1e-5)
     assert (np.einsum("ij,ij->i", n, centres) > 0).all()
 
@@ -353,6 +354,34 @@ def test_context_is_cached_per_thread_and_released():
     # still works after a release
     r = R.rasterize_views(_tri_mesh(), one_camera((0, 0, 2), 16, 16))
     assert r.covered.any()
+
+
+def test_context_is_released_when_the_shaders_do_not_build(monkeypatch):
+    import moderngl
+
+    made = []
+    real = moderngl.create_standalone_context
+
+    def record(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(moderngl, "create_standalone_context", record)
+    monkeypatch.setattr(R, "_FRAGMENT_SHADER", "#version 330\nthis is not GLSL")
+    failure = {}
+
+    def use():   # a thread of its own, so no cached context is reused
+        try:
+            R.rasterize_views(_tri_mesh(), one_camera((0, 0, 2), 16, 16))
+        except Exception as e:  # noqa: BLE001 - inspected below
+            failure["error"] = e
+
+    t = threading.Thread(target=use)
+    t.start()
+    t.join()
+    assert len(made) == 1 and isinstance(made[0].mglo, moderngl.InvalidObject)   # released
+    assert isinstance(failure.get("error"), R.BackendUnavailableError)
+    assert "shaders" in str(failure["error"])
 
 
 def test_import_creates_no_context_and_loads_no_gl():

@@ -151,6 +151,34 @@ def test_gaussians_lie_on_the_surface_as_flat_disks(ellipse):
     assert 0.4 < (g.means[:, 2] > 0).mean() < 0.6
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_far_side_does_not_show_through_the_near_side(blob, seed):
+    """Independently drawn disk centres clump and leave holes through which the
+    darker back surface showed as specks; evenly spread ones close the front."""
+    from scipy import ndimage
+    from scipy.spatial.transform import Rotation
+
+    from pipeline.cameras import intrinsics, look_at
+    from pipeline.render_views import render_gaussians
+    from pipeline.types import Cameras, Gaussians
+
+    _, _, recon = blob
+    g = R.sample_surface_gaussians(recon.mesh, SMALL.num_gaussians, seed)
+    eye = np.array([0.0, 0.0, 2.4])
+    normal = Rotation.from_quat(g.quats, scalar_first=True).as_matrix()[:, :, 2]
+    facing = np.einsum("nd,nd->n", eye - g.means, normal) > 0
+    # white near side, black far side: the red channel's deficit is the far side's share
+    white = np.repeat(facing[:, None], 3, axis=1).astype(np.float32)
+    cams = Cameras(look_at(eye)[None], intrinsics(40.0, 128, 128)[None], 128, 128)
+    v = render_gaussians(Gaussians(g.means, g.scales, g.quats, g.opacities, white), cams)
+    alpha = v.alpha[0]
+    far_share = (1.0 - v.rgb[0, :, :, 0]) * alpha
+    inside = ndimage.binary_erosion(alpha > 0.99, iterations=2)
+    assert inside.sum() > 2000
+    assert (far_share[inside] > 0.1).mean() < 0.01     # independent draws: 2-4 %
+    assert far_share[inside].max() < 0.3               # independent draws: 0.4-0.5
+
+
 def test_seed_controls_gaussians_only():
     rgb, mask = make_object_image(128, "ellipse")
     s = replace(SMALL, resolution=64, num_gaussians=1000)
@@ -225,6 +253,29 @@ def test_mask_lost_in_downscaling_is_refused():
     mask[1000:1005, 1000:1005] = True                 # 25 pixels, ~1.5 after 8x downscale
     with pytest.raises(StageInputError, match="mask .*after downscaling"):
         R.reconstruct(ImageInput(rgb, mask), replace(SMALL, max_image_side=256), seed=0)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"num_gaussians": 10 ** 12}, "num_gaussians"),
+    ({"num_gaussians": 0}, "num_gaussians"),
+    ({"resolution": 10 ** 7}, "resolution"),
+    ({"resolution": 80.5}, "resolution"),
+    ({"thickness": 0.0}, "thickness"),
+    ({"thickness": float("nan")}, "thickness"),
+    ({"max_image_side": 0}, "max_image_side"),
+])
+def test_absurd_settings_are_refused_before_any_work(change, words):
+    rgb, mask = make_object_image(64)
+    with pytest.raises(StageInputError, match=words):
+        R.reconstruct(ImageInput(rgb, mask), replace(SMALL, **change), seed=0)
+
+
+def test_huge_image_is_refused_without_touching_its_pixels():
+    # 20000 x 20000: broadcast views, so the test itself allocates nothing
+    rgb = np.broadcast_to(np.zeros((1, 1, 3), np.uint8), (20000, 20000, 3))
+    mask = np.broadcast_to(np.zeros((1, 1), bool), (20000, 20000))
+    with pytest.raises(StageInputError, match="20000x20000"):
+        R.reconstruct(ImageInput(rgb, mask), SMALL, seed=0)
 
 
 def test_wrong_dtypes_are_refused():

@@ -301,6 +301,27 @@ def test_invalid_inputs_are_refused_with_clear_messages():
         render_gaussians(good, cams, device="gpu0")
 
 
+def test_absurd_sizes_are_refused_before_anything_is_allocated():
+    g = make_gaussians([0.0, 0.0, 0.0], 0.05, 0.5, [1, 0, 0])
+    # 64 views of 8192^2 would be a 51 GB output
+    huge = Cameras(np.repeat(front_camera().viewmats, 64, 0), np.repeat(front_camera().Ks, 64, 0),
+                   8192, 8192)
+    with pytest.raises(StageInputError, match="pixels, more than the limit"):
+        render_gaussians(g, huge)
+    with pytest.raises(StageInputError, match="whole pixels"):
+        render_gaussians(g, Cameras(huge.viewmats[:1], huge.Ks[:1], 64.5, 48))
+    n = 10_000_001     # broadcast views: the test allocates nothing
+    many = Gaussians(means=np.broadcast_to(np.float32([0, 0, 0]), (n, 3)),
+                     scales=np.broadcast_to(np.float32(0.05), (n, 3)),
+                     quats=np.broadcast_to(np.float32([1, 0, 0, 0]), (n, 4)),
+                     opacities=np.broadcast_to(np.float32(0.5), (n,)),
+                     colors=np.broadcast_to(np.float32(0.5), (n, 3)))
+    with pytest.raises(StageInputError, match="more than the limit"):
+        render_gaussians(many, front_camera((8, 8)))
+    with pytest.raises(StageInputError, match="chunk_scale"):
+        render_gaussians(g, front_camera(), chunk_scale=float("nan"))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
 def test_gsplat_without_cuda_says_so():
     g = make_gaussians([0.0, 0.0, 0.0], 0.05, 0.5, [1, 0, 0])
