@@ -8,16 +8,34 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 from . import settings as settings_mod
 
-STAGE_ORDER = ("reconstruct", "render_views", "mesh", "uv", "bake", "export")
+EXIT_CODES = ("Exit status: 0 the GLB was written; 1 the job failed (a stage error, a worker crash "
+              "or hang, no worker could start); 2 a usage or input problem (bad flag, setting, "
+              "image or mask, or a stage rejected the input); 130 interrupted by Ctrl-C (the "
+              "running job is cancelled and its worker stopped).")
 
 
 class CliError(Exception):
     """A problem the user can fix; printed without a traceback."""
+
+    exit_code = 2
+
+
+class JobFailed(CliError):
+    """The job ran and failed (or no worker could run it)."""
+
+    exit_code = 1
+
+
+class Cancelled(CliError):
+    """Ctrl-C: the job was cancelled."""
+
+    exit_code = 130
 
 
 def _settings_from_args(args) -> settings_mod.Settings:
@@ -78,35 +96,62 @@ def load_inputs(image_path: str, mask_path: str | None, max_pixels: int):
 
 
 class Progress:
-    """Per-stage progress on a terminal (one updating line) or plain lines when piped."""
+    """Per-stage progress. On a terminal each stage gets one line whose bar is redrawn
+    in place from empty to full; piped, a line when a stage starts and one when it ends."""
 
-    def __init__(self, stream=sys.stderr):
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.last_stage = None
+    WIDTH = 24
+
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
+        self.stage = None      # the stage being shown
+        self.ended = False     # that stage was shown complete
+        self.open = False      # a terminal line still waits for its newline
         self.t0 = time.perf_counter()
 
     def update(self, stage: str, fraction: float, message: str = "") -> None:
+        """``fraction``: 0..1 within ``stage`` (not over the whole job)."""
+        fraction = max(0.0, min(1.0, fraction))
+        new = stage != self.stage
+        if new:
+            self._end_line()
+            self.stage, self.ended = stage, False
+        if self.ended:
+            return  # a stage may report 1.0 more than once; its line is finished
+        self.ended = fraction >= 1.0
         elapsed = time.perf_counter() - self.t0
         if self.tty:
-            width = 24
-            filled = int(round(max(0.0, min(1.0, fraction)) * width))
-            bar = "#" * filled + "-" * (width - filled)
+            filled = int(round(fraction * self.WIDTH))
+            bar = "#" * filled + "-" * (self.WIDTH - filled)
             self.stream.write(f"\r\033[K{elapsed:6.1f}s  {stage:<13} [{bar}] {message[:40]}")
-            if fraction >= 1.0:
+            self.open = not self.ended
+            if self.ended:
                 self.stream.write("\n")
-            self.stream.flush()
-        elif stage != self.last_stage or fraction >= 1.0:
+        elif new or self.ended:
             self.stream.write(f"{elapsed:6.1f}s  {stage:<13} {message}\n")
-            self.stream.flush()
-        self.last_stage = stage
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        """A line of its own (e.g. a retry); the next update starts a new stage line."""
+        self._end_line()
+        self.stage = None
+        self.stream.write(f"{time.perf_counter() - self.t0:6.1f}s  {text}\n")
+        self.stream.flush()
+
+    def _end_line(self) -> None:
+        if self.open:
+            self.stream.write("\n")
+            self.open = False
 
 
-def timing_table(timings: dict, total: float | None = None) -> str:
-    rows = [(s, timings[s]) for s in STAGE_ORDER if s in timings]
-    if timings.get("queued_s"):
-        rows.append(("queued", timings["queued_s"]))
-    total = total if total is not None else sum(t for _, t in rows)
+def timing_table(timings: dict, total: float, extra: dict | None = None) -> str:
+    """Stage times in pipeline order, then ``extra`` rows (worker start, queue), then
+    whatever else the run took, so the rows add up to ``total``."""
+    rows = [(k, v) for k, v in timings.items() if not k.endswith("_s")]  # *_s: job-level
+    rows += [(k, v) for k, v in (extra or {}).items() if v]
+    other = total - sum(t for _, t in rows)
+    if other >= 0.005:
+        rows.append(("other", other))
     lines = [f"{'stage':<14}{'seconds':>9}", "-" * 23]
     lines += [f"{s:<14}{t:>9.2f}" for s, t in rows]
     lines += ["-" * 23, f"{'total':<14}{total:>9.2f}"]
@@ -127,7 +172,7 @@ def cmd_run(args) -> int:
     else:
         result = _run_in_worker(rgb, mask, settings, out, progress)
     total = time.perf_counter() - t0
-    print(timing_table(result["timings"], total), file=sys.stderr)
+    print(timing_table(result["timings"], total, result.get("extra")), file=sys.stderr)
     for k in ("faces", "vertices", "bake_psnr_db", "reconstruction_cached"):
         if k in result.get("stats", {}):
             print(f"{k}: {result['stats'][k]}", file=sys.stderr)
@@ -156,34 +201,53 @@ def _run_in_process(rgb, mask, settings, out: Path, progress: Progress) -> dict:
 
 
 def _run_in_worker(rgb, mask, settings, out: Path, progress: Progress) -> dict:
-    from worker.supervisor import Supervisor
+    from worker.supervisor import Supervisor, WorkerStartError
 
-    with Supervisor(settings, jobs_dir=Path(settings.app.jobs_dir),
-                    cache_dir=Path(settings.app.cache_dir)) as sup:
+    t0 = time.perf_counter()
+    sup = Supervisor(settings, jobs_dir=Path(settings.app.jobs_dir),
+                     cache_dir=Path(settings.app.cache_dir))
+    try:
+        sup.start()   # on failure (or Ctrl-C) it has already stopped what it started
+    except WorkerStartError as e:
+        raise JobFailed(f"the worker could not start: {e}") from None
+    startup = time.perf_counter() - t0
+    try:
         job_id = sup.submit(rgb, mask, settings, session="cli")
-        seen = -1
         try:
-            while True:
-                st = sup.status(job_id)
-                if st.seq != seen:
-                    seen = st.seq
-                    if st.stage:
-                        progress.update(st.stage, st.stage_progress if hasattr(st, "stage_progress")
-                                        else st.progress, st.message or "")
-                if st.state in ("done", "failed", "cancelled"):
-                    break
-                time.sleep(0.1)
+            _show_events(sup.follow(job_id), progress)
         except KeyboardInterrupt:
-            sup.cancel(job_id)
-            raise CliError(f"cancelled job {job_id}") from None
+            progress.note("interrupted: cancelling the job")
+            if sup.cancel(job_id):
+                raise Cancelled(f"cancelled job {job_id}; the worker running it was stopped") from None
+            raise Cancelled(f"interrupted; job {job_id} had already ended "
+                            f"({sup.status(job_id).state})") from None
+        st = sup.status(job_id)
+    finally:
+        sup.shutdown()
     if st.state != "done":
-        raise CliError(f"job {job_id} {st.state}: {st.error or st.message}")
+        error = st.error or st.message
+        # a stage refusing the input is the user's to fix, as in --in-process
+        kind = CliError if "StageInputError:" in error else JobFailed
+        raise kind(f"job {job_id} {st.state}: {error} (log: {sup.job_dir(job_id) / 'log'})")
     shutil.copyfile(st.outputs["glb"], out)
     ply = None
     if st.outputs.get("ply"):
         ply = out.with_suffix(".ply")
         shutil.copyfile(st.outputs["ply"], ply)
-    return {"timings": st.timings or {}, "stats": getattr(st, "stats", {}) or {}, "ply": ply}
+    extra = {"worker start": startup, "queued": st.timings.get("queued_s", 0.0)}
+    return {"timings": st.timings, "stats": st.stats, "ply": ply, "extra": extra}
+
+
+def _show_events(events, progress: Progress) -> None:
+    """Feed each stage's own progress to the bar; say it when an attempt is retried."""
+    was = None
+    for ev in events:
+        if ev.state == "queued" and was == "running":
+            progress.note(ev.message)   # why the attempt failed and how it is retried
+        elif ev.state == "running" and ev.stage:
+            message = ev.message.removeprefix(f"{ev.stage}: ")
+            progress.update(ev.stage, ev.stage_progress, message)
+        was = ev.state
 
 
 def cmd_serve(args) -> int:
@@ -211,13 +275,17 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Examples:\n  kiln run photo.png -o photo.glb            (transparent PNG: alpha is the mask)\n"
                "  kiln run photo.jpg --mask mask.png --no-bake --simplify-ratio 0.98\n"
                "  kiln serve                                  (web UI on http://127.0.0.1:7860)\n"
-               "  kiln doctor                                 (check CUDA, compilers, backends)",
+               "  kiln doctor                                 (check CUDA, compilers, backends)\n\n"
+               + textwrap.fill(EXIT_CODES.replace("Exit status:", "Exit status of `kiln run`:"), 88),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     r = sub.add_parser("run", help="turn an image (+ mask) into a GLB",
-                       description="Run the whole pipeline on one image and write a GLB. "
-                                   "Settings come from configs/default.yaml (or --config); flags override them.")
+                       description="Run the whole pipeline on one image and write a GLB. The stages run "
+                                   "in a crash-isolated worker process (--in-process: in this one). "
+                                   "Settings come from configs/default.yaml (or --config); flags "
+                                   "override them.",
+                       epilog=EXIT_CODES)
     r.add_argument("image", help="input photo (PNG/JPEG/...); a transparent PNG's alpha is the mask")
     r.add_argument("--mask", help="mask image, white = object (required unless the image has transparency)")
     r.add_argument("-o", "--output", help="output .glb path (default: IMAGE name with .glb, here)")
@@ -265,7 +333,13 @@ def main(argv=None) -> int:
         return 2
     try:
         return args.func(args)
-    except (CliError, settings_mod.SettingsError) as e:
+    except Cancelled as e:
+        print(f"kiln: {e}", file=sys.stderr)
+        return e.exit_code
+    except CliError as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except settings_mod.SettingsError as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

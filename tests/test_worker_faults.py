@@ -222,6 +222,33 @@ def test_cancel_queued_and_running_jobs(env):
     assert not sup.cancel(waiting)  # finished jobs stay finished
 
 
+def test_cancel_wins_over_a_retry_already_on_its_way(env):
+    # The worker reports an OOM (which would be retried) and, before the supervisor reads
+    # that report, the user cancels: the job must end cancelled, not run again.
+    sup = env.sup
+    job = sup.submit(*image(), no_retry(), session="oom")
+    for ev in sup.follow(job, timeout=JOB_TIMEOUT):
+        if ev.state == "running":
+            break
+    log_file = sup.job_dir(job) / "log"
+
+    def job_log():
+        return log_file.read_text() if log_file.exists() else ""
+
+    with sup._lock:  # keep the dispatcher from reading the worker's report until cancel ran
+        assert "oom error" not in job_log()  # not too late: the fault is stages away
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while "oom error" not in job_log():  # the worker writes this just before its report
+            assert time.monotonic() < deadline, "the oom fault never fired"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert sup.cancel(job)
+    st = sup.status(job)
+    assert (st.state, st.error, st.attempts) == ("cancelled", "cancelled by user", 1)
+    time.sleep(1.0)  # give a wrongly re-queued attempt the time to start
+    assert sup.status(job).attempts == 1 and sup.queue_length() == 0
+
+
 def test_events_carry_monotonic_seq_and_progress(env):
     sup = env.sup
     job = sup.submit(*image(), small_settings(), session="oom-once")  # includes a retry

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 
 from worker.faults import FaultPlan
 from worker.jobstore import JobStore
-from worker.supervisor import Supervisor
+from worker.supervisor import Supervisor, WorkerStartError
 from worker_helpers import image, small_settings
 
 TESTS = Path(__file__).resolve().parent
@@ -133,3 +135,56 @@ def test_a_probe_that_crashes_the_worker_only_disables_its_backend(tmp_path):
                             "SIGSEGV (see worker-0.log)")
         st = sup.run(*image(), small_settings(bake__enabled=False), timeout=60)
         assert st.state == "done", st.error
+
+
+def test_shutdown_keeps_what_already_happened(tmp_path):
+    # Shutdown comes before the dispatcher has read what the workers did last: a result
+    # already reported still makes its job done, a cancel already under way still cancels.
+    sup = Supervisor(small_settings(worker__count=2), tmp_path / "jobs", None).start()
+    quick = sup.submit(*image(), small_settings(bake__enabled=False))
+    slow = sup.submit(*image(seed=2), small_settings(bake__steps=3000))
+    for ev in sup.follow(quick, timeout=60):
+        if ev.stage == "mesh":
+            break
+    sup._tick = lambda: None  # the dispatcher stops reading the workers
+    log_file = sup.job_dir(quick) / "log"
+    deadline = time.monotonic() + 60
+    while "done:" not in log_file.read_text():  # the worker logs this, then reports done
+        assert time.monotonic() < deadline, "the job never finished"
+        time.sleep(0.05)
+    time.sleep(1.0)  # the report follows the log line at once; this is slack for a loaded machine
+    assert sup.status(slow).state == "running", sup.status(slow)
+    assert not sup.cancel(slow, timeout=0)  # its worker is told to stop; nobody sees it exit yet
+    sup.shutdown()
+    store = JobStore(tmp_path / "jobs")
+    st = store.read_status(quick)
+    assert st.state == "done", st.error
+    assert Path(st.outputs["glb"]).stat().st_size > 0
+    st = store.read_status(slow)
+    assert (st.state, st.error) == ("cancelled", "cancelled by user")
+
+
+def test_a_job_submitted_while_the_server_shuts_down_is_not_left_queued(tmp_path):
+    sup = Supervisor(small_settings(), tmp_path / "jobs", None).start(wait=False)
+    create = sup.store.create
+
+    def create_then_shutdown(*a, **k):  # shutdown lands between submit's check and its enqueue
+        st = create(*a, **k)
+        sup.shutdown()
+        return st
+
+    sup.store.create = create_then_shutdown
+    job = sup.submit(*image(), small_settings())
+    st = JobStore(tmp_path / "jobs").read_status(job)
+    assert (st.state, st.error) == ("failed", "the server shut down before the job started")
+
+
+def test_a_failed_start_stops_what_it_started(tmp_path):
+    (tmp_path / "workers").write_text("")  # the workers' log folder cannot be created
+    sup = Supervisor(small_settings(), tmp_path / "jobs", None)
+    with pytest.raises(WorkerStartError, match="failed to start 3 times"):
+        sup.start()
+    assert not [t for t in threading.enumerate() if t.name == "kiln-supervisor"]
+    assert mp.active_children() == []
+    with pytest.raises(RuntimeError, match="not running"):
+        sup.submit(*image(), small_settings())

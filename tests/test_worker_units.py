@@ -18,7 +18,7 @@ from kiln.atomic import atomic_write
 from worker.jobstore import (JobStatus, JobStore, atomic_write_json, load_inputs,
                              safe_session)
 from worker.process import MAX_MESSAGE_BYTES, Sender, classify_error
-from worker.supervisor import describe_exit
+from worker.slots import describe_exit
 from worker_helpers import image
 
 # --------------------------------------------------------------------------- job store

@@ -11,7 +11,9 @@ Spec grammar, comma-separated rules::
     KIND@STAGE[:attempt=N][:session=NAME]
 
 KIND is one of ``KINDS``; STAGE a pipeline stage name, or ``probe:NAME`` for a
-start-up backend probe (``worker.probe.PROBES``); ``attempt`` limits the rule to
+start-up backend probe (``worker.probe.PROBES``) or ``probe:imports`` for the
+start-up step after the probes, where a worker imports the stages' libraries
+(a native library crashing on load); ``attempt`` limits the rule to
 that attempt of a job (1 = first run, 2 = the retry); ``session`` to jobs
 submitted under that session name.
 """

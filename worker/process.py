@@ -123,17 +123,15 @@ def _probe_all(cfg: dict, send: Sender, env_notes: dict) -> dict:
             reasons[name] = cfg["skip_probes"][name]
             continue
         send({"type": "probe", "name": name})
-        if cfg.get("faults_enabled") and name in cfg.get("probe_faults", {}):
-            from . import faults
-
-            print(f"test fault '{cfg['probe_faults'][name]}' fires in probe {name}", flush=True)
-            faults.fire(cfg["probe_faults"][name])
+        _startup_fault(cfg, name)
         t0 = time.perf_counter()
         ok, reason = run_probe(name, ctx, cfg["probe_timeout_s"])
         times[name] = round(time.perf_counter() - t0, 3)
         if not ok:
             reasons[name] = reason
         print(f"probe {name}: {'ok' if ok else reason} ({times[name]} s)", flush=True)
+    # No probe runs from here on: a crash now is not that backend's fault.
+    send({"type": "probe", "name": None})
     r = ctx["results"]
     caps = {"device": ctx.get("device_name", "cpu") if r.get("cuda") else "cpu",
             "cuda": bool(r.get("cuda")), "gsplat": bool(r.get("gsplat")),
@@ -153,8 +151,20 @@ _STAGE_LIBRARIES = ("trimesh", "trimesh.exchange.gltf", "scipy.ndimage", "scipy.
                     "skimage.measure", "cv2", "xatlas", "pyfqmr", "plyfile", "PIL.PngImagePlugin")
 
 
-def _warm_imports() -> None:
+def _startup_fault(cfg: dict, step: str) -> None:
+    """Tests only: fire a ``KIND@probe:STEP`` fault (a probe name, or ``imports``)."""
+    kind = cfg.get("probe_faults", {}).get(step) if cfg.get("faults_enabled") else None
+    if kind:
+        from . import faults
+
+        print(f"test fault '{kind}' fires in start-up step {step}", flush=True)
+        faults.fire(kind)
+
+
+def _warm_imports(cfg: dict) -> None:
     import importlib
+
+    _startup_fault(cfg, "imports")
 
     for mod in ("run", "reconstruct", "render_views", "mesh_ops", "uv", "rasterize", "bake", "export", "cache"):
         importlib.import_module(f"pipeline.{mod}")
@@ -181,7 +191,7 @@ def worker_main(cfg: dict, inbox, outbox) -> None:
     t0 = time.perf_counter()
     caps = _probe_all(cfg, send, env_notes)
     try:
-        _warm_imports()
+        _warm_imports(cfg)
     except Exception as e:  # jobs will fail with the same error, and say so
         caps["pipeline_error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()

@@ -1,11 +1,11 @@
 """The supervisor: lives in the app (or CLI) process, owns the job queue and the workers.
 
 It never imports ``pipeline/`` or touches CUDA. Workers are started with the
-``spawn`` start method, each with its own pair of queues that die with it. A
-dispatcher thread drains the workers' messages, hands queued jobs to idle
-workers, watches deadlines and exit codes, and turns every way a worker can die
-into a job that ends ``failed`` with a reason a person can read, followed by a
-fresh worker:
+``spawn`` start method in ``worker.slots.WorkerSlot``s, each with its own pair of
+queues that die with it. A dispatcher thread drains the workers' messages, hands
+queued jobs to idle workers, watches deadlines and exit codes, and turns every way
+a worker can die into a job that ends ``failed`` with a reason a person can read,
+followed by a fresh worker:
 
 * killed by a signal / exited: "worker crashed with SIGSEGV during stage 'bake'";
   retried once with safe backends when ``worker.retry_with_fallback`` allows,
@@ -46,10 +46,11 @@ from kiln.settings import Settings
 from kiln.settings import load as load_settings
 
 from . import env as env_mod
-from . import process as process_mod
 from .faults import FaultPlan
 from .glb import GLBError, check_glb_light
-from .jobstore import Event, JobStatus, JobStore, append_log, atomic_write_json, check_inputs
+from .jobstore import (Event, JobStatus, JobStore, append_log, atomic_write_json, check_inputs,
+                       safe_session)
+from .slots import WorkerSlot, copy_json, describe_exit
 
 log = logging.getLogger("kiln.worker")
 
@@ -61,8 +62,6 @@ OOM_CHUNK_SCALE = 0.5
 STAGE_WEIGHTS = {"reconstruct": 0.30, "render_views": 0.15, "mesh": 0.05, "uv": 0.15,
                  "bake": 0.30, "export": 0.05}
 STAGE_ORDER = tuple(STAGE_WEIGHTS)
-KILL_GRACE_S = 1.0          # SIGTERM -> SIGKILL
-STARTUP_FAILURES_LIMIT = 3  # consecutive failed starts before a slot gives up
 EVENTS_KEPT = 2000          # per running job
 EVENTS_KEPT_FINISHED = 200
 
@@ -73,17 +72,6 @@ class QueueFullError(RuntimeError):
 
 class WorkerStartError(RuntimeError):
     """No worker could be started; the message carries the reason and the log's tail."""
-
-
-def describe_exit(code: Optional[int]) -> str:
-    if code is None:
-        return "is still running"
-    if code < 0:
-        try:
-            return f"crashed with {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 def _where(stage: Optional[str]) -> str:
@@ -111,6 +99,9 @@ class _Job:
     crash_retried: bool = False
     oom_retried: bool = False
     error_retried: bool = False
+    # Set by cancel(): a retry already on its way (a failure report or a crash that
+    # crossed the cancel) must end the job instead of queueing it again.
+    cancel_requested: bool = False
     notes: list = field(default_factory=list)   # earlier attempts' failures
 
     @property
@@ -127,38 +118,10 @@ class _Job:
     def retry_allowed(self) -> bool:
         return bool(self.settings.get("worker", {}).get("retry_with_fallback", True))
 
-
-class _Slot:
-    """One worker position. The process in it comes and goes; the slot stays."""
-
-    def __init__(self, index: int, gpu: Optional[str]):
-        self.index = index
-        self.gpu = gpu
-        self.skip_probes: dict = {}
-        self.failures = 0            # consecutive failed starts
-        self.restarts = 0
-        self.next_spawn = 0.0
-        self.broken: Optional[str] = None
-        self.caps: Optional[dict] = None   # last reported, kept across restarts
-        self.reset()
-
-    def reset(self) -> None:
-        self.proc = None
-        self.inbox = None
-        self.outbox = None
-        self.state = "down"          # down | starting | idle | busy | stopping
-        self.job: Optional[_Job] = None
-        self.spawned = 0.0
-        self.ready_at = 0.0
-        self.startup_s = None
-        self.last_msg = 0.0
-        self.last_progress = 0.0
-        self.probe: Optional[str] = None
-        self.probe_since = 0.0
-        self.kill_reason: Optional[str] = None
-        self.term_sent = 0.0
-        self.kill_sent = 0.0
-        self.stop_since = 0.0
+    @property
+    def log_marker(self) -> str:
+        """The line the worker prints into its own log when it starts this attempt."""
+        return f"=== job {self.status.id} attempt {self.attempt} ==="
 
 
 class Supervisor:
@@ -168,7 +131,6 @@ class Supervisor:
                  cache_dir: Optional[Path] = None, *, var_dir: Optional[Path] = None,
                  faults: Optional[FaultPlan] = None, poll_s: float = 0.02):
         self.settings = settings or load_settings()
-        ws = self.settings.worker
         self.jobs_dir = Path(jobs_dir if jobs_dir is not None else self.settings.app.jobs_dir)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.var_dir = Path(var_dir) if var_dir is not None else self.jobs_dir.resolve().parent
@@ -182,20 +144,21 @@ class Supervisor:
         self._wake = threading.Event()
         self._jobs: dict[str, _Job] = {}
         self._queue: deque[_Job] = deque()
-        self._slots: list[_Slot] = []
+        self._slots: list[WorkerSlot] = []
         self._thread: Optional[threading.Thread] = None
         self._started = False
         self._stopping = False
         self._crash_file = self.jobs_dir / ".crash_counts.json"
         self._crashes: dict[str, int] = {}
-        self._heartbeat_limit = max(10.0, 10 * ws.heartbeat_s)
-        self.metrics: dict = {"spawns": 0, "crashes": 0, "last_exit_detected": None,
-                              "last_ready": None}
+        self._heartbeat_limit = max(10.0, 10 * self.settings.worker.heartbeat_s)
+        self.metrics: dict = {"last_ready": None}   # wall time a worker last became ready
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, wait: bool = True, timeout: Optional[float] = None) -> "Supervisor":
         """Recover jobs a previous run left behind, spawn the workers and (by default)
-        wait until each has reported its capabilities or given up."""
+        wait until each has reported its capabilities or given up. When that wait fails
+        (WorkerStartError, Ctrl-C) everything started is stopped again before it raises:
+        the caller never got a supervisor to shut down."""
         with self._lock:
             if self._started:
                 return self
@@ -207,17 +170,24 @@ class Supervisor:
             self._crashes = self._load_crashes()
             gpus = [] if self.settings.worker.device == "cpu" else env_mod.detect_gpus()
             count = self.settings.worker.count or max(1, len(gpus))
-            self._slots = [_Slot(i, gpus[i % len(gpus)] if gpus else None) for i in range(count)]
+            self._slots = [WorkerSlot(i, gpus[i % len(gpus)] if gpus else None,
+                                      self.var_dir / "workers" / f"worker-{i}.log")
+                           for i in range(count)]
             for s in self._slots:
                 self._spawn(s)
             self._thread = threading.Thread(target=self._loop, name="kiln-supervisor", daemon=True)
             self._thread.start()
         if wait:
-            self.wait_ready(timeout)
+            try:
+                self.wait_ready(timeout)
+            except BaseException:
+                self.shutdown()
+                raise
         return self
 
-    def wait_ready(self, timeout: Optional[float] = None, all_workers: bool = True) -> None:
-        """Block until workers are ready; raise WorkerStartError if none could start."""
+    def wait_ready(self, timeout: Optional[float] = None) -> None:
+        """Block until every worker is ready or has given up; raise WorkerStartError
+        when none is ready."""
         if timeout is None:
             timeout = 60.0 + 6 * self.settings.worker.probe_timeout_s
         deadline = time.monotonic() + timeout
@@ -225,16 +195,20 @@ class Supervisor:
             while True:
                 ready = [s for s in self._slots if s.state in ("idle", "busy")]
                 settled = all(s.broken or s.state in ("idle", "busy") for s in self._slots)
-                if (ready and (settled or not all_workers)) or (settled and not ready):
-                    break
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if settled or left <= 0:
                     break
                 self._cond.wait(min(left, 0.5))
-            if not ready:
-                why = "; ".join(f"worker {s.index}: {s.broken or s.state}" for s in self._slots)
-                raise WorkerStartError(f"no worker became ready within {timeout:.0f} s ({why})\n"
-                                       + self._worker_log_tail(self._slots[0], 30))
+            if ready:
+                return
+            if settled:
+                why = "; ".join(s.broken for s in self._slots)
+            else:
+                why = (f"no worker became ready within {timeout:.0f} s ("
+                       + "; ".join(f"worker {s.index}: {s.state}" for s in self._slots) + ")")
+            slot = self._slots[0]
+            tail = slot.log_tail(30, slot.start_marker)   # its last start
+            raise WorkerStartError(why + (f"\n{slot.log_path}:\n{tail}" if tail else ""))
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the workers (gracefully, then by force) and fail jobs that cannot finish now."""
@@ -249,27 +223,24 @@ class Supervisor:
             for s in self._slots:
                 if s.proc is None:
                     continue
-                if s.state == "idle":
-                    try:
-                        s.inbox.put({"type": "stop"})
-                    except (OSError, ValueError):
-                        s.proc.terminate()
-                else:
-                    s.proc.terminate()
+                self._drain(s)  # a result the worker already reported still counts
+                if not (s.state == "idle" and s.send({"type": "stop"})):
+                    s.kill("shutdown")
             deadline = time.monotonic() + timeout
             for s in self._slots:
-                if s.proc is None:
-                    continue
-                s.proc.join(max(0.1, deadline - time.monotonic()))
-                if s.proc.is_alive():
-                    s.proc.kill()
-                    s.proc.join(2)
-                self._discard(s)
+                if s.proc is not None:
+                    s.proc.join(max(0.1, deadline - time.monotonic()))
+                    s.discard()
             for job in list(self._jobs.values()):
                 if job.status.terminal:
                     continue
+                if job.cancel_requested:   # its worker was being stopped for the cancel anyway
+                    self._finish(job, "cancelled", "cancelled by user")
+                    continue
                 if job.status.state == "running":
                     reason = f"the server shut down {_where(job.status.stage)}"
+                elif job.attempt:
+                    reason = "the server shut down before the job's retry started"
                 else:
                     reason = "the server shut down before the job started"
                 self._finish(job, "failed", reason)
@@ -293,21 +264,25 @@ class Supervisor:
             raise RuntimeError("the supervisor is not running; call start() first")
         check_inputs(rgb, mask)
         settings = settings or self.settings
+        limit = self.settings.worker.max_queue
         with self._lock:
-            waiting = sum(1 for j in self._queue if not j.status.terminal)
-            if waiting >= self.settings.worker.max_queue:
-                raise QueueFullError(f"{waiting} jobs are already waiting (worker.max_queue = "
-                                     f"{self.settings.worker.max_queue}); try again later")
+            if len(self._queue) >= limit:
+                raise QueueFullError(f"{len(self._queue)} jobs are already waiting (worker.max_queue"
+                                     f" = {limit}); try again later")
         sdict = settings.to_dict()
         st = self.store.create(rgb, mask, sdict, session)
         job = _Job(status=st, dir=self.store.job_dir(st.id), settings=sdict,
                    digest=input_digest(rgb, mask))
         with self._lock:
             self._jobs[st.id] = job
-            usable = [s for s in self._slots if not s.broken]
-            if not usable:
+            # checked again here: shutdown may have run while the job's files were written,
+            # and a job queued after it would wait for ever
+            if self._stopping:
+                self._finish(job, "failed", "the server shut down before the job started")
+                return st.id
+            if all(s.broken for s in self._slots):
                 self._finish(job, "failed", "no worker is available: "
-                             + "; ".join(s.broken or "" for s in self._slots))
+                             + "; ".join(s.broken for s in self._slots))
                 return st.id
             ahead = len(self._queue)
             self._queue.append(job)
@@ -347,11 +322,11 @@ class Supervisor:
                 job = self._jobs.get(job_id)
                 if job is None:
                     st = self.store.read_status(job_id)
-                    return [self._event_of(st)] if st.seq > since_seq else []
+                    return [_event_of(st)] if st.seq > since_seq else []
                 out = [e for e in job.events if e.seq > since_seq]
                 if out or job.status.terminal or deadline is None:
                     if not out and job.status.seq > since_seq:
-                        out = [self._event_of(job.status)]  # older events were trimmed
+                        out = [_event_of(job.status)]  # older events were trimmed
                     return out
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -390,16 +365,17 @@ class Supervisor:
             job = self._jobs.get(job_id)
             if job is None or job.status.terminal:
                 return False
+            job.cancel_requested = True
             if job in self._queue:
                 self._queue.remove(job)
                 self._finish(job, "cancelled", "cancelled before it started")
                 return True
             slot = next((s for s in self._slots if s.job is job), None)
-            if slot is None:  # between attempts; nothing runs it right now
+            if slot is None:  # not expected: a job that is not terminal is queued or on a slot
                 self._finish(job, "cancelled", "cancelled")
                 return True
             if slot.kill_reason is None:
-                self._kill(slot, "cancel")
+                slot.kill("cancel")
         self._wake.set()
         return self.wait(job_id, timeout).state == "cancelled"
 
@@ -409,7 +385,7 @@ class Supervisor:
         with self._lock:
             for s in self._slots:
                 if s.caps is not None:
-                    return json.loads(json.dumps(s.caps))
+                    return copy_json(s.caps)
         return {}
 
     def workers(self) -> list[dict]:
@@ -417,12 +393,7 @@ class Supervisor:
         heartbeat_age_s, capabilities (as last reported), log (path of the worker's log)."""
         now = time.monotonic()
         with self._lock:
-            return [{"slot": s.index, "pid": s.proc.pid if s.proc else None, "state": s.state,
-                     "gpu": s.gpu, "job": s.job.status.id if s.job else None,
-                     "restarts": s.restarts, "startup_s": s.startup_s, "broken": s.broken,
-                     "heartbeat_age_s": round(now - s.last_msg, 2) if s.proc else None,
-                     "capabilities": json.loads(json.dumps(s.caps)) if s.caps else None,
-                     "log": str(self._log_path(s))} for s in self._slots]
+            return [s.info(now, s.job.status.id if s.job else None) for s in self._slots]
 
     def queue_length(self) -> int:
         with self._lock:
@@ -430,8 +401,6 @@ class Supervisor:
 
     def jobs(self, session: Optional[str] = None) -> list[JobStatus]:
         """Jobs of one session (all sessions when None), oldest first, including earlier runs'."""
-        from .jobstore import safe_session
-
         want = safe_session(session) if session is not None else None
         with self._lock:
             out = [JobStatus.from_dict(j.status.to_dict()) for j in self._jobs.values()
@@ -460,64 +429,54 @@ class Supervisor:
             self._wake.clear()
 
     def _tick(self) -> None:
-        now = time.monotonic()
         for s in self._slots:
             if s.proc is None:
-                if not s.broken and now >= s.next_spawn:
-                    try:
-                        self._spawn(s)
-                    except Exception as e:  # e.g. out of file descriptors: back off, then retry
-                        self._start_failed(s, f"could not be spawned ({type(e).__name__}: {e})", "")
+                if not s.broken and time.monotonic() >= s.next_spawn:
+                    self._spawn(s)
                 continue
             self._drain(s)
-            if s.proc is not None and not s.proc.is_alive():
+            if s.exited:
                 self._drain(s)  # whatever it said just before dying
                 self._on_exit(s)
                 continue
-            self._check_deadlines(s, time.monotonic())
+            s.watch(time.monotonic(), self.settings.worker.probe_timeout_s, self._heartbeat_limit,
+                    s.job.stage_timeout if s.job is not None else 0.0)
         self._assign()
 
-    def _drain(self, s: _Slot) -> None:
-        while s.outbox is not None:
-            try:
-                if s.outbox.empty():
-                    return
-                msg = s.outbox.get()
-            except (EOFError, OSError, ValueError):
-                return
-            s.last_msg = time.monotonic()
+    def _spawn(self, s: WorkerSlot) -> None:
+        ws = self.settings.worker
+        cfg = {"device": ws.device, "heartbeat_s": ws.heartbeat_s,
+               "probe_timeout_s": ws.probe_timeout_s,
+               "torch_extensions_dir": str(self.var_dir / "torch_extensions"),
+               "faults_enabled": self.faults is not None,
+               "probe_faults": self.faults.probe_faults() if self.faults else {},
+               "parent_pid": os.getpid(), "settings": self.settings.to_dict()}
+        try:
+            s.spawn(self._ctx, cfg)
+        except Exception as e:  # e.g. out of file descriptors: back off, then retry
+            self._start_failed(s, f"could not be spawned ({type(e).__name__}: {e})")
+
+    def _drain(self, s: WorkerSlot) -> None:
+        for msg in s.messages():
             try:
                 self._handle(s, msg)
             except Exception:
                 log.exception("bad message from worker %d: %r", s.index, msg)
 
-    def _handle(self, s: _Slot, msg: dict) -> None:
-        kind = msg.get("type")
+    def _handle(self, s: WorkerSlot, msg: dict) -> None:
         now = time.monotonic()
-        if kind == "hb":
+        if s.note(msg, now):
+            if msg.get("type") == "ready":
+                self.metrics["last_ready"] = time.time()
+                self._cond.notify_all()
             return
-        if kind == "probe":
-            s.probe, s.probe_since = msg["name"], now
-            return
-        if kind == "ready":
-            s.probe = None
-            s.caps = msg["caps"]
-            s.state = "idle"
-            s.ready_at = now
-            s.startup_s = round(now - s.spawned, 3)
-            s.failures = 0
-            self.metrics["last_ready"] = time.time()
-            log.info("worker %d (pid %s) ready in %.2f s: %s", s.index, msg.get("pid"), s.startup_s,
-                     {k: v for k, v in s.caps.items() if isinstance(v, bool)})
-            self._cond.notify_all()
-            return
+        kind = msg.get("type")
         job = s.job
         if job is None or msg.get("job") != job.status.id:
             return  # a late message about a job this worker no longer owns
         if kind == "started":
             job.status.backends = msg.get("backends", {})
-            return
-        if kind == "event":
+        elif kind == "event":
             s.last_progress = now
             self._on_progress(job, msg["stage"], float(msg["fraction"]), msg.get("message", ""))
         elif kind == "done":
@@ -526,7 +485,7 @@ class Supervisor:
         elif kind == "failed":
             s.job = None
             if msg.get("kind") == "cuda":
-                s.state, s.stop_since = "stopping", now   # it exits by itself; see _check_deadlines
+                s.state, s.stop_since = "stopping", now   # it exits by itself; see WorkerSlot.watch
             else:
                 s.state = "idle"
             self._on_failed(job, msg)
@@ -537,162 +496,66 @@ class Supervisor:
                 return
             if s.state != "idle" or s.kill_reason:
                 continue
-            job = self._queue.popleft()
-            job.attempt += 1
-            fault = self.faults.pick(job.status.session, job.attempt) if self.faults else None
-            msg = {"type": "run", "job": job.status.id, "dir": str(job.dir), "attempt": job.attempt,
+            job = self._queue[0]
+            attempt = job.attempt + 1
+            fault = self.faults.pick(job.status.session, attempt) if self.faults else None
+            msg = {"type": "run", "job": job.status.id, "dir": str(job.dir), "attempt": attempt,
                    "overrides": job.overrides, "chunk_scale": job.chunk_scale,
                    "cache_dir": str(self.cache_dir) if self.cache_dir else None, "fault": fault}
-            try:
-                s.inbox.put(msg)
-            except (OSError, ValueError):
-                self._queue.appendleft(job)
-                job.attempt -= 1
+            if not s.send(msg):
                 continue
+            self._queue.popleft()
+            job.attempt = attempt
             s.state, s.job = "busy", job
             s.last_progress = time.monotonic()
             st = job.status
-            st.attempts, st.worker = job.attempt, s.index
+            st.attempts, st.worker = attempt, s.index
             if st.started is None:
                 st.started = time.time()
             what = f"running on worker {s.index}"
-            if job.attempt > 1:
-                what += f" (attempt {job.attempt})"
+            if attempt > 1:
+                what += f" (attempt {attempt})"
             self._emit(job, state="running", stage=None, message=what, force_write=True)
 
-    def _check_deadlines(self, s: _Slot, now: float) -> None:
-        if s.kill_reason:
-            if not s.kill_sent and now - s.term_sent > KILL_GRACE_S:
-                s.proc.kill()
-                s.kill_sent = now
-            return
-        ps = self.settings.worker
-        if s.state == "starting":
-            if s.probe and now - s.probe_since > ps.probe_timeout_s + 5:
-                self._kill(s, "probe-timeout")
-            elif not s.probe and now - s.last_msg > self._heartbeat_limit + 30:
-                self._kill(s, "startup-timeout")
-        elif s.state == "busy" and s.job is not None:
-            if now - s.last_progress > s.job.stage_timeout:
-                self._kill(s, "hang")
-        elif s.state == "idle":
-            if now - s.last_msg > self._heartbeat_limit:
-                self._kill(s, "unresponsive")
-        elif s.state == "stopping" and now - s.stop_since > 5.0:
-            self._kill(s, "stopping")
-
-    def _kill(self, s: _Slot, reason: str) -> None:
-        s.kill_reason = reason
-        s.term_sent = time.monotonic()
-        try:
-            s.proc.terminate()
-        except (OSError, ValueError):
-            pass
-
-    def _on_exit(self, s: _Slot) -> None:
+    def _on_exit(self, s: WorkerSlot) -> None:
         code = s.proc.exitcode
-        self.metrics["last_exit_detected"] = time.time()
         desc = describe_exit(code)
         job, reason, was = s.job, s.kill_reason, s.state
-        probe = s.probe
-        tail = self._worker_log_tail(s, 60, job)
-        self._discard(s)
         if was == "starting":
-            if probe is not None and reason != "startup-timeout":
-                # A backend probe crashed or hung the worker: start again without it.
-                why = ("probe timed out" if reason == "probe-timeout" else f"probe {desc}")
-                s.skip_probes[probe] = f"{why} (see {self._log_path(s).name})"
-                log.warning("worker %d: %s probe %s; restarting without it", s.index, probe, why)
-            else:
-                self._start_failed(s, f"{desc} while starting", tail)
+            what = s.start_ended(desc)   # before discard(): it needs the probe that ran
+            s.discard()
+            if what is not None:
+                self._start_failed(s, what)
             self._cond.notify_all()
             return
+        tail = s.log_tail(60, job.log_marker) if job is not None else ""
+        s.discard()
         s.restarts += 1
         if job is None:
-            if reason not in ("cancel",) and was != "stopping":
+            if reason not in ("cancel", "shutdown") and was != "stopping":
                 log.warning("worker %d %s while idle (%s)", s.index, desc, reason or "no job")
             return
         stage = job.status.stage
-        if reason == "cancel":
+        if reason == "cancel" or job.cancel_requested:
             append_log(job.dir, "cancelled: the worker running it was stopped")
             self._finish(job, "cancelled", "cancelled by user")
             return
-        self.metrics["crashes"] += 1
         if reason == "hang":
-            limit = job.stage_timeout
-            how = "SIGTERM" if code == -signal.SIGTERM else "SIGKILL" if code == -signal.SIGKILL else desc
-            why = (f"worker hung {_where(stage)}: no progress for {limit:g} s "
+            how = {-signal.SIGTERM: "SIGTERM", -signal.SIGKILL: "SIGKILL"}.get(code, desc)
+            why = (f"worker hung {_where(stage)}: no progress for {job.stage_timeout:g} s "
                    f"(worker.stage_timeout_s); it was stopped with {how}")
-        elif reason == "unresponsive":
-            why = f"worker stopped responding {_where(stage)} and was killed"
         else:
             why = f"worker {desc} {_where(stage)}"
         if tail:
             append_log(job.dir, "worker log around the failure:\n" + tail)
         self._crashed(job, why)
 
-    def _start_failed(self, s: _Slot, what: str, tail: str) -> None:
-        s.failures += 1
-        s.next_spawn = time.monotonic() + min(30.0, 2.0 ** s.failures)
-        log.error("worker %d %s (%d in a row)\n%s", s.index, what, s.failures, tail)
-        if s.failures >= STARTUP_FAILURES_LIMIT:
-            s.broken = f"worker {s.index} failed to start {s.failures} times: {what}"
+    def _start_failed(self, s: WorkerSlot, what: str) -> None:
+        s.count_start_failure(what)
+        log.error("worker %d %s (%d in a row; see %s)", s.index, what, s.failures, s.log_path)
+        if s.broken:
             self._fail_if_no_workers()
         self._cond.notify_all()
-
-    def _discard(self, s: _Slot) -> None:
-        proc = s.proc
-        if proc is not None:
-            proc.join(0.5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(2)
-            try:
-                proc.close()
-            except ValueError:
-                pass
-        for q in (s.inbox, s.outbox):
-            if q is not None:
-                try:
-                    q.close()
-                except (OSError, AttributeError):
-                    pass
-        s.reset()
-
-    def _spawn(self, s: _Slot) -> None:
-        s.reset()
-        s.inbox, s.outbox = self._ctx.SimpleQueue(), self._ctx.SimpleQueue()
-        ws = self.settings.worker
-        cfg = {"slot": s.index, "gpu": s.gpu, "device": ws.device, "heartbeat_s": ws.heartbeat_s,
-               "probe_timeout_s": ws.probe_timeout_s, "log_path": str(self._log_path(s)),
-               "torch_extensions_dir": str(self.var_dir / "torch_extensions"),
-               "skip_probes": dict(s.skip_probes), "faults_enabled": self.faults is not None,
-               "probe_faults": self.faults.probe_faults() if self.faults else {},
-               "parent_pid": os.getpid(), "settings": self.settings.to_dict()}
-        proc = self._ctx.Process(target=process_mod.worker_main, args=(cfg, s.inbox, s.outbox),
-                                 name=f"kiln-worker-{s.index}", daemon=True)
-        proc.start()
-        s.proc, s.state = proc, "starting"
-        s.spawned = s.last_msg = time.monotonic()
-        self.metrics["spawns"] += 1
-
-    def _log_path(self, s: _Slot) -> Path:
-        return self.var_dir / "workers" / f"worker-{s.index}.log"
-
-    def _worker_log_tail(self, s: _Slot, lines: int, job: Optional[_Job] = None) -> str:
-        path = self._log_path(s)
-        try:
-            with open(path, "rb") as f:
-                f.seek(max(0, path.stat().st_size - 200_000))
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return ""
-        if job is not None:
-            marker = f"=== job {job.status.id} attempt {job.attempt} ==="
-            i = text.rfind(marker)
-            if i >= 0:
-                text = text[i:]
-        return "\n".join(text.splitlines()[-lines:])
 
     def _fail_if_no_workers(self) -> None:
         if any(not s.broken for s in self._slots):
@@ -710,11 +573,11 @@ class Supervisor:
             if x == stage:
                 break
             done += STAGE_WEIGHTS.get(x, 0.1)
-        here = STAGE_WEIGHTS.get(stage, 0.1) * min(max(fraction, 0.0), 1.0)
-        progress = max(job.status.progress, min(1.0, (done + here) / total))
+        fraction = min(max(fraction, 0.0), 1.0)
+        progress = max(job.status.progress, min(1.0, (done + STAGE_WEIGHTS.get(stage, 0.1) * fraction)
+                                                / total))
         text = f"{stage}: {message}" if message else stage
-        self._emit(job, stage=stage, progress=progress, message=text,
-                   stage_progress=min(max(fraction, 0.0), 1.0))
+        self._emit(job, stage=stage, progress=progress, message=text, stage_progress=fraction)
 
     def _on_done(self, job: _Job, msg: dict) -> None:
         glb = Path(msg["glb"])
@@ -762,18 +625,12 @@ class Supervisor:
                          else f"the job could not start: {first}")
         else:
             why = f"stage '{stage}' failed: {first}" if stage else f"the job could not start: {first}"
-            gpu_path = self._used_gpu(job)
-            if gpu_path and job.retry_allowed and not job.error_retried and not job.overrides:
+            if _used_gpu(job) and job.retry_allowed and not job.error_retried and not job.overrides:
                 job.error_retried = True
                 job.overrides = dict(FALLBACK)
                 self._retry(job, why, f"retrying once with safe backends ({FALLBACK_TEXT})")
             else:
                 self._finish(job, "failed", why)
-
-    def _used_gpu(self, job: _Job) -> bool:
-        b = job.status.backends or {}
-        return (str(b.get("device", "cpu")).startswith("cuda") or b.get("render") == "gsplat"
-                or b.get("rasterize") == "nvdiffrast")
 
     def _crashed(self, job: _Job, why: str) -> None:
         """A crash-like failure (signal, exit, hang, CUDA error): count it against the input;
@@ -797,6 +654,10 @@ class Supervisor:
             self._retry(job, why, f"retrying once with safe backends ({FALLBACK_TEXT})")
 
     def _retry(self, job: _Job, why: str, what: str) -> None:
+        if job.cancel_requested:
+            append_log(job.dir, f"{why}; not retried: the job was cancelled")
+            self._finish(job, "cancelled", "cancelled by user")
+            return
         job.notes.append(why)
         append_log(job.dir, f"{why}; {what}")
         self._queue.appendleft(job)
@@ -838,21 +699,13 @@ class Supervisor:
         if message is not None:
             st.message = message
         st.seq += 1
-        job.events.append(Event(job_id=st.id, seq=st.seq, time=time.time(), state=st.state,
-                                stage=st.stage, progress=st.progress, message=st.message,
-                                stage_progress=st.stage_progress))
+        job.events.append(_event_of(st, time.time()))
         if len(job.events) > EVENTS_KEPT:
             del job.events[: len(job.events) - EVENTS_KEPT]
         # Written on every event so the seq on disk is never behind one a client saw (a
         # restarted server continues from it); fsync only for state/stage changes.
         self.store.write_status(st, fsync=changed)
         self._cond.notify_all()
-
-    @staticmethod
-    def _event_of(st: JobStatus) -> Event:
-        return Event(job_id=st.id, seq=st.seq, time=st.finished or st.created, state=st.state,
-                     stage=st.stage, progress=st.progress, message=st.message,
-                     stage_progress=st.stage_progress)
 
     # ------------------------------------------------------------------ crash memory
     def _load_crashes(self) -> dict:
@@ -867,3 +720,15 @@ class Supervisor:
             atomic_write_json(self._crash_file, self._crashes)
         except OSError as e:
             log.warning("cannot record crash counts: %s", e)
+
+
+def _event_of(st: JobStatus, at: Optional[float] = None) -> Event:
+    return Event(job_id=st.id, seq=st.seq, time=at if at is not None else (st.finished or st.created),
+                 state=st.state, stage=st.stage, progress=st.progress, message=st.message,
+                 stage_progress=st.stage_progress)
+
+
+def _used_gpu(job: _Job) -> bool:
+    b = job.status.backends or {}
+    return (str(b.get("device", "cpu")).startswith("cuda") or b.get("render") == "gsplat"
+            or b.get("rasterize") == "nvdiffrast")
