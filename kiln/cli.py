@@ -200,6 +200,14 @@ def _run_in_process(rgb, mask, settings, out: Path, progress: Progress) -> dict:
     return {"timings": res.timings, "stats": res.stats, "ply": res.ply_path}
 
 
+def _copy_atomic(src, dst: Path) -> None:
+    """Copy a job's output so an interrupted copy never leaves a torn file at ``dst``."""
+    from .atomic import atomic_write
+
+    with open(src, "rb") as f:
+        atomic_write(dst, lambda out: shutil.copyfileobj(f, out))
+
+
 def _run_in_worker(rgb, mask, settings, out: Path, progress: Progress) -> dict:
     from worker.supervisor import Supervisor, WorkerStartError
 
@@ -229,11 +237,11 @@ def _run_in_worker(rgb, mask, settings, out: Path, progress: Progress) -> dict:
         # a stage refusing the input is the user's to fix, as in --in-process
         kind = CliError if "StageInputError:" in error else JobFailed
         raise kind(f"job {job_id} {st.state}: {error} (log: {sup.job_dir(job_id) / 'log'})")
-    shutil.copyfile(st.outputs["glb"], out)
+    _copy_atomic(st.outputs["glb"], out)
     ply = None
     if st.outputs.get("ply"):
         ply = out.with_suffix(".ply")
-        shutil.copyfile(st.outputs["ply"], ply)
+        _copy_atomic(st.outputs["ply"], ply)
     extra = {"worker start": startup, "queued": st.timings.get("queued_s", 0.0)}
     return {"timings": st.timings, "stats": st.stats, "ply": ply, "extra": extra}
 
