@@ -17,7 +17,7 @@ from typing import Callable, Optional
 from kiln.settings import Settings
 
 from .handlers import ActiveJobs, ResultPublisher
-from .segment import GrabCutSegmenter, SegmenterChoice
+from .segment import GrabCutSegmenter, SegmenterChoice, choose_segmenter
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +94,10 @@ class AppContext:
             else:
                 from kiln.checkpoints import resolve_checkpoint
 
-                if resolve_checkpoint(self.settings.app) is None:
-                    choice = SegmenterChoice(GrabCutSegmenter(), "GrabCut",
-                                             "no SAM2 checkpoint configured or found in checkpoints/")
-                else:
+                if resolve_checkpoint(self.settings.app) is not None:
+                    # loading takes seconds: the status line says why GrabCut answers meanwhile
                     self._seg = SegmenterChoice(GrabCutSegmenter(), "GrabCut", "SAM2 loading…")
-                    from .segment import choose_segmenter
-
-                    choice = choose_segmenter(self.settings.app)
+                choice = choose_segmenter(self.settings.app)
             self._seg = choice
             log.info("segmentation: %s%s", choice.description, f" ({choice.reason})" if choice.reason else "")
         finally:

@@ -12,7 +12,10 @@ mask is scaled to full size only when a job is submitted.
 
 from __future__ import annotations
 
+import hashlib
 import html
+import logging
+import re
 import secrets
 import shutil
 import threading
@@ -27,8 +30,11 @@ from kiln.settings import Settings, SettingsError
 
 from .segment import SEG_MAX_SIDE, Click, image_key
 
-TERMINAL = ("done", "failed", "cancelled")
+log = logging.getLogger(__name__)
+
 MIN_MASK_PIXELS = 64
+WAITING_FOR_POOL = "Waiting for the worker pool to start…"
+NO_HISTORY = "No results yet in this session."
 
 
 class UIError(Exception):
@@ -60,6 +66,44 @@ class SessionState:
     clicks: tuple[Click, ...] = ()
     mask: Optional[np.ndarray] = None
     use_alpha: bool = False
+
+
+# -- sessions -----------------------------------------------------------------
+# A browser tab's Gradio session hash is chosen by the client and travels in request
+# bodies, so on its own it proves nothing. Each browser also gets a random HttpOnly
+# cookie (set by app.server's middleware); a session name is built from both, so a
+# client that learns or guesses another tab's session hash still lands in a session
+# of its own, and a result file is served only to the browser whose session made it.
+
+BROWSER_COOKIE = "kiln_browser"
+_COOKIE_RE = re.compile(r"[A-Za-z0-9_-]{32,64}")
+_SESSION_NAME_RE = re.compile(r"web-([0-9a-f]{16}|anon)-[0-9a-f]{16}")
+
+
+def new_browser_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def browser_id(token: Optional[str]) -> Optional[str]:
+    """16 hex digits naming the browser that holds cookie ``token``; None for no/bad cookie."""
+    if not token or not _COOKIE_RE.fullmatch(token):
+        return None
+    return hashlib.sha256(b"kiln-browser:" + token.encode()).hexdigest()[:16]
+
+
+def session_name(browser_token: Optional[str], tab: Optional[str]) -> str:
+    """'web-<browser>-<tab>': the job store folder and history key of one browser tab.
+    Clients without the cookie (API scripts) get 'web-anon-<tab>' and can never
+    download a result (see ``session_owned_by``)."""
+    tab_id = hashlib.sha256(b"kiln-tab:" + (tab or "").encode()).hexdigest()[:16]
+    return f"web-{browser_id(browser_token) or 'anon'}-{tab_id}"
+
+
+def session_owned_by(session: Optional[str], browser_token: Optional[str]) -> bool:
+    """True when ``session`` was made by the browser holding cookie ``browser_token``."""
+    bid = browser_id(browser_token)
+    m = _SESSION_NAME_RE.fullmatch(session or "")
+    return bool(bid and m and m.group(1) == bid)
 
 
 # -- images -----------------------------------------------------------------
@@ -265,10 +309,24 @@ def job_inputs(state: SessionState) -> tuple[np.ndarray, np.ndarray]:
     return img.rgb, mask
 
 
+def job_request(state: SessionState, base: Settings, *form) -> tuple[np.ndarray, np.ndarray, Settings]:
+    """(rgb, mask, settings) of the job a Generate press asks for: ``job_inputs`` of the
+    session and ``base`` with the form's values (``ui_overrides``' arguments, in order).
+    UIError when either is not usable."""
+    rgb, mask = job_inputs(state)
+    return rgb, mask, job_settings(base, ui_overrides(*form))
+
+
+STAGE_LABELS = {"reconstruct": "Reconstructing", "render_views": "Rendering views",
+                "mesh": "Simplifying mesh", "uv": "Unwrapping UVs", "bake": "Baking texture",
+                "export": "Exporting GLB"}
+
+
 def stage_label(stage: Optional[str]) -> str:
-    return {"reconstruct": "Reconstructing", "render_views": "Rendering views", "mesh": "Simplifying mesh",
-            "uv": "Unwrapping UVs", "bake": "Baking texture", "export": "Exporting GLB"}.get(
-        stage or "", (stage or "").replace("_", " ").capitalize() or "Waiting")
+    """A stage name as the progress bar shows it; 'Starting' before the first stage."""
+    if not stage:
+        return "Starting"
+    return STAGE_LABELS.get(stage, stage.replace("_", " ").capitalize())
 
 
 def progress_html(st: Any = None, note: str = "") -> str:
@@ -282,17 +340,23 @@ def progress_html(st: Any = None, note: str = "") -> str:
     pct = max(0.0, min(1.0, float(st.progress or 0.0))) * 100
     state = st.state
     if state == "queued":
+        # "queued (2 ahead)", or why a retry was queued after a crash
         text = note or st.message or "queued"
+        text = text[:1].upper() + text[1:]
     elif state == "running":
         text = f"{stage_label(st.stage)} — {pct:.0f}%"
-        if st.message:
-            text += f" — {st.message}"
+        # the worker prefixes its messages with the stage name, which the label already says
+        detail = (st.message or "").removeprefix(f"{st.stage}: ") if st.stage else st.message
+        if detail:
+            text += f" — {detail}"
     elif state == "done":
         pct = 100.0
         total = (st.timings or {}).get("total_s")
         text = "Done" + (f" in {total:.1f} s" if isinstance(total, (int, float)) else "")
         if (st.stats or {}).get("reconstruction_cached"):
             text += " (reconstruction reused from cache)"
+        if note:
+            text += f"; {note}"
     elif state == "cancelled":
         text = "Cancelled."
     else:
@@ -304,24 +368,65 @@ def progress_html(st: Any = None, note: str = "") -> str:
             f'<div class="kiln-note">{html.escape(text)}</div></div>')
 
 
-def watch_job(sup, job_id: str, poll_s: float = 0.25,
-              should_stop: Optional[threading.Event] = None) -> Iterator[Any]:
+def watch_job(sup, job_id: str, poll_s: float = 0.25) -> Iterator[Any]:
     """Yield the job's status whenever its sequence number changes, ending with a
     terminal status (done / failed / cancelled)."""
     seen = -1
     while True:
         st = sup.status(job_id)
-        if st.seq != seen or st.state in TERMINAL:
+        if st.seq != seen or st.terminal:
             seen = st.seq
             yield st
-        if st.state in TERMINAL:
-            return
-        if should_stop is not None and should_stop.is_set():
+        if st.terminal:
             return
         time.sleep(poll_s)
 
 
+def follow_job(ctx, session: str, rgb: np.ndarray, mask: np.ndarray, settings: Settings,
+               poll_s: float = 0.25) -> Iterator[tuple[str, Any]]:
+    """Submit a job for ``session`` once the worker pool is up, then follow it.
+
+    ``ctx``: an ``app.context.AppContext``; rgb (H, W, 3) uint8, mask (H, W) bool.
+    Yields ``(note, None)`` while the pool starts or when the job cannot be
+    submitted (the note says why), then ``("", JobStatus)`` whenever the job
+    changes, ending with its terminal status. Closing the generator before that
+    (the tab went away, or Cancel stopped the Gradio event) cancels the job, so
+    its worker is freed for others.
+    """
+    while not ctx.sup_ready.is_set():
+        # a yield per second lets Gradio drop a closed tab's generator while it waits
+        yield WAITING_FOR_POOL, None
+        ctx.sup_ready.wait(1.0)
+    sup = ctx.sup
+    if sup is None:
+        yield ctx.sup_error or "the worker pool is not running", None
+        return
+    try:
+        job_id = sup.submit(rgb, mask, settings, session=session)
+    except Exception as e:  # noqa: BLE001 - queue full or a refused input: the person reads why
+        log.warning("submit failed: %s", e)
+        yield f"Could not start the job: {e}", None
+        return
+    ctx.summaries[job_id] = settings_summary(settings)
+    ctx.active.add(session, job_id)
+    last = None
+    try:
+        for last in watch_job(sup, job_id, poll_s):
+            yield "", last
+    finally:
+        ctx.active.discard(session, job_id)
+        if last is None or not last.terminal:
+            try:
+                sup.cancel(job_id)
+            except Exception:  # noqa: BLE001 - the person is gone; the log keeps the reason
+                log.exception("cancel of %s failed", job_id)
+
+
 # -- results and history ----------------------------------------------------
+
+# how a published result is named, wherever Gradio copies it (the server's file guard matches it)
+RESULT_NAME_RE = re.compile(r"kiln-([A-Za-z0-9_-]+)\.(glb|ply)")
+
 
 class ResultPublisher:
     """Copies a session's finished outputs into Gradio's own file folder under an
@@ -334,6 +439,7 @@ class ResultPublisher:
         self._lock = threading.Lock()
         self._tokens: dict[str, str] = {}
         self._done: dict[tuple[str, str], dict[str, Path]] = {}
+        self._owners: dict[str, str] = {}
 
     def _prune(self, age_s: float) -> None:
         """Drop session folders older than ``age_s``: sessions do not outlive a server, and
@@ -381,7 +487,17 @@ class ResultPublisher:
             out[kind] = target
         with self._lock:
             self._done[key] = dict(out)
+            self._owners[st.id] = session
         return out
+
+    def owner(self, file_name: str) -> Optional[str]:
+        """The session a published file (``kiln-<job>.<ext>``, wherever Gradio copied it)
+        belongs to; None for a name that is no published result of this server."""
+        m = RESULT_NAME_RE.fullmatch(file_name)
+        if m is None:
+            return None
+        with self._lock:
+            return self._owners.get(m.group(1))
 
 
 def settings_summary(settings: Settings) -> str:
@@ -392,16 +508,22 @@ def settings_summary(settings: Settings) -> str:
     return f"{tex}, {settings.views.count} views, simplify {settings.mesh.simplify_ratio:g}, seed {settings.seed}{ply}"
 
 
+def _md_text(text: str) -> str:
+    """Plain text safe inside Markdown: HTML escaped, Markdown's emphasis/code marks backslashed."""
+    return re.sub(r"([\\`*_\[\]|])", r"\\\1", html.escape(text))
+
+
 def history_markdown(statuses: Sequence[Any], summaries: Optional[dict] = None) -> str:
-    """A Markdown table of a session's jobs, newest first; ``summaries``: job id -> settings text."""
+    """A Markdown list of a session's jobs, newest first; ``summaries``: job id -> settings text.
+    (A list, not a table: in the narrow column a table wrapped its words mid-way.)"""
     if not statuses:
-        return "No results yet in this session."
-    rows = ["| job | state | settings | time |", "|---|---|---|---|"]
+        return NO_HISTORY
+    rows = []
     for st in sorted(statuses, key=lambda s: (s.created, s.id), reverse=True):
-        when = time.strftime("%H:%M:%S", time.localtime(st.created)) if st.created else ""
+        when = time.strftime("%H:%M:%S", time.localtime(st.created)) if st.created else "--:--:--"
         state = st.state if st.state != "failed" else f"failed: {st.error or st.message}"
-        state = html.escape(state).replace("|", "\\|")
-        rows.append(f"| `{st.id}` | {state} | {html.escape((summaries or {}).get(st.id, ''))} | {when} |")
+        summary = (summaries or {}).get(st.id, "")
+        rows.append(f"- **{when}** `{st.id}` — {_md_text(state)}" + (f" — {_md_text(summary)}" if summary else ""))
     return "\n".join(rows)
 
 
@@ -431,11 +553,11 @@ def status_line(caps: Optional[dict], segmenter_text: str, running: int, waiting
 
 @dataclass
 class ActiveJobs:
-    """session -> the job it is watching, so Cancel finds it whatever the page holds;
-    plus the sessions whose Generate is still waiting for a worker slot."""
+    """session -> the jobs it is following, so Cancel finds them whatever the page holds;
+    plus the sessions whose Generate is still waiting in Gradio's queue for a slot."""
 
-    jobs: dict = field(default_factory=dict)
-    pending: set = field(default_factory=set)     # sessions whose Generate waits in Gradio's queue
+    jobs: dict = field(default_factory=dict)      # session -> set of job ids
+    pending: set = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set_pending(self, session: str, on: bool) -> None:
@@ -450,13 +572,20 @@ class ActiveJobs:
                 return True
             return False
 
-    def set(self, session: str, job_id: Optional[str]) -> None:
+    def add(self, session: str, job_id: str) -> None:
+        """The session's Generate got its job: no longer pending."""
         with self.lock:
-            if job_id is None:
-                self.jobs.pop(session, None)
-            else:
-                self.jobs[session] = job_id
+            self.pending.discard(session)
+            self.jobs.setdefault(session, set()).add(job_id)
 
-    def get(self, session: str) -> Optional[str]:
+    def discard(self, session: str, job_id: str) -> None:
         with self.lock:
-            return self.jobs.get(session)
+            ids = self.jobs.get(session, set())
+            ids.discard(job_id)
+            if not ids:
+                self.jobs.pop(session, None)
+
+    def get(self, session: str) -> list[str]:
+        """The session's running jobs, oldest id first."""
+        with self.lock:
+            return sorted(self.jobs.get(session, ()))

@@ -6,6 +6,9 @@ explicit, loudly logged ``--no-auth``. Uploads are limited to
 ``app.max_upload_mb``. Gradio keeps its uploads and the results it serves in
 its own folder (``var/gradio`` next to the job store); the job store itself is
 on Gradio's block list, so no URL reaches another session's job files.
+``RequestGuard`` sits in front of Gradio: it gives each browser its own cookie,
+serves a result file only to the browser whose session made it, and caps
+request bodies.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 log = logging.getLogger("kiln.app")
 
@@ -61,6 +64,115 @@ def check_binding(host: str, listen: bool, auth: Optional[tuple[str, str]], no_a
         banner = "!" * 72
         log.warning("\n%s\n!! --no-auth: Kiln is serving on %s WITHOUT A LOGIN.\n!! Anyone who can "
                     "reach this address can upload images and run jobs.\n%s", banner, host, banner)
+
+
+# every request other than an upload carries a few kB of JSON; this bounds the rest
+MAX_BODY_BYTES = 1 << 20
+# multipart framing around the one file an upload request carries
+UPLOAD_OVERHEAD_BYTES = 64 << 10
+
+
+def _cookie(header: str, name: str) -> Optional[str]:
+    from http.cookies import CookieError, SimpleCookie
+
+    jar = SimpleCookie()
+    try:
+        jar.load(header)
+    except CookieError:
+        return None
+    morsel = jar.get(name)
+    return morsel.value if morsel is not None else None
+
+
+class RequestGuard:
+    """ASGI middleware in front of Gradio.
+
+    - Each browser without a valid ``kiln_browser`` cookie gets a random one
+      (HttpOnly, SameSite=Lax); session names are derived from it
+      (``app.handlers.session_name``).
+    - A request for ``…/kiln-<job>.glb|ply`` (Gradio serves files under ``/file=<path>``
+      and ``/file/<path>``) is answered 403 unless the job's session belongs to the
+      requesting browser's cookie: Gradio serves any file in its folder to whoever
+      knows the path, and a result URL can leak (history, logs, a shared link).
+    - Request bodies above ``max_upload_bytes`` (uploads) or ``MAX_BODY_BYTES``
+      (everything else) are refused with 413: Gradio checks each uploaded file's
+      size, but not how many files one request carries, nor other bodies.
+
+    ``owner_of(file_name) -> session | None``: the session of a published result.
+    """
+
+    def __init__(self, app, owner_of: Callable[[str], Optional[str]], max_upload_bytes: int,
+                 max_body_bytes: int = MAX_BODY_BYTES):
+        from . import handlers
+
+        self.app = app
+        self.owner_of = owner_of
+        self._h = handlers
+        self.max_upload_bytes = max_upload_bytes
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        H = self._h
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        token = _cookie(headers.get("cookie", ""), H.BROWSER_COOKIE)
+        path = scope.get("path", "")
+        limit = self.max_upload_bytes if path.rstrip("/").endswith("/upload") else self.max_body_bytes
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            await _refuse(send, 413, f"request body exceeds the maximum allowed size of {limit:,} bytes")
+            return
+        # Any route's last segment, normalised as Gradio's file routes (/file=<path> and the
+        # older /file/<path>) normalise the path they open ('/.', '//', a trailing '/');
+        # case-folded, as a case-insensitive file system would open KILN-<job>.GLB too.
+        name = Path(os.path.abspath(path or "/")).name
+        if H.RESULT_NAME_RE.fullmatch(name.lower()) and not H.session_owned_by(self.owner_of(name), token):
+            await _refuse(send, 403, "this result belongs to another browser session")
+            return
+        received = 0
+        started = False
+
+        async def capped_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:   # a chunked body, without Content-Length
+                    raise _BodyTooLarge
+            return message
+
+        set_cookie = None
+        if H.browser_id(token) is None:
+            set_cookie = (f"{H.BROWSER_COOKIE}={H.new_browser_token()}; Path=/; HttpOnly; SameSite=Lax"
+                          .encode("latin-1"))
+
+        async def send_with_cookie(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if set_cookie is not None:
+                    message = dict(message, headers=[*message.get("headers", []), (b"set-cookie", set_cookie)])
+            await send(message)
+
+        try:
+            await self.app(scope, capped_receive, send_with_cookie)
+        except _BodyTooLarge:
+            if not started:
+                await _refuse(send, 413, f"request body exceeds the maximum allowed size of {limit:,} bytes")
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _refuse(send, status: int, text: str) -> None:
+    body = text.encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,9 +247,14 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
     # the queue's size bounds everything waiting; Generate has its own, smaller bound
     demo.queue(max_size=settings.worker.max_queue + 64, default_concurrency_limit=4)
     blocked = [str(jobs_dir), str(Path(settings.app.cache_dir).resolve()), str(Path("checkpoints").resolve())]
+    from starlette.middleware import Middleware
+
+    max_upload = int(settings.app.max_upload_mb * 1024 * 1024)
+    guard = Middleware(RequestGuard, owner_of=ctx.publisher.owner,
+                       max_upload_bytes=max_upload + UPLOAD_OVERHEAD_BYTES)
     _, url, _ = demo.launch(
         server_name=host, server_port=port, auth=auth, share=False, inbrowser=False,
-        max_file_size=int(settings.app.max_upload_mb * 1024 * 1024),
+        max_file_size=max_upload, app_kwargs={"middleware": [guard]},
         allowed_paths=[], blocked_paths=blocked, show_error=True, quiet=True,
         prevent_thread_lock=True, css=CSS, footer_links=["settings"], ssr_mode=False,
         enable_monitoring=False, mcp_server=False)

@@ -26,6 +26,11 @@ class ImageError(ValueError):
     """The input is not a usable image (corrupt, unsupported, too big). The message says why."""
 
 
+# The decoders PIL may use. PIL would otherwise try every plugin it has, some of which
+# hand the bytes to external programs (EPS -> Ghostscript) or are rarely-fuzzed parsers.
+# (Phones' multi-picture JPEGs open through the JPEG plugin.)
+FORMATS = ("PNG", "JPEG", "WEBP", "TIFF", "BMP", "GIF")
+
 # Modes whose pixels we can bring to 8-bit RGB(A) with PIL's own converters.
 _DIRECT_RGB = {"RGB", "CMYK", "YCbCr", "LAB", "HSV", "1", "L"}
 _DIRECT_RGBA = {"RGBA", "RGBa", "LA", "La", "PA"}
@@ -127,18 +132,20 @@ def load_image(source: str | Path | bytes, max_pixels: int,
 
     Raises ``ImageError`` when the data is bigger than ``max_bytes``, claims more than
     ``max_pixels`` pixels (checked from the header, before decoding), is corrupt,
-    truncated, not an image, or in a mode that cannot be converted.
+    truncated, not one of ``FORMATS``, or in a mode that cannot be converted.
     """
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     data, name = _read_source(source, max_bytes)
     if not data:
         raise ImageError(f"{name} is empty (0 bytes)")
+    # open() with explicit formats only looks among the plugins loaded so far
+    Image.init()
     try:
         with warnings.catch_warnings():
             # We enforce our own pixel limit below; PIL's warning would only be noise.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
+            img = Image.open(io.BytesIO(data), formats=FORMATS)
     except Image.DecompressionBombError as e:
         raise ImageError(_bomb_message(name, e, max_pixels)) from None
     except UnidentifiedImageError:

@@ -224,6 +224,179 @@ def test_progress_html_names_stage_and_escapes_reasons():
     assert 'data-state="idle"' in H.progress_html()
 
 
+def test_progress_text_before_the_first_stage_and_without_repeating_the_stage():
+    starting = JobStatus(id="j", session="web-a", state="running", stage=None, message="running on worker 0")
+    assert "Starting — 0% — running on worker 0" in H.progress_html(starting)
+    views = JobStatus(id="j", session="web-a", state="running", stage="render_views", progress=0.3,
+                      message="render_views: view 7/48")
+    assert "Rendering views — 30% — view 7/48" in H.progress_html(views)
+    retry = JobStatus(id="j", session="web-a", state="queued",
+                      message="worker crashed with SIGSEGV during stage 'bake'; retrying with safe backends")
+    assert "Worker crashed with SIGSEGV" in H.progress_html(retry)
+
+
+class _Pool:
+    """The parts of AppContext that ``follow_job`` uses, around a supervisor stand-in."""
+
+    def __init__(self, sup=None, error=None, ready=True):
+        import threading
+
+        self.sup, self.sup_error = sup, error
+        self.sup_ready = threading.Event()
+        if ready:
+            self.sup_ready.set()
+        self.active = H.ActiveJobs()
+        self.summaries = {}
+
+
+class _Sup:
+    """Jobs that advance one step per status call; records cancels."""
+
+    def __init__(self, steps=3, refuse=None):
+        self.steps, self.refuse = steps, refuse
+        self.calls, self.cancelled, self.submitted = {}, [], []
+
+    def submit(self, rgb, mask, settings, session):
+        if self.refuse:
+            raise self.refuse
+        job = f"job{len(self.submitted)}"
+        self.submitted.append((job, session))
+        return job
+
+    def status(self, job_id):
+        n = self.calls[job_id] = self.calls.get(job_id, 0) + 1
+        if job_id in self.cancelled:
+            return JobStatus(id=job_id, session="web-a", state="cancelled", seq=n)
+        state = "done" if n > self.steps else "running"
+        return JobStatus(id=job_id, session="web-a", state=state, seq=n, stage="mesh")
+
+    def cancel(self, job_id):
+        self.cancelled.append(job_id)
+        return True
+
+
+def test_follow_job_waits_for_the_pool_then_follows_to_the_end(blob):
+    import threading
+
+    rgb, mask = blob
+    ctx = _Pool(_Sup(), ready=False)
+    steps = H.follow_job(ctx, "web-a", rgb, mask, Settings(), poll_s=0)
+    assert next(steps) == (H.WAITING_FOR_POOL, None)   # Generate pressed while workers start
+    threading.Timer(0.3, ctx.sup_ready.set).start()
+    got = list(steps)
+    assert all(note == H.WAITING_FOR_POOL for note, st in got if st is None)
+    states = [st.state for _, st in got if st is not None]
+    assert states == ["running"] * 3 + ["done"]
+    assert ctx.sup.submitted == [("job0", "web-a")] and ctx.sup.cancelled == []
+    assert ctx.active.get("web-a") == [] and "job0" in ctx.summaries
+
+
+def test_follow_job_closed_early_cancels_the_job(blob):
+    """The tab went away (or Cancel stopped the event): the worker must be freed."""
+    rgb, mask = blob
+    ctx = _Pool(_Sup(steps=100))
+    steps = H.follow_job(ctx, "web-a", rgb, mask, Settings(), poll_s=0)
+    next(steps)
+    assert ctx.active.get("web-a") == ["job0"]
+    steps.close()
+    assert ctx.sup.cancelled == ["job0"] and ctx.active.get("web-a") == []
+
+
+def test_follow_job_says_why_it_cannot_start(blob):
+    rgb, mask = blob
+    failed_pool = _Pool(None, error="worker pool failed to start: WorkerStartError: no worker")
+    assert list(H.follow_job(failed_pool, "web-a", rgb, mask, Settings())) == [
+        ("worker pool failed to start: WorkerStartError: no worker", None)]
+    full = _Pool(_Sup(refuse=RuntimeError("queue is full (16 waiting)")))
+    (note, st), = H.follow_job(full, "web-a", rgb, mask, Settings())
+    assert st is None and note == "Could not start the job: queue is full (16 waiting)"
+
+
+def test_session_names_come_from_the_browser_cookie_and_the_tab():
+    alice, mallory = H.new_browser_token(), H.new_browser_token()
+    tab = "k2x9q1w0e7r"
+    own = H.session_name(alice, tab)
+    assert own == H.session_name(alice, tab) and own != H.session_name(alice, "othertab")
+    # the session hash is the client's to choose: with another browser's cookie the same
+    # hash lands in a different session, so it never reaches the first one's jobs
+    assert H.session_name(mallory, tab) != own
+    assert H.session_owned_by(own, alice) and not H.session_owned_by(own, mallory)
+    assert not H.session_owned_by(own, None) and not H.session_owned_by(own, "short")
+    # no cookie (an API script): a session of its own that owns no downloadable result
+    anon = H.session_name(None, tab)
+    assert anon.startswith("web-anon-") and not H.session_owned_by(anon, None)
+    assert not H.session_owned_by("cli", alice) and not H.session_owned_by(None, alice)
+    from worker.jobstore import safe_session
+    assert safe_session(own) == own            # usable as the job store's folder name as it is
+
+
+def _guarded_app(owner_of, max_upload_bytes=10_000):
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route, Router
+
+    from app.server import RequestGuard
+
+    async def any_route(request):
+        body = await request.body()
+        return PlainTextResponse(f"served {request.url.path} ({len(body)} bytes)")
+
+    # in the served app the guard sits inside Starlette's error middleware, around the router
+    inner = Router(routes=[Route("/{path:path}", any_route, methods=["GET", "HEAD", "POST"])])
+    return RequestGuard(inner, owner_of=owner_of, max_upload_bytes=max_upload_bytes)
+
+
+def test_request_guard_serves_results_only_to_their_browser():
+    from starlette.testclient import TestClient
+
+    owners = {}
+    app = _guarded_app(lambda name: owners.get(name))
+    alice, mallory = TestClient(app), TestClient(app)
+    first = alice.get("/")
+    cookie = first.cookies.get(H.BROWSER_COOKIE)
+    assert first.status_code == 200 and H.browser_id(cookie) is not None
+    assert "HttpOnly" in first.headers["set-cookie"] and "SameSite=Lax" in first.headers["set-cookie"]
+    assert "set-cookie" not in alice.get("/").headers            # kept once the browser has it
+    mallory.get("/")
+    assert mallory.cookies.get(H.BROWSER_COOKIE) != cookie
+
+    job = "20260101-000000-abcdef"
+    owners[f"kiln-{job}.glb"] = H.session_name(cookie, "tab1")
+    url = f"/gradio_api/file=/srv/var/gradio/results/0123/{job}/kiln-{job}.glb"
+    assert alice.get(url).status_code == 200
+    old_route = url.replace("/file=", "/file/")             # Gradio's deprecated twin route
+    assert alice.get(old_route).status_code == 200
+    for variant in (url, url + "/", url + "/.", url.replace("kiln-", "KILN-").replace(".glb", ".GLB"),
+                    url.replace("/results/0123/", "/results/0123/../0123/"), old_route,
+                    old_route.replace("/file/", "/file//")):
+        r = mallory.get(variant)
+        assert r.status_code == 403 and "another browser session" in r.text, variant
+    assert TestClient(app).head(url).status_code == 403       # no cookie at all
+    # a result this server never published (e.g. before a restart) is nobody's
+    other = "/gradio_api/file=/srv/var/gradio/x/kiln-20260101-000000-ffffff.ply"
+    assert alice.get(other).status_code == 403
+    # other files are left to Gradio's own rules
+    assert mallory.get("/gradio_api/file=/srv/var/gradio/abc/image.jpeg").status_code == 200
+
+
+def test_request_guard_caps_request_bodies():
+    from starlette.testclient import TestClient
+
+    from app.server import MAX_BODY_BYTES
+
+    client = TestClient(_guarded_app(lambda name: None, max_upload_bytes=10_000))
+    assert client.post("/gradio_api/upload", content=b"x" * 9_000).status_code == 200
+    big = client.post("/gradio_api/upload", content=b"x" * 10_001)
+    assert big.status_code == 413 and "maximum allowed size" in big.text
+    assert client.post("/gradio_api/queue/join", content=b"{}").status_code == 200
+    assert client.post("/gradio_api/queue/join", content=b"x" * (MAX_BODY_BYTES + 1)).status_code == 413
+
+    def chunks():                       # no Content-Length: counted as it arrives
+        for _ in range(12):
+            yield b"x" * 1000
+    r = client.post("/gradio_api/upload", content=chunks())
+    assert r.status_code == 413 and "maximum allowed size" in r.text
+
+
 def test_watch_job_yields_changes_until_terminal():
     seq = [("queued", 0, None), ("running", 1, "reconstruct"), ("running", 1, "reconstruct"),
            ("running", 2, "bake"), ("done", 3, "export")]
@@ -291,15 +464,23 @@ def test_status_line():
 
 def test_active_jobs_per_session():
     act = H.ActiveJobs()
-    act.set("web-a", "j1")
-    act.set("web-b", "j2")
-    assert act.get("web-a") == "j1" and act.get("web-b") == "j2"
-    act.set("web-a", None)
-    assert act.get("web-a") is None and act.get("web-b") == "j2"
+    act.add("web-a", "j1")
+    act.add("web-b", "j2")
+    assert act.get("web-a") == ["j1"] and act.get("web-b") == ["j2"]
+    # two Generates of one session overlap (two workers): the first one ending must not
+    # hide the second from Cancel
+    act.add("web-a", "j3")
+    act.discard("web-a", "j1")
+    assert act.get("web-a") == ["j3"]
+    act.discard("web-a", "j3")
+    assert act.get("web-a") == [] and act.get("web-b") == ["j2"]
     act.set_pending("web-c", True)
     assert act.take_pending("web-c") and not act.take_pending("web-c")
     act.set_pending("web-c", True)
     act.set_pending("web-c", False)
+    assert not act.take_pending("web-c")
+    act.set_pending("web-c", True)
+    act.add("web-c", "j4")                 # its job was submitted: nothing pending any more
     assert not act.take_pending("web-c")
 
 
@@ -415,33 +596,84 @@ def test_sam2_segmenter_caches_embedding_and_never_touches_cuda(tmp_path, monkey
 # -- the served app, without a browser ------------------------------------------
 
 SERVE_PROBE = '''
-import json, sys
+import json, os, sys, time
 
 def main():
     import httpx
+    import numpy as np
     from kiln.settings import load
+    from app import handlers as H
     from app.server import launch
 
-    var = sys.argv[1]
+    var, port = sys.argv[1], int(sys.argv[2])
+    sys.path.insert(0, "tests")
+    from synthetic import make_object_image
+
     settings = load(None, {"app.max_upload_mb": 1, "app.jobs_dir": var + "/jobs",
-                           "app.cache_dir": var + "/cache", "worker.count": 1, "worker.device": "cpu"})
-    demo, ctx, url = launch(settings, port=int(sys.argv[2]), block=False, examples=False)
+                           "app.cache_dir": var + "/cache", "worker.count": 1, "worker.device": "cpu",
+                           "reconstruct.resolution": 64, "reconstruct.num_gaussians": 3000,
+                           "reconstruct.max_image_side": 256, "views.count": 4, "views.resolution": 128,
+                           "bake.enabled": False})
+    demo, ctx, url = launch(settings, port=port, block=False, examples=False)
     out = {}
     try:
-        base = "http://127.0.0.1:" + sys.argv[2]
-        out["page"] = httpx.get(base + "/").status_code
-        up = base + "/gradio_api/upload"
-        big = httpx.post(up, files={"files": ("big.png", b"x" * (2 * 1024 * 1024))})
+        base = "http://127.0.0.1:%d" % port
+        alice, mallory = httpx.Client(base_url=base), httpx.Client(base_url=base)
+        page = alice.get("/")
+        out["page"] = page.status_code
+        out["cookie"] = page.headers.get("set-cookie", "")
+        mallory.get("/")
+        up = "/gradio_api/upload"
+        big = httpx.post(base + up, files={"files": ("big.png", b"x" * (2 * 1024 * 1024))})
         out["big_upload"] = [big.status_code, big.text[:200]]
-        small = httpx.post(up, files={"files": ("small.png", b"x" * 1000)})
+        many = httpx.post(base + up, files=[("files", ("p%d.png" % i, b"x" * 400_000)) for i in range(4)])
+        out["many_files_upload"] = many.status_code
+        def chunks():
+            for i in range(4):
+                yield (b"--b\\r\\nContent-Disposition: form-data; name=\\"files\\"; filename=\\"c%d.png\\"\\r\\n"
+                       b"Content-Type: image/png\\r\\n\\r\\n" % i)
+                for _ in range(8):
+                    yield b"x" * 50_000
+                yield b"\\r\\n"
+            yield b"--b--\\r\\n"
+        out["chunked_upload"] = httpx.post(base + up, content=chunks(),
+                                           headers={"content-type": "multipart/form-data; boundary=b"}).status_code
+        small = httpx.post(base + up, files={"files": ("small.png", b"x" * 1000)})
         out["small_upload"] = [small.status_code, small.json()]
         secret = settings.app.jobs_dir + "/web-other/secret.txt"
-        import os
         os.makedirs(os.path.dirname(secret), exist_ok=True)
         open(secret, "w").write("another session's file")
-        out["job_store_file"] = httpx.get(base + "/gradio_api/file=" + os.path.abspath(secret)).status_code
-        out["source_file"] = httpx.get(base + "/gradio_api/file=" + os.path.abspath("app/server.py")).status_code
-        ctx.sup_ready.wait(300)
+        files = {"job_store": os.path.abspath(secret), "source": os.path.abspath("app/server.py"),
+                 "configs": os.path.abspath("configs/default.yaml"), "etc": "/etc/passwd",
+                 "traversal": var + "/gradio/../jobs/web-other/secret.txt"}
+        out["refused_files"] = {k: httpx.get(base + "/gradio_api/file=" + v).status_code for k, v in files.items()}
+
+        # Generate pressed while the worker pool is still starting, then the tab goes away
+        rgb, mask = make_object_image(160, "blob", seed=1)
+        token = alice.cookies.get(H.BROWSER_COOKIE)
+        session = H.session_name(token, "tab1")
+        steps = H.follow_job(ctx, session, rgb, mask, settings, poll_s=0.1)
+        out["first_note"] = next(steps)[0]
+        for note, st in steps:
+            if st is not None and st.state == "running":
+                break
+        steps.close()
+        job = st.id
+        out["closed_job"] = ctx.sup.wait(job, timeout=30).state
+        # the worker is free for the next job
+        last = None
+        for note, last in H.follow_job(ctx, session, rgb, mask, settings, poll_s=0.1):
+            pass
+        out["next_job"] = [last.state, last.error]
+        published = ctx.publisher.publish(session, last)
+        path = "/gradio_api/file=" + str(published["glb"])
+        glb = open(last.outputs["glb"], "rb").read()
+        own = alice.get(path)
+        out["own_result"] = [own.status_code, own.content == glb]
+        out["other_browser_result"] = mallory.get(path).status_code
+        out["old_route"] = [alice.get(path.replace("/file=", "/file/")).status_code,
+                            mallory.get(path.replace("/file=", "/file/")).status_code]
+        out["no_cookie_result"] = httpx.get(base + path).status_code
         out["caps"] = ctx.capabilities()
         out["sup_error"] = ctx.sup_error
         out["pipeline_modules"] = sorted(m for m in sys.modules if m.split(".")[0] == "pipeline")
@@ -457,7 +689,7 @@ if __name__ == "__main__":
 '''
 
 
-def test_served_app_limits_uploads_hides_job_store_and_stays_off_cuda(tmp_path):
+def test_served_app_guards_files_and_uploads_frees_workers_and_stays_off_cuda(tmp_path):
     import json
     import socket
     import subprocess
@@ -476,12 +708,24 @@ def test_served_app_limits_uploads_hides_job_store_and_stays_off_cuda(tmp_path):
     assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = json.loads(line[len("RESULT "):])
     assert out["page"] == 200
+    assert out["cookie"].startswith(H.BROWSER_COOKIE + "=") and "HttpOnly" in out["cookie"]
     assert out["big_upload"][0] == 413 and "maximum allowed size" in out["big_upload"][1]
+    # each file under the limit, together over it; and a body without Content-Length
+    assert out["many_files_upload"] == 413
+    assert out["chunked_upload"] == 413
     assert out["small_upload"][0] == 200
     # uploads land in Gradio's folder next to the job store, not in /tmp/gradio
     assert out["small_upload"][1][0].startswith(str(tmp_path / "var" / "gradio"))
-    assert out["job_store_file"] == 403, "a job store file was served"
-    assert out["source_file"] == 403, "a source file was served"
+    assert out["refused_files"] == dict.fromkeys(out["refused_files"], 403), out["refused_files"]
+    # Generate while the workers start: the person is told, and the job runs once they are up;
+    # the tab closing mid-job cancels it and frees the worker for the next job
+    assert out["first_note"] == H.WAITING_FOR_POOL
+    assert out["closed_job"] == "cancelled"
+    assert out["next_job"] == ["done", None]
+    # a result URL works for the browser whose session made it, and for no one else
+    assert out["own_result"] == [200, True]
+    assert out["other_browser_result"] == 403 and out["no_cookie_result"] == 403
+    assert out["old_route"] == [200, 403], "Gradio's /file/<path> twin route must be guarded too"
     assert out["sup_error"] is None and out["caps"]["device"] == "cpu"
     assert out["pipeline_modules"] == [], "the app process imported pipeline/"
     assert out["cuda_initialized"] is False

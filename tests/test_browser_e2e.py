@@ -2,14 +2,16 @@
 started as a subprocess (``python -m app``) on a free localhost port, with a real
 spawned worker and small settings so each job takes seconds on a CPU.
 
-Session A: upload, click the object, check the mask overlay, generate without
-texture baking, then toggle baking on and generate again (the reconstruction
-must come from the cache), download the GLB and load it with trimesh.
-Session B, at the same time in a second browser context: has a broken file
-refused, uploads its own image, starts a slow job (A segments while it runs)
-and cancels it, then generates while A's job runs; neither session sees the
-other's results, and no URL reaches the job store. Screenshots and the server
-log go to test-artifacts/browser/.
+Session A: Generate before any upload is refused with a visible reason; upload,
+click the object, check the mask overlay, generate without texture baking, then
+toggle baking on and generate again (the previous result's download hides at
+once; the reconstruction must come from the cache), download the GLB and load it
+with trimesh. Session B, at the same time in a second browser context: has a
+broken file refused, uploads its own image, starts a slow job (A segments while
+it runs) and cancels it, then generates while A's job runs and is told it waits
+for a free worker; neither session sees the other's results (history, result
+URLs), and no URL reaches the job store. Screenshots and the server log go to
+test-artifacts/browser/.
 """
 
 from __future__ import annotations
@@ -64,12 +66,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _assert_viewer_draws(page) -> None:
-    """The 3D preview really shows the model: a WebGL canvas with more than its clear colour."""
+def _assert_viewer_draws(page, timeout_s: float = 20.0) -> None:
+    """The 3D preview really shows the model: a WebGL canvas with more than its clear colour.
+    The first model takes seconds to appear (the viewer loads, SwiftShader compiles shaders)."""
     page.wait_for_selector("#kiln-model canvas", timeout=30000)
-    page.wait_for_timeout(2000)
-    shot = np.asarray(Image.open(io.BytesIO(page.locator("#kiln-model canvas").screenshot())).convert("RGB"))
-    assert shot.reshape(-1, 3).std(axis=0).max() > 10, "3D viewer shows a blank canvas"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shot = np.asarray(Image.open(io.BytesIO(page.locator("#kiln-model canvas").screenshot())).convert("RGB"))
+        if shot.reshape(-1, 3).std(axis=0).max() > 10:
+            return
+        assert time.monotonic() < deadline, f"3D viewer still shows a blank canvas after {timeout_s:.0f} s"
+        page.wait_for_timeout(250)
 
 
 def _write_png(path: Path, arr: np.ndarray) -> Path:
@@ -193,6 +200,17 @@ def _download_glb(page, dest: Path) -> Path:
     return dest
 
 
+def _download_url(page) -> str:
+    with page.expect_download() as dl:
+        page.click("#kiln-dl-glb")
+    return dl.value.url
+
+
+def _wait_toast(page, text: str) -> None:
+    page.wait_for_function("(t) => Array.from(document.querySelectorAll('.toast-body'))"
+                           ".some(e => e.innerText.includes(t))", arg=text, timeout=10000)
+
+
 def _textures(glb: Path) -> list:
     import trimesh
 
@@ -221,6 +239,10 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
     try:
         # the status line comes from the workers' capability report
         a.wait_for_function("() => document.querySelector('#kiln-status').innerText.includes('Backends')")
+
+        # -- A: Generate before an upload says why nothing happens ----------------
+        a.click("#kiln-generate")
+        _wait_toast(a, "Upload an image first")
 
         # -- A: upload, click, the overlay shows the mask ------------------------
         _upload(a, img_a)
@@ -274,13 +296,19 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         b.screenshot(path=str(ARTIFACTS / "b2_cancelled.png"), full_page=True)
 
         # -- A: toggle texture baking on, generate again: reconstruction is reused --
+        glb1_url = _download_url(a)
         a.locator("#kiln-bake input").check()
         a.click("#kiln-generate")
+        a.wait_for_selector("#kiln-dl-glb", state="hidden", timeout=5000)   # the old result's button
         # B generates with fast settings at the same time; one worker serves both in turn
         b.locator("#kiln-mode label", has_text="fast").click()
         b.locator("#kiln-views input[type=number]").fill("4")
         b.locator("#kiln-views input[type=number]").press("Enter")
         b.click("#kiln-generate")
+        b.wait_for_function("() => /Waiting for a free worker|Rendering|Reconstructing|Done/.test("
+                            "document.querySelector('#kiln-progress').innerText)", timeout=15000)
+        waiting_b = _progress(b)
+        b.screenshot(path=str(ARTIFACTS / "b3_waiting.png"), full_page=True)
         st2 = _wait_new_job(a, st1[1], ("done", "failed", "cancelled"))
         assert st2[0] == "done", st2
         assert "reused from cache" in st2[2], st2
@@ -292,11 +320,19 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         _assert_viewer_draws(a)
         a.screenshot(path=str(ARTIFACTS / "a2_result.png"), full_page=True)
 
+        # B pressed Generate while A's job ran on the only worker: B was told it waits
+        assert waiting_b[2].startswith("Waiting for a free worker"), waiting_b
         stb = _wait_new_job(b, cancelled[1], ("done", "failed", "cancelled"))
         assert stb[0] == "done", stb
         glb_b = _download_glb(b, tmp_path / "b_textured.glb")
         assert _textures(glb_b) and glb_b.read_bytes() != glb2.read_bytes()
-        b.screenshot(path=str(ARTIFACTS / "b3_result.png"), full_page=True)
+        b.screenshot(path=str(ARTIFACTS / "b4_result.png"), full_page=True)
+
+        # -- a result URL serves its own browser only -----------------------------
+        for own_url in (glb1_url, _download_url(a)):
+            assert a.request.get(own_url).status == 200
+            resp = b.request.get(own_url)
+            assert resp.status == 403, f"session B fetched A's result {own_url}: {resp.status}"
 
         # -- each session's history lists only its own jobs ------------------------
         for page, own, other in ((a, [st1[1], st2[1]], [cancelled[1], stb[1]]),

@@ -198,3 +198,44 @@ def test_save_png_rejects_bad_arrays(tmp_path):
         save_png(tmp_path / "f.png", np.zeros((4, 4, 3), np.float32))
     with pytest.raises(ValueError, match="shape"):
         save_png(tmp_path / "f.png", np.zeros((4, 4, 2), np.uint8))
+
+
+def test_only_the_listed_formats_are_decoded(monkeypatch):
+    """PIL knows dozens of formats, some decoded by external programs (EPS by Ghostscript):
+    an upload is only ever handed to the decoders of ``FORMATS``."""
+    from PIL import EpsImagePlugin
+
+    def no_eps(*a, **k):
+        raise AssertionError("the EPS decoder saw an upload")
+    monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", no_eps)
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n"
+    with pytest.raises(ImageError, match="not an image Kiln can read"):
+        load_image(eps, BIG)
+    ppm = _encode(Image.fromarray(_gradient()), "PPM")      # PIL decodes it, Kiln does not offer it
+    with pytest.raises(ImageError, match="not an image Kiln can read"):
+        load_image(ppm, BIG)
+    # multi-picture JPEGs (what many phones save) still open, through the JPEG decoder
+    frames = [Image.fromarray(_gradient()), Image.fromarray(_gradient()[::-1].copy())]
+    buf = io.BytesIO()
+    frames[0].save(buf, format="MPO", save_all=True, append_images=frames[1:])
+    rgb, alpha = load_image(buf.getvalue(), BIG)
+    assert rgb.shape == (24, 32, 3) and alpha is None
+    assert np.abs(rgb.astype(int) - _gradient()).mean() < 8
+
+
+def test_sixteen_bit_colour_png_and_tiff_keep_their_high_bits():
+    """16-bit RGB(A) as cameras and editors write it: scaled to 8 bits, not truncated."""
+    cv2 = pytest.importorskip("cv2")
+    bgra = np.zeros((8, 10, 4), np.uint16)
+    bgra[..., 0], bgra[..., 1], bgra[..., 2] = 257, 32896, 65535      # B, G, R
+    bgra[..., 3] = 65535
+    bgra[:2, :, 3] = 0
+    for ext, arr in ((".png", bgra), (".png", bgra[..., :3]), (".tiff", bgra[..., :3])):
+        ok, buf = cv2.imencode(ext, np.ascontiguousarray(arr))
+        assert ok
+        rgb, alpha = load_image(buf.tobytes(), BIG)
+        assert rgb.dtype == np.uint8 and tuple(rgb[4, 4]) == (255, 128, 1), ext
+        if arr.shape[2] == 4:
+            assert alpha is not None and alpha[0, 0] == 0 and alpha[4, 4] == 255
+        else:
+            assert alpha is None
