@@ -33,6 +33,7 @@ PLAN = FaultPlan([
     "freeze@reconstruct:session=freeze",
     "cuda@bake:session=cuda",
     "oom@render_views:session=oom",
+    "oom@bake:session=oom-cancel",
     "oom@bake:attempt=1:session=oom-once",
     "segv@mesh:attempt=1:session=flaky",
     "segv@reconstruct:session=poison",
@@ -226,7 +227,9 @@ def test_cancel_wins_over_a_retry_already_on_its_way(env):
     # The worker reports an OOM (which would be retried) and, before the supervisor reads
     # that report, the user cancels: the job must end cancelled, not run again.
     sup = env.sup
-    job = sup.submit(*image(), no_retry(), session="oom")
+    # an input no other test uses (no cached reconstruction) and a fault several stages
+    # in, so the test reliably takes the lock before the fault fires
+    job = sup.submit(*image(seed=23), no_retry(), session="oom-cancel")
     for ev in sup.follow(job, timeout=JOB_TIMEOUT):
         if ev.state == "running":
             break
