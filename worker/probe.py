@@ -108,24 +108,25 @@ def probe_moderngl(ctx: dict) -> tuple[bool, str]:
     return _check_raster("moderngl", "cpu")
 
 
-def probe_gsplat(ctx: dict) -> tuple[bool, str]:
+def _probe_cuda_backend(ctx: dict, module: str, missing: str, check) -> tuple[bool, str]:
+    """A GPU backend is tried only with CUDA present and its package installed."""
     if not ctx["results"].get("cuda"):
         return False, "needs CUDA"
     import importlib.util
 
-    if importlib.util.find_spec("gsplat") is None:
-        return False, "gsplat is not installed"
-    return _check_render("gsplat", "cuda")
+    if importlib.util.find_spec(module) is None:
+        return False, missing
+    return check()
+
+
+def probe_gsplat(ctx: dict) -> tuple[bool, str]:
+    return _probe_cuda_backend(ctx, "gsplat", "gsplat is not installed",
+                               lambda: _check_render("gsplat", "cuda"))
 
 
 def probe_nvdiffrast(ctx: dict) -> tuple[bool, str]:
-    if not ctx["results"].get("cuda"):
-        return False, "needs CUDA"
-    import importlib.util
-
-    if importlib.util.find_spec("nvdiffrast") is None:
-        return False, "nvdiffrast is not installed (diffrp-nvdiffrast)"
-    return _check_raster("nvdiffrast", "cuda")
+    return _probe_cuda_backend(ctx, "nvdiffrast", "nvdiffrast is not installed (diffrp-nvdiffrast)",
+                               lambda: _check_raster("nvdiffrast", "cuda"))
 
 
 def probe_sam3d(ctx: dict) -> tuple[bool, str]:
