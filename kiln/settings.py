@@ -70,6 +70,7 @@ class BakeSettings:
     lr: float = field(default=0.03, metadata=_num(1e-4, 1.0))
     tv_weight: float = field(default=0.02, metadata=_num(0.0, 10.0))
     gutter: int = field(default=4, metadata=_num(1, 32))
+    photo_projection: bool = True
 
 
 @dataclass(frozen=True)

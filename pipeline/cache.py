@@ -26,12 +26,12 @@ import numpy as np
 from kiln.atomic import atomic_write
 from kiln.settings import Settings
 
-from .types import Gaussians, ImageInput, Mesh, Reconstruction
+from .types import Gaussians, ImageInput, Mesh, Reconstruction, SourceCamera
 
 log = logging.getLogger(__name__)
 
 # Bump when the file layout below changes.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2   # 2: the source camera
 _PIPELINE_DIR = Path(__file__).resolve().parent
 # Libraries whose numerics shape a reconstruction; a new version may change the result.
 _LIBRARIES = ("numpy", "scipy", "scikit-image", "trimesh", "torch")
@@ -155,6 +155,9 @@ def save_reconstruction(cache_dir: Path, key: str, recon: Reconstruction) -> Pat
         arrays["mesh_vertex_colors"] = m.vertex_colors
     if m.uvs is not None:
         arrays["mesh_uvs"] = m.uvs
+    if recon.source_camera is not None:
+        arrays["source_camera_json"] = np.frombuffer(
+            json.dumps(recon.source_camera.to_dict()).encode(), np.uint8)
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     atomic_write(path, buf.getbuffer())
@@ -179,10 +182,14 @@ def load_reconstruction(cache_dir: Path, key: str) -> Reconstruction | None:
             gauss = Gaussians(means=z["g_means"], scales=z["g_scales"], quats=z["g_quats"],
                               opacities=z["g_opacities"], colors=z["g_colors"])
             meta = json.loads(z["meta_json"].tobytes().decode() or "{}")
+            source = (SourceCamera.from_dict(json.loads(z["source_camera_json"].tobytes().decode()))
+                      if "source_camera_json" in z else None)
         mesh.validate("cached mesh")
         gauss.validate("cached gaussians")
+        if source is not None:
+            source.validate("cached source camera")
     except Exception as e:  # corrupt zip, missing array, failed validation: recompute
         log.warning("dropping unreadable reconstruction cache entry %s: %s", path.name, e)
         path.unlink(missing_ok=True)
         return None
-    return Reconstruction(mesh=mesh, gaussians=gauss, meta=meta)
+    return Reconstruction(mesh=mesh, gaussians=gauss, meta=meta, source_camera=source)

@@ -98,6 +98,8 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     stats["reconstruction_cached"] = cached
     stats["reconstruct_faces"] = recon.mesh.num_faces
     stats["gaussians"] = len(recon.gaussians)
+    if recon.source_camera is not None:
+        stats["source_camera"] = recon.source_camera.to_dict()
     done("reconstruct", t0, "cache hit" if cached else "done")
 
     if settings.export.gaussians_ply:

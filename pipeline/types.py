@@ -129,19 +129,26 @@ class Gaussians:
         return self
 
 
+PROJECTIONS = ("perspective", "orthographic")
+
+
 @dataclass
 class Cameras:
-    """C pinhole cameras sharing one image size.
+    """C cameras sharing one image size and one projection.
 
     viewmats: (C, 4, 4) float32, world -> camera (OpenCV axes)
     Ks:       (C, 3, 3) float32, intrinsics in pixels
     width, height: image size in pixels
+    projection: "perspective" (pinhole: pixel = K @ (x/z, y/z, 1)) or
+                "orthographic" (pixel = K @ (x, y, 1); camera z only orders depth).
+                The Gaussian renderers take perspective cameras only.
     """
 
     viewmats: np.ndarray
     Ks: np.ndarray
     width: int
     height: int
+    projection: str = "perspective"
 
     def __len__(self) -> int:
         return int(self.viewmats.shape[0])
@@ -160,6 +167,9 @@ class Cameras:
                                       f"{self.width!r} x {self.height!r}")
         if not (1 <= self.width <= 8192 and 1 <= self.height <= 8192):
             raise StageInputError(f"{name} image size {self.width}x{self.height} is outside 1..8192")
+        if self.projection not in PROJECTIONS:
+            raise StageInputError(f"{name} projection {self.projection!r} is not one of "
+                                  + ", ".join(PROJECTIONS))
         return self
 
 
@@ -198,12 +208,79 @@ class Raster:
 
 
 @dataclass
+class SourceCamera:
+    """The camera the input photo was taken with, in the reconstruction's world frame.
+
+    viewmat: (4, 4) float32, world -> camera (OpenCV axes, like ``Cameras.viewmats``)
+    K:       (3, 3) float32, intrinsics in pixels of the *original* photo, before any
+             downscaling for reconstruction (top-left pixel centre at (0.5, 0.5))
+    width, height: the original photo's size in pixels
+    projection: "perspective" or "orthographic" (see ``Cameras``)
+
+    Projecting the reconstruction's mesh with it lands on the photo's mask.
+    """
+
+    viewmat: np.ndarray
+    K: np.ndarray
+    width: int
+    height: int
+    projection: str = "perspective"
+
+    def as_cameras(self) -> Cameras:
+        """This camera as a one-view ``Cameras`` at the photo's full resolution."""
+        return Cameras(viewmats=np.asarray(self.viewmat, np.float32)[None],
+                       Ks=np.asarray(self.K, np.float32)[None], width=int(self.width),
+                       height=int(self.height), projection=self.projection)
+
+    def validate(self, name: str = "source camera") -> "SourceCamera":
+        check_array(f"{name}.viewmat", self.viewmat, dtype=np.float32, shape=(4, 4))
+        check_array(f"{name}.K", self.K, dtype=np.float32, shape=(3, 3))
+        self.as_cameras().validate(name)
+        if not (self.K[0, 0] > 0 and self.K[1, 1] > 0):
+            raise StageInputError(f"{name}.K must have positive focal lengths / scales, got "
+                                  f"{self.K[0, 0]:.4g}, {self.K[1, 1]:.4g}")
+        return self
+
+    def project(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(N, 3) world points -> ((N, 2) float64 pixel coordinates (col, row), (N,) camera z)."""
+        p = np.asarray(points, np.float64) @ self.viewmat[:3, :3].T.astype(np.float64) \
+            + self.viewmat[:3, 3].astype(np.float64)
+        z = p[:, 2]
+        xy = p[:, :2] if self.projection == "orthographic" else \
+            p[:, :2] / np.where(np.abs(z) < 1e-12, 1e-12, z)[:, None]
+        K = self.K.astype(np.float64)
+        return xy @ K[:2, :2].T + K[:2, 2], z
+
+    def scaled(self, factor: float) -> "SourceCamera":
+        """The same camera for the photo resized by ``factor`` (pixel coordinates scale
+        with the image because pixel edges, not centres, sit at whole numbers)."""
+        K = self.K.astype(np.float64).copy()
+        K[:2] *= factor
+        return SourceCamera(viewmat=self.viewmat, K=K.astype(np.float32),
+                            width=max(1, round(self.width * factor)),
+                            height=max(1, round(self.height * factor)), projection=self.projection)
+
+    def to_dict(self) -> dict:
+        return {"projection": self.projection, "width": int(self.width), "height": int(self.height),
+                "viewmat": np.asarray(self.viewmat, np.float64).tolist(),
+                "K": np.asarray(self.K, np.float64).tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SourceCamera":
+        return cls(viewmat=np.asarray(d["viewmat"], np.float32), K=np.asarray(d["K"], np.float32),
+                   width=int(d["width"]), height=int(d["height"]),
+                   projection=str(d.get("projection", "perspective")))
+
+
+@dataclass
 class Reconstruction:
-    """What a reconstructor returns: the object as a mesh and as Gaussians, same frame."""
+    """What a reconstructor returns: the object as a mesh and as Gaussians, same frame,
+    and the camera the photo was taken from (``None`` only for backends that cannot say)."""
 
     mesh: Mesh
     gaussians: Gaussians
     meta: dict = field(default_factory=dict)
+    source_camera: Optional[SourceCamera] = None
 
 
 @dataclass
