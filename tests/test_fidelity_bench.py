@@ -1,0 +1,131 @@
+"""The fidelity benchmark's renderer (bench/glb_render.py: three.js in headless Chromium)
+puts every texel on the pixel Kiln's camera convention says: a textured quad exported by
+Kiln and seen from a known orthographic or perspective camera, one texel per pixel, gives
+back its texture exactly, off-centre in a non-square image, with the background around it.
+A half-pixel shift, a flipped axis or a colour-space conversion would each fail it."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# by path: bench/ also holds a pipeline.py that must not shadow the pipeline package
+_spec = importlib.util.spec_from_file_location("glb_render", ROOT / "bench" / "glb_render.py")
+glb_render = importlib.util.module_from_spec(_spec)
+sys.modules["glb_render"] = glb_render
+_spec.loader.exec_module(glb_render)
+
+pytestmark = [pytest.mark.browser]
+
+N = 48            # texture side in texels; also the quad's side in pixels
+W, H = 80, 64     # image size: the quad sits off-centre
+COL0, ROW0 = 20, 9  # image pixel where texel (0, 0) lands
+BG = (255, 0, 255)
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    try:
+        glb_render.check_available(install=True)
+    except glb_render.RendererUnavailable as e:
+        pytest.skip(f"independent GLB renderer unavailable: {e}")
+    with glb_render.GLBRenderer() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def quad_glb(tmp_path_factory):
+    from pipeline.export import export_glb
+    from pipeline.types import Mesh, Texture
+
+    rng = np.random.default_rng(3)
+    tex = rng.integers(0, 256, (N, N, 3), dtype=np.uint8)   # noise: any shift shows
+    # the quad spans world x, y in [-0.5, 0.5] at z = 0, facing +z; uv v = 0 at the bottom
+    verts = np.array([[-0.5, -0.5, 0], [0.5, -0.5, 0], [0.5, 0.5, 0], [-0.5, 0.5, 0]], np.float32)
+    faces = np.array([[0, 1, 2], [0, 2, 3]], np.int32)
+    uvs = np.array([[0, 0], [1, 0], [1, 1], [0, 1]], np.float32)
+    path = export_glb(Mesh(vertices=verts, faces=faces, uvs=uvs),
+                      Texture(image=tex, seen=np.ones((N, N), bool)),
+                      tmp_path_factory.mktemp("quad") / "quad.glb")
+    return path, tex
+
+
+def _expected(tex):
+    img = np.empty((H, W, 3), np.uint8)
+    img[:] = BG
+    img[ROW0:ROW0 + N, COL0:COL0 + N] = tex
+    cov = np.zeros((H, W), bool)
+    cov[ROW0:ROW0 + N, COL0:COL0 + N] = True
+    return img, cov
+
+
+def _check(rgb, covered, tex):
+    want, want_cov = _expected(tex)
+    assert (covered == want_cov).all(), \
+        f"coverage differs from the quad's pixels at {np.argwhere(covered != want_cov)[:5].tolist()}"
+    diff = np.abs(rgb.astype(int) - want.astype(int))
+    assert diff.max() <= 2, f"texture not reproduced: max |diff| {diff.max()}, mean {diff.mean():.3f}"
+
+
+def test_orthographic_camera_reproduces_texture(renderer, quad_glb):
+    path, tex = quad_glb
+    # camera at z = +2 looking along -z: camera x = world x, camera y = -world y
+    viewmat = np.diag([1.0, -1.0, -1.0, 1.0])
+    viewmat[2, 3] = 2.0
+    # N pixels per world unit; world (-0.5, 0.5) -> pixel corner (COL0, ROW0)
+    K = np.array([[N, 0, COL0 + N / 2], [0, N, ROW0 + N / 2], [0, 0, 1]], np.float64)
+    cam = glb_render.CameraSpec(viewmat=viewmat, K=K, width=W, height=H,
+                                projection="orthographic", near=1.0, far=3.0)
+    [(rgb, covered)] = renderer.render(path, [cam], background=BG)
+    _check(rgb, covered, tex)
+
+
+def test_perspective_camera_reproduces_texture(renderer, quad_glb):
+    from pipeline.cameras import look_at
+
+    path, tex = quad_glb
+    dist = 2.0
+    f = N * dist   # the unit quad at distance 2 spans N pixels
+    K = np.array([[f, 0, COL0 + N / 2], [0, f, ROW0 + N / 2], [0, 0, 1]], np.float64)
+    cam = glb_render.CameraSpec(viewmat=look_at((0.0, 0.0, dist)), K=K, width=W, height=H,
+                                projection="perspective", near=0.5, far=5.0)
+    [(rgb, covered)] = renderer.render(path, [cam], background=BG)
+    _check(rgb, covered, tex)
+
+
+def test_back_of_quad_is_culled_and_half_pixel_shift_is_caught(renderer, quad_glb):
+    """From behind the single-sided quad shows nothing; a K shifted by half a pixel is
+    caught by the same check (so the check above can fail)."""
+    from pipeline.cameras import look_at
+
+    path, tex = quad_glb
+    K = np.array([[N * 2.0, 0, COL0 + N / 2], [0, N * 2.0, ROW0 + N / 2], [0, 0, 1]])
+    back = glb_render.CameraSpec(viewmat=look_at((0.0, 0.0, -2.0)), K=K, width=W, height=H,
+                                 near=0.5, far=5.0)
+    shifted = glb_render.CameraSpec(viewmat=look_at((0.0, 0.0, 2.0)), K=K + [[0, 0, 0.5], [0, 0, 0], [0, 0, 0]],
+                                    width=W, height=H, near=0.5, far=5.0)
+    (rgb_b, cov_b), (rgb_s, cov_s) = renderer.render(path, [back, shifted], background=BG)
+    assert not cov_b.any() and (rgb_b == np.array(BG, np.uint8)).all()
+    with pytest.raises(AssertionError):
+        _check(rgb_s, cov_s, tex)
+
+
+def test_gl_projection_maps_pixel_corners():
+    """The projection matrices send K's pixel corners to NDC -1 / +1 (y up)."""
+    K = np.array([[100.0, 0, 40], [0, 90, 30], [0, 0, 1]])
+    for proj in ("perspective", "orthographic"):
+        P = glb_render.gl_projection(K, 80, 60, 0.5, 10.0, proj)
+        # OpenCV camera point that K sends to pixel corner (0, 0), at depth 2
+        z = 2.0
+        x, y = (0 - 40) / 100, (0 - 30) / 90
+        if proj == "perspective":
+            x, y = x * z, y * z
+        clip = P @ np.array([x, -y, -z, 1.0])      # into GL camera axes
+        ndc = clip[:3] / clip[3]
+        assert np.allclose(ndc[:2], [-1.0, 1.0]), (proj, ndc)
+        assert -1.0 < ndc[2] < 1.0
