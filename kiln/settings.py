@@ -88,6 +88,9 @@ class WorkerSettings:
     count: int = field(default=0, metadata=_num(0, 16))
     device: str = field(default="auto", metadata=_choice("auto", "cpu", "cuda"))
     stage_timeout_s: float = field(default=600.0, metadata=_num(5, 7200))
+    # a busy worker with no CPU time gained and no message for this long is frozen
+    # (stopped, deadlocked); a long native call burns CPU and is never taken for one
+    stall_timeout_s: float = field(default=30.0, metadata=_num(0, 3600))
     heartbeat_s: float = field(default=2.0, metadata=_num(0.1, 60))
     probe_timeout_s: float = field(default=300.0, metadata=_num(5, 1800))
     retry_with_fallback: bool = True

@@ -37,6 +37,7 @@ PLAN = FaultPlan([
     "oom@bake:attempt=1:session=oom-once",
     "segv@mesh:attempt=1:session=flaky",
     "segv@reconstruct:session=poison",
+    "freeze@bake:attempt=1:session=freeze-bake",
 ])
 
 JOB_TIMEOUT = 120
@@ -201,6 +202,66 @@ def test_worker_killed_from_outside_mid_job(env):
     st = sup.run(*image(), small_settings(), session="after-kill", timeout=JOB_TIMEOUT)
     assert st.state == "done", st.error
     assert worker_pid(sup) != pid
+
+
+def test_a_worker_stopped_mid_bake_is_caught_by_its_cpu_time_and_the_job_retried(env):
+    # SIGSTOP (the `freeze` fault) during bake: no heartbeats, no CPU time. The stage deadline
+    # stays at its default (600 s); the CPU-time check must catch it within its own window.
+    sup = env.sup
+    pid0 = worker_pid(sup)
+    stall = 2.0
+    job = sup.submit(*image(seed=31), small_settings(worker__stall_timeout_s=stall),
+                     session="freeze-bake")
+    t_bake = None
+    for ev in sup.follow(job, timeout=JOB_TIMEOUT):
+        if ev.stage == "bake" and t_bake is None:
+            t_bake = time.monotonic()
+        if ev.state == "queued" and t_bake is not None:   # the retry was queued
+            break
+    caught_after = time.monotonic() - t_bake
+    # the window, a sample interval, and the kill (SIGTERM, SIGKILL at worst 1 s later)
+    assert caught_after < stall + 4.0, caught_after
+    st = sup.wait(job, timeout=JOB_TIMEOUT)
+    assert st.state == "done", st.error
+    assert st.attempts == 2
+    assert st.stats["earlier_attempts"] == [
+        "worker froze during stage 'bake': it used no CPU time and sent nothing for 2 s "
+        "(worker.stall_timeout_s; process state 'stopped'); it was stopped with SIGTERM"]
+    assert worker_pid(sup) != pid0
+    # SIGCONT after SIGTERM let the stopped worker's faulthandler say where it was
+    assert "in fire" in sup.log(job)
+
+
+def test_a_long_native_call_holding_the_gil_is_not_taken_for_a_frozen_worker(env):
+    # xatlas unwrapping ~20k faces holds the GIL for seconds: no heartbeats, no events,
+    # but CPU time grows. With a 1 s stall window it must run to the end, untouched.
+    sup = env.sup
+    pid0 = worker_pid(sup)
+    stall = 1.0
+    settings = small_settings(worker__stall_timeout_s=stall, worker__heartbeat_s=0.1,
+                              mesh__simplify_ratio=0.0, bake__texture_size=2048, bake__gutter=1,
+                              bake__mode="fast", views__count=1)
+    job = sup.submit(*image(seed=32, size=256), settings, session="busy-native")
+    silences, stop = [], threading.Event()
+
+    def sample():   # how long the worker has been silent, as the supervisor sees it
+        while not stop.is_set():
+            w = sup.workers()[0]
+            if w["job"] == job and sup.status(job).stage == "uv":
+                silences.append(w["heartbeat_age_s"] or 0.0)
+            stop.wait(0.05)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        st = sup.wait(job, timeout=JOB_TIMEOUT)
+    finally:
+        stop.set()
+        t.join()
+    assert st.state == "done", st.error
+    assert st.attempts == 1 and worker_pid(sup) == pid0
+    # the test means something only if the worker really went silent for longer than the window
+    assert max(silences) > stall + 0.5, max(silences)
 
 
 def test_cancel_queued_and_running_jobs(env):

@@ -278,3 +278,42 @@ def test_detect_gpus_without_a_driver_is_empty_here():
         pytest.skip("machine has an NVIDIA driver")
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     assert wenv.detect_gpus(env) == []
+
+
+def test_liveness_tells_a_busy_process_from_a_stopped_one():
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from worker.liveness import LivenessProbe
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        probe = LivenessProbe(busy.pid, interval_s=0.0)
+        deadline = time.monotonic() + 30
+        first = probe.sample(time.monotonic(), last_msg=-1e9)
+        while probe._cpu is None or probe._cpu < 0.2:   # it burns CPU without saying a word
+            assert time.monotonic() < deadline
+            silent = probe.sample(time.monotonic(), last_msg=-1e9)
+        assert silent < 1.0 and first < 1.0 and probe.status in ("running", "sleeping")
+        os.kill(busy.pid, signal.SIGSTOP)
+        while probe.status != "stopped":
+            assert time.monotonic() < deadline
+            probe.sample(time.monotonic(), last_msg=-1e9)
+        probe.sample(time.monotonic(), last_msg=-1e9)   # the CPU time it stopped at
+        later = time.monotonic() + 5.0
+        assert probe.sample(later, last_msg=-1e9) > 4.5   # stopped: no CPU time gained since
+        assert probe.sample(later, last_msg=later - 1.0) == pytest.approx(1.0)  # a message counts
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_a_frozen_worker_is_settled_within_a_minute_at_default_settings():
+    from kiln.settings import Settings
+    from worker.slots import KILL_GRACE_S
+
+    w = Settings().worker
+    # the stall window, at most one sample interval (<= 1 s) late, then SIGTERM..SIGKILL
+    assert 0 < w.stall_timeout_s and w.stall_timeout_s + 1.0 + KILL_GRACE_S < 60

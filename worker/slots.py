@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from . import process as process_mod
+from .liveness import LivenessProbe
 
 log = logging.getLogger("kiln.worker")
 
@@ -67,6 +69,8 @@ class WorkerSlot:
         self.last_msg = 0.0                     # any message, heartbeats included
         self.last_progress = 0.0                # the running job's last event: its stage deadline
         self.probe: Optional[str] = None        # the start-up probe running now
+        self.liveness: Optional[LivenessProbe] = None   # CPU-time sampler while busy
+        self.frozen_status: Optional[str] = None       # process state when judged frozen
         self.phase = "starting"                 # what a starting worker does, for error messages
         self.phase_since = 0.0
         self.kill_reason: Optional[str] = None
@@ -125,6 +129,10 @@ class WorkerSlot:
         self.term_sent = time.monotonic()
         try:
             self.proc.terminate()
+            if reason == "frozen":
+                # a stopped process keeps SIGTERM pending; SIGCONT lets it act on it and
+                # its faulthandler log where it was stuck
+                os.kill(self.proc.pid, signal.SIGCONT)
         except (OSError, ValueError, AttributeError):
             pass
 
@@ -165,8 +173,10 @@ class WorkerSlot:
         return False
 
     def watch(self, now: float, probe_timeout_s: float, heartbeat_limit: float,
-              stage_timeout: float) -> None:
-        """Kill a worker that overran its deadline; SIGKILL one that outlived SIGTERM."""
+              stage_timeout: float, stall_timeout: float = 0.0) -> None:
+        """Kill a worker that overran its deadline, or a busy one that has shown no sign of
+        life (no CPU time, no message) for ``stall_timeout`` s (0: not checked); SIGKILL
+        one that outlived SIGTERM."""
         if self.kill_reason:
             if not self.kill_sent and now - self.term_sent > KILL_GRACE_S:
                 self.proc.kill()
@@ -180,11 +190,25 @@ class WorkerSlot:
         elif self.state == "busy":
             if now - self.last_progress > stage_timeout:
                 self.kill("hang")
+            elif stall_timeout > 0 and self._stalled(now, stall_timeout):
+                self.kill("frozen")
         elif self.state == "idle":
             if now - self.last_msg > heartbeat_limit:
                 self.kill("unresponsive")
         elif self.state == "stopping" and now - self.stop_since > STOP_GRACE_S:
             self.kill("stopping")
+
+    def _stalled(self, now: float, stall_timeout: float) -> bool:
+        if self.liveness is None:
+            # four samples per window, at most one a second: reading /proc is cheap, not free
+            self.liveness = LivenessProbe(self.proc.pid, min(1.0, stall_timeout / 4), now)
+        silent = self.liveness.sample(now, max(self.last_msg, self.last_progress))
+        if silent <= stall_timeout:
+            return False
+        self.frozen_status = self.liveness.status
+        log.error("worker %d (pid %s) shows no sign of life for %.1f s (state %s): frozen",
+                  self.index, self.proc.pid, silent, self.frozen_status)
+        return True
 
     def start_ended(self, desc: str) -> Optional[str]:
         """Judge a worker that died while starting (call before ``discard``). When a probe

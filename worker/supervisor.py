@@ -12,6 +12,9 @@ followed by a fresh worker:
   unless the same input already crashed a worker twice;
 * hung (a stage silent for ``worker.stage_timeout_s``): SIGTERM, SIGKILL after a
   grace period, then treated as a crash;
+* frozen (a busy worker that neither used CPU time nor sent a message for
+  ``worker.stall_timeout_s``, e.g. stopped by SIGSTOP or deadlocked; see
+  ``worker.liveness``): stopped the same way, then treated as a crash;
 * CUDA error: the worker reports it and exits (its CUDA context is poisoned);
   CUDA out of memory: retried once with a smaller chunk scale, then failed;
 * cancel: the worker running the job is killed and replaced.
@@ -113,6 +116,10 @@ class _Job:
     @property
     def stage_timeout(self) -> float:
         return float(self.settings.get("worker", {}).get("stage_timeout_s", 600.0))
+
+    @property
+    def stall_timeout(self) -> float:
+        return float(self.settings.get("worker", {}).get("stall_timeout_s", 30.0))
 
     @property
     def retry_allowed(self) -> bool:
@@ -440,7 +447,8 @@ class Supervisor:
                 self._on_exit(s)
                 continue
             s.watch(time.monotonic(), self.settings.worker.probe_timeout_s, self._heartbeat_limit,
-                    s.job.stage_timeout if s.job is not None else 0.0)
+                    s.job.stage_timeout if s.job is not None else 0.0,
+                    s.job.stall_timeout if s.job is not None else 0.0)
         self._assign()
 
     def _spawn(self, s: WorkerSlot) -> None:
@@ -520,7 +528,7 @@ class Supervisor:
     def _on_exit(self, s: WorkerSlot) -> None:
         code = s.proc.exitcode
         desc = describe_exit(code)
-        job, reason, was = s.job, s.kill_reason, s.state
+        job, reason, was, frozen_status = s.job, s.kill_reason, s.state, s.frozen_status
         if was == "starting":
             what = s.start_ended(desc)   # before discard(): it needs the probe that ran
             s.discard()
@@ -540,10 +548,14 @@ class Supervisor:
             append_log(job.dir, "cancelled: the worker running it was stopped")
             self._finish(job, "cancelled", "cancelled by user")
             return
+        how = {-signal.SIGTERM: "SIGTERM", -signal.SIGKILL: "SIGKILL"}.get(code, desc)
         if reason == "hang":
-            how = {-signal.SIGTERM: "SIGTERM", -signal.SIGKILL: "SIGKILL"}.get(code, desc)
             why = (f"worker hung {_where(stage)}: no progress for {job.stage_timeout:g} s "
                    f"(worker.stage_timeout_s); it was stopped with {how}")
+        elif reason == "frozen":
+            why = (f"worker froze {_where(stage)}: it used no CPU time and sent nothing for "
+                   f"{job.stall_timeout:g} s (worker.stall_timeout_s; process state "
+                   f"'{frozen_status}'); it was stopped with {how}")
         else:
             why = f"worker {desc} {_where(stage)}"
         if tail:
