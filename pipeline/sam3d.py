@@ -45,6 +45,24 @@ canonical frame turned y-up the way its ``to_glb`` does: (x, y, z) -> (x, z, -y)
 When a pointmap comes back, the pose convention is checked against it (the
 masked scene points must lie on the posed object); if the transposed rotation
 fits far better it is used instead and ``meta["pose_convention"]`` says so.
+
+Source camera (the photo's camera in Kiln's normalised world). SAM 3D does not
+return intrinsics (``run`` keeps MoGe's and drops them), but the pointmap holds,
+for every pixel of the image it was given, the camera-space point seen there.
+With ``u = -x/z``, ``v = -y/z`` (PyTorch3D -> OpenCV axes), a pinhole camera has
+``col = fx u + cx`` and ``row = fy v + cy``; fx, cx and fy, cy are fitted by
+least squares over all finite pointmap pixels (pixel centres in the image's
+pixels; SAM 3D shrinks the pointmap by 1/2, 1/4 or 1/8 for large images, which
+is undone), with a second pass that drops outliers (mixed depths at edges). The
+extrinsics compose what ``convert_outputs`` did to the object: with s the
+(uniform) pose scale, t its translation, C = diag(-1, 1, -1), D = diag(-1, -1, 1)
+(PyTorch3D -> OpenCV) and the normalisation p_norm = (p_kiln - center) * k,
+
+    p_cv = D p_cam = (s / k) * (D C p_norm + k D C center + (k / s) D t)
+
+and a uniform factor does not change a perspective projection, so the viewmat
+is [D C | k D C center + (k / s) D t], rigid and in normalised units. No pose
+or no pointmap: no source camera (``meta["source_camera"]`` says why).
 """
 
 from __future__ import annotations
@@ -56,7 +74,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .geometry import signed_volume
-from .types import Gaussians, ImageInput, Mesh, Reconstruction
+from .types import Gaussians, ImageInput, Mesh, Reconstruction, SourceCamera
 from .validate import StageInputError
 
 ProgressFn = Callable[[float, str], None]
@@ -71,6 +89,9 @@ RUN_FLAGS = dict(stage1_only=False, with_mesh_postprocess=False, with_texture_ba
 
 # column-vector rotations (p' = M @ p)
 CAM_TO_KILN = np.diag([-1.0, 1.0, -1.0])
+P3D_TO_OPENCV = np.diag([-1.0, -1.0, 1.0])   # PyTorch3D camera (x left, y up) -> OpenCV (x right, y down)
+POINTMAP_SHRINK = (1.0, 0.5, 0.25, 0.125)    # InferencePipelinePointMap._down_sample_img's factors
+MIN_FIT_PIXELS = 64                           # fewer valid pointmap pixels cannot pin down 4 intrinsics
 ZUP_TO_YUP = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, -1.0, 0.0]])  # (x, y, z) -> (x, z, -y)
 
 _PIPELINE_CACHE: dict[tuple, Any] = {}
@@ -313,16 +334,20 @@ def _raw_gaussians(gs: Any) -> dict:
         scales = _np(gs.get_scaling)
         quats = _np(gs.get_rotation)
         opac = _np(gs.get_opacity).reshape(-1)
-        feats = _np(gs.get_features)
+        # the DC band alone: TRELLIS concatenates higher bands after it along dim 2, which
+        # reshape(n, -1, 3) would mix into the colour; Kiln's Gaussians are view-independent
+        dc_raw = getattr(gs, "_features_dc", None)
+        feats = _np(dc_raw if dc_raw is not None else gs.get_features)
     except AttributeError as e:
         raise Sam3dError(f"SAM 3D output 'gs' is not a Gaussian model ({e})") from None
     n = means.shape[0]
-    dc = feats.reshape(n, -1, 3)[:, 0, :] if feats.ndim >= 2 else feats
+    dc = feats.reshape(n, -1)[:, :3] if feats.ndim >= 2 and feats.size >= 3 * n else feats
     if means.shape != (n, 3) or scales.shape != (n, 3) or quats.shape != (n, 4) or opac.shape != (n,):
         raise Sam3dError(f"SAM 3D Gaussians have inconsistent shapes: xyz {means.shape}, scaling "
                          f"{scales.shape}, rotation {quats.shape}, opacity {opac.shape}")
     return {"means": means, "scales": scales, "quats": quats, "opacities": opac,
-            "colors": np.clip(0.5 + SH_C0 * dc, 0.0, 1.0)}
+            "colors": np.clip(0.5 + SH_C0 * dc, 0.0, 1.0),
+            "sh_degree": int(getattr(gs, "sh_degree", 0) or 0)}
 
 
 def _raw_mesh(outputs: dict) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
@@ -411,7 +436,8 @@ def _choose_rotation(q: np.ndarray, t: np.ndarray, s: np.ndarray, local_pts: np.
 def _frame_rotation(outputs: dict, local_means: np.ndarray, mask: Optional[np.ndarray],
                     meta: dict) -> tuple[np.ndarray, np.ndarray]:
     """(3, 3) rotation from SAM 3D's local frame to Kiln's, and the (3,) pose scale
-    kept (uniform). Records the orientation and pose convention used in ``meta``."""
+    kept (uniform; ones without a pose). Records the orientation and pose convention
+    used in ``meta``."""
     pose = _pose(outputs)
     if pose is None:
         meta["orientation"] = "sam3d canonical (no pose returned)"
@@ -432,8 +458,9 @@ def _frame_rotation(outputs: dict, local_means: np.ndarray, mask: Optional[np.nd
 def convert_outputs(outputs: dict, mask: Optional[np.ndarray] = None) -> Reconstruction:
     """SAM 3D's ``run`` output dict -> Kiln ``Reconstruction`` (frame: module docstring).
 
-    mask: (H, W) bool, the object mask given to SAM 3D; used only to check the
-    pose convention against the returned pointmap.
+    mask: (H, W) bool, the object mask given to SAM 3D; used to check the pose
+    convention against the returned pointmap and to state the source camera in
+    that image's pixels (``source_camera_from_outputs``; None without pose or pointmap).
     Mesh: float32 vertices in [-0.5, 0.5]^3 (longest side 1), int32 faces wound
     counter-clockwise from outside (by signed volume), float32 vertex colours.
     Gaussians: same transform; scales multiplied by the same factor, rotations
@@ -478,6 +505,10 @@ def convert_outputs(outputs: dict, mask: Optional[np.ndarray] = None) -> Reconst
     quats_k /= np.linalg.norm(quats_k, axis=1, keepdims=True)
     meta["normalisation"] = {"center": center.tolist(), "scale": k,
                              "pose_scale": scale_vec.tolist()}
+    if g["sh_degree"] > 0:
+        meta["sh_bands_dropped"] = g["sh_degree"]   # view-dependent colour is not kept
+    source, why = source_camera_from_outputs(outputs, mask, center, k)
+    meta["source_camera"] = why
 
     faces = faces.astype(np.int32)
     if signed_volume(verts_k, faces) < 0:
@@ -505,7 +536,95 @@ def convert_outputs(outputs: dict, mask: Optional[np.ndarray] = None) -> Reconst
         gaussians.validate("sam3d gaussians")
     except StageInputError as e:
         raise Sam3dError(f"SAM 3D output could not be converted: {e}") from None
-    return Reconstruction(mesh=mesh, gaussians=gaussians, meta=meta)
+    return Reconstruction(mesh=mesh, gaussians=gaussians, meta=meta, source_camera=source)
+
+
+# --------------------------------------------------------------------------- source camera
+
+def _pointmap_pixel_centres(pm_shape: tuple, image_shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Column and row (image pixels) of each pointmap cell's centre: (w,), (h,).
+
+    SAM 3D shrinks the pointmap with ``interpolate(scale_factor=f)``, whose output
+    cell i samples input coordinate (i + 0.5) / f; when the sizes match one of its
+    factors that is used, else each axis's own ratio."""
+    (h, w), (H, W) = pm_shape, image_shape
+    fy, fx = h / H, w / W
+    for f in POINTMAP_SHRINK:
+        if int(np.floor(H * f)) == h and int(np.floor(W * f)) == w:
+            fy = fx = f
+            break
+    return (np.arange(w) + 0.5) / fx, (np.arange(h) + 0.5) / fy
+
+
+def fit_intrinsics(pointmap: np.ndarray, image_shape: tuple) -> tuple[np.ndarray, dict]:
+    """Pinhole K (3, 3) in pixels of the image SAM 3D saw, fitted to its pointmap.
+
+    pointmap: (h, w, 3) camera-space points in PyTorch3D axes; image_shape: (H, W).
+    Least squares col = fx * (-x/z) + cx and row = fy * (-y/z) + cy over every finite
+    point in front of the camera, refitted once without points off by more than
+    max(1 px, 4 x the median residual). Raises ValueError when the fit is not possible."""
+    pm = np.asarray(pointmap, np.float64)
+    cols, rows = _pointmap_pixel_centres(pm.shape[:2], image_shape)
+    cc, rr = np.meshgrid(cols, rows)
+    z = pm[..., 2]
+    ok = np.isfinite(pm).all(axis=-1) & (z > 1e-9)
+    if ok.sum() < MIN_FIT_PIXELS:
+        raise ValueError(f"only {int(ok.sum())} pointmap pixels are finite and in front of the camera")
+    u, v = -pm[..., 0][ok] / z[ok], -pm[..., 1][ok] / z[ok]
+    col, row = cc[ok], rr[ok]
+    keep = np.ones(len(u), bool)
+    for _ in range(2):
+        a_x = np.stack([u[keep], np.ones(keep.sum())], axis=1)
+        a_y = np.stack([v[keep], np.ones(keep.sum())], axis=1)
+        (fx, cx), *_ = np.linalg.lstsq(a_x, col[keep], rcond=None)
+        (fy, cy), *_ = np.linalg.lstsq(a_y, row[keep], rcond=None)
+        res = np.hypot(fx * u + cx - col, fy * v + cy - row)
+        keep = res <= max(1.0, 4.0 * float(np.median(res)))
+        if keep.sum() < MIN_FIT_PIXELS:
+            raise ValueError("the pointmap is not consistent with a pinhole camera")
+    if not (fx > 0 and fy > 0 and np.isfinite([fx, fy, cx, cy]).all()):
+        raise ValueError(f"fitted focal lengths are not positive ({fx:.4g}, {fy:.4g})")
+    K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
+    return K, {"fx": float(fx), "fy": float(fy), "cx": float(cx), "cy": float(cy),
+               "rms_px": float(np.sqrt(np.mean(res[keep] ** 2))), "pixels": int(keep.sum()),
+               "outliers": int((~keep).sum())}
+
+
+def source_camera_from_outputs(outputs: dict, mask: Optional[np.ndarray], center: np.ndarray,
+                               k: float) -> tuple[Optional[SourceCamera], dict]:
+    """The photo's camera in Kiln's normalised frame (module docstring), stated in
+    pixels of the image SAM 3D saw (``mask``'s shape), and a dict saying how it was
+    derived or why there is none. center, k: ``convert_outputs``' normalisation."""
+    pose = _pose(outputs)
+    if pose is None:
+        return None, {"derived": False, "why": "SAM 3D returned no object pose"}
+    if mask is None or outputs.get("pointmap") is None:
+        return None, {"derived": False, "why": "SAM 3D returned no pointmap, so no intrinsics"}
+    pm = _np(outputs["pointmap"])
+    if pm.ndim != 3 or pm.shape[-1] != 3:
+        return None, {"derived": False, "why": f"pointmap has shape {pm.shape}, not (h, w, 3)"}
+    try:
+        K, fit = fit_intrinsics(pm, mask.shape)
+    except ValueError as e:
+        return None, {"derived": False, "why": f"intrinsics could not be fitted: {e}"}
+    _, t, s = pose
+    s_mean = float(np.mean(s))
+    if not s_mean > 0:
+        return None, {"derived": False, "why": f"pose scale {s_mean:.4g} is not positive"}
+    dc = P3D_TO_OPENCV @ CAM_TO_KILN
+    viewmat = np.eye(4)
+    viewmat[:3, :3] = dc
+    viewmat[:3, 3] = k * dc @ center + (k / s_mean) * (P3D_TO_OPENCV @ t)
+    h, w = mask.shape
+    cam = SourceCamera(viewmat=viewmat.astype(np.float32), K=K.astype(np.float32),
+                       width=int(w), height=int(h), projection="perspective")
+    depth = viewmat[2, 3]     # camera z of the normalised object's centre
+    if not depth > 0.5:
+        return None, {"derived": False, "why": f"the posed object is not in front of the camera "
+                      f"(centre depth {depth:.3g} normalised units)", "intrinsics_fit": fit}
+    return cam, {"derived": True, "intrinsics": "least squares on the pointmap",
+                 "extrinsics": "object pose + Kiln's frame change and normalisation",
+                 "intrinsics_fit": fit}
 
 
 def _colours_from_gaussians(verts: np.ndarray, means: np.ndarray, colors: np.ndarray) -> np.ndarray:
