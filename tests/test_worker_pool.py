@@ -122,19 +122,35 @@ def test_shutdown_ends_running_and_queued_jobs_with_a_reason(tmp_path):
 
 def test_a_probe_that_crashes_the_worker_only_disables_its_backend(tmp_path):
     # The old tool's failure: a native rasterizer segfaulting on first use. Here it costs
-    # one worker start and that backend, not the server.
+    # two worker starts (the second probes again) and that backend, not the server.
     plan = FaultPlan(["segv@probe:moderngl"])
     with Supervisor(small_settings(), tmp_path / "jobs", None, faults=plan) as sup:
         caps = sup.capabilities()
         assert caps["moderngl"] is False and caps["cpu"] is True
-        assert caps["reasons"]["moderngl"] == "probe crashed with SIGSEGV (see worker-0.log)"
+        assert caps["reasons"]["moderngl"] == ("probe crashed with SIGSEGV twice in a row "
+                                               "(see worker-0.log)")
+        assert sup._slots[0].starts == 3   # crashed, crashed again, started without it
         st = sup.run(*image(), small_settings(), timeout=60)
         assert st.state == "failed"
         assert st.error == ("the job could not start: StageInputError: settings ask for rasterizer "
                             "'moderngl', which does not work on this worker: probe crashed with "
-                            "SIGSEGV (see worker-0.log)")
+                            "SIGSEGV twice in a row (see worker-0.log)")
         st = sup.run(*image(), small_settings(bake__enabled=False), timeout=60)
         assert st.state == "done", st.error
+
+
+def test_a_probe_that_crashed_once_is_probed_again_and_keeps_its_backend(tmp_path):
+    # A one-off crash while the first worker probes moderngl (a driver hiccup): the next
+    # start probes it again, it works, and the backend stays on.
+    plan = FaultPlan(["segv@probe:moderngl:attempt=1"])
+    with Supervisor(small_settings(), tmp_path / "jobs", None, faults=plan) as sup:
+        caps = sup.capabilities()
+        assert caps["moderngl"] is True, caps["reasons"]
+        assert "moderngl" not in caps["reasons"]
+        assert sup._slots[0].starts == 2 and sup._slots[0].skip_probes == {}
+        st = sup.run(*image(), small_settings(rasterize__backend="moderngl"), timeout=60)
+        assert st.state == "done", st.error
+        assert st.backends["rasterize"] == "moderngl"
 
 
 def test_shutdown_keeps_what_already_happened(tmp_path):

@@ -14,8 +14,9 @@ KIND is one of ``KINDS``; STAGE a pipeline stage name, or ``probe:NAME`` for a
 start-up backend probe (``worker.probe.PROBES``) or ``probe:imports`` for the
 start-up step after the probes, where a worker imports the stages' libraries
 (a native library crashing on load); ``attempt`` limits the rule to
-that attempt of a job (1 = first run, 2 = the retry); ``session`` to jobs
-submitted under that session name.
+that attempt of a job (1 = first run, 2 = the retry), or for a probe rule to that
+start of the worker slot (1 = its first worker); ``session`` to jobs submitted
+under that session name.
 """
 
 from __future__ import annotations
@@ -105,11 +106,13 @@ class FaultPlan:
                 return rule.spec
         return None
 
-    def probe_faults(self) -> dict[str, str]:
+    def probe_faults(self, start: Optional[int] = None) -> dict[str, str]:
         """{probe name: fault kind} for rules on ``probe:NAME`` stages: they fire while a
-        worker starts, in that backend probe, every time until the probe is skipped."""
+        worker starts, in that backend probe, every time until the probe is skipped. On a
+        probe rule ``attempt=N`` means the N-th start of that worker slot (``start``)."""
         return {r.stage[len(PROBE_PREFIX):]: r.kind for r in self.rules
-                if r.stage.startswith(PROBE_PREFIX)}
+                if r.stage.startswith(PROBE_PREFIX)
+                and (r.attempt is None or start is None or r.attempt == start)}
 
 
 def split_spec(spec: str) -> tuple[str, str]:

@@ -1,7 +1,8 @@
 """Worker slots: one position in the pool, holding at most one spawned worker process.
 
 A slot outlives the processes in it. It keeps what must survive a restart (the GPU it
-is pinned to, the probes that crashed a worker and are skipped from then on, the last
+is pinned to, the probes that crashed a worker in two starts in a row and are skipped
+from then on, the last
 capability report, restart and start-failure counts) and, per process, the two
 queues, the state and the clocks its deadlines are measured from.
 
@@ -29,6 +30,10 @@ log = logging.getLogger("kiln.worker")
 KILL_GRACE_S = 1.0          # SIGTERM -> SIGKILL
 STARTUP_FAILURES_LIMIT = 3  # consecutive failed starts before a slot gives up
 STOP_GRACE_S = 5.0          # a worker that said it will exit (CUDA error) gets this long
+# A probe that crashed its worker this many starts in a row is skipped from then on; one
+# crash may be a fluke (a driver hiccup, a JIT build racing another process), so the next
+# start probes again.
+PROBE_CRASHES_LIMIT = 2
 
 
 def describe_exit(code: Optional[int]) -> str:
@@ -51,6 +56,8 @@ class WorkerSlot:
         self.gpu = gpu
         self.log_path = log_path
         self.skip_probes: dict[str, str] = {}   # probe name -> why it is skipped
+        self.probe_crashes: dict[str, int] = {}  # probe name -> starts in a row it crashed
+        self.starts = 0                         # processes spawned in this slot
         self.failures = 0                       # consecutive failed starts
         self.restarts = 0                       # processes lost after they were ready
         self.next_spawn = 0.0                   # no start before this (monotonic), a back-off
@@ -94,6 +101,7 @@ class WorkerSlot:
             _close_queues(inbox, outbox)
             raise
         self.proc, self.inbox, self.outbox, self.state = proc, inbox, outbox, "starting"
+        self.starts += 1
         self.spawned = self.last_msg = self.phase_since = time.monotonic()
 
     @property
@@ -158,12 +166,15 @@ class WorkerSlot:
         if kind == "hb":
             return True
         if kind == "probe":
+            if self.probe is not None:   # the one before ended without killing the worker
+                self.probe_crashes.pop(self.probe, None)
             # name None: probing is over, the worker imports the stages' libraries
             self.probe = msg.get("name")
             self.phase = f"probe {self.probe}" if self.probe else "importing the stage libraries"
             self.phase_since = now
             return True
         if kind == "ready":
+            self.probe_crashes.clear()   # every probe that ran ended without a crash
             self.probe, self.caps, self.state = None, msg["caps"], "idle"
             self.startup_s = round(now - self.spawned, 3)
             self.failures = 0
@@ -215,7 +226,16 @@ class WorkerSlot:
         killed it, that probe is skipped from now on and None is returned (restart at
         once); otherwise what went wrong, for ``count_start_failure``."""
         if self.probe is not None and self.kill_reason != "startup-timeout":
-            why = "probe timed out" if self.kill_reason == "probe-timeout" else f"probe {desc}"
+            if self.kill_reason == "probe-timeout":
+                # stuck in native code for probe_timeout_s: another try costs as long again
+                why = "probe timed out"
+            else:
+                n = self.probe_crashes[self.probe] = self.probe_crashes.get(self.probe, 0) + 1
+                if n < PROBE_CRASHES_LIMIT:
+                    log.warning("worker %d: probe %s %s; restarting and probing it again",
+                                self.index, self.probe, desc)
+                    return None
+                why = f"probe {desc}" + (" twice in a row" if n == 2 else f" {n} times in a row")
             self.skip_probes[self.probe] = f"{why} (see {self.log_path.name})"
             log.warning("worker %d: %s probe %s; restarting without it", self.index, self.probe, why)
             return None

@@ -457,7 +457,7 @@ class Supervisor:
                "probe_timeout_s": ws.probe_timeout_s,
                "torch_extensions_dir": str(self.var_dir / "torch_extensions"),
                "faults_enabled": self.faults is not None,
-               "probe_faults": self.faults.probe_faults() if self.faults else {},
+               "probe_faults": self.faults.probe_faults(s.starts + 1) if self.faults else {},
                "parent_pid": os.getpid(), "settings": self.settings.to_dict()}
         try:
             s.spawn(self._ctx, cfg)
