@@ -95,6 +95,8 @@ class WorkerSettings:
     probe_timeout_s: float = field(default=300.0, metadata=_num(5, 1800))
     retry_with_fallback: bool = True
     max_queue: int = field(default=16, metadata=_num(1, 1000))
+    # python executable the workers run under (e.g. SAM 3D Objects' env); "" = Kiln's own
+    python: str = ""
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,8 @@ def _probe_all(cfg: dict, send: Sender, env_notes: dict) -> dict:
             "cpu": bool(r.get("cpu")), "sam3d": bool(r.get("sam3d")),
             "reasons": reasons, "probe_s": times,
             "torch_cuda": env_notes.get("torch_cuda"), "toolkit": env_notes.get("toolkit"),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "python": sys.executable, "python_prefix": sys.prefix}   # worker.python shows here
     return caps
 
 
@@ -177,6 +178,9 @@ def _warm_imports(cfg: dict) -> None:
 
 def worker_main(cfg: dict, inbox, outbox) -> None:
     """Entry point of a spawned worker. ``cfg`` is built by the supervisor (plain data)."""
+    from .interpreter import adopt_path
+
+    adopt_path(cfg)   # under worker.python: that interpreter's sys.path, before any import
     from . import env as env_mod
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's business

@@ -49,6 +49,7 @@ from kiln.settings import Settings
 from kiln.settings import load as load_settings
 
 from . import env as env_mod
+from . import interpreter
 from .faults import FaultPlan
 from .glb import GLBError, check_glb_light
 from .jobstore import (Event, JobStatus, JobStore, append_log, atomic_write_json, check_inputs,
@@ -460,7 +461,9 @@ class Supervisor:
                "probe_faults": self.faults.probe_faults(s.starts + 1) if self.faults else {},
                "parent_pid": os.getpid(), "settings": self.settings.to_dict()}
         try:
-            s.spawn(self._ctx, cfg)
+            cfg.update(interpreter.worker_config(ws.python))    # {} unless worker.python is set
+            with interpreter.spawning(self._ctx, cfg.get("python")):
+                s.spawn(self._ctx, cfg)
         except Exception as e:  # e.g. out of file descriptors: back off, then retry
             self._start_failed(s, f"could not be spawned ({type(e).__name__}: {e})")
 

@@ -1,0 +1,81 @@
+"""worker.python: the worker runs under a second interpreter while the app stays here.
+
+The second interpreter is a venv the test creates (``python -m venv --without-pip``) whose
+site-packages reaches Kiln's venv through a plain ``.pth`` path line: it can import torch
+and the stage libraries cheaply, but not Kiln itself (the editable install's finder is not
+run from there), so the worker must find Kiln's tree the way ``worker.interpreter`` says.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from worker import interpreter
+from worker.supervisor import Supervisor, WorkerStartError
+from worker_helpers import image, small_settings
+
+
+@pytest.fixture(scope="module")
+def second_python(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("venv2")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   capture_output=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    Path(site, "kiln_parent_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # Kiln itself must not be importable there: the worker gets it from worker.interpreter
+    probe = subprocess.run([str(python), "-c", "import worker"], capture_output=True, cwd="/")
+    assert probe.returncode != 0
+    return python
+
+
+def test_worker_config_reads_the_interpreters_own_path(second_python):
+    assert interpreter.worker_config("") == {}
+    cfg = interpreter.worker_config(str(second_python))
+    assert cfg["python"] == str(second_python)
+    venv = str(second_python.parent.parent)
+    assert any(p.startswith(venv) for p in cfg["sys_path"])      # its own site-packages
+    assert cfg["project_root"] == str(Path(__file__).resolve().parent.parent)
+
+
+def test_bad_interpreter_is_named(tmp_path):
+    with pytest.raises(interpreter.InterpreterError, match="does not exist"):
+        interpreter.worker_config(str(tmp_path / "nope" / "python"))
+    with pytest.raises(interpreter.InterpreterError, match="not an executable"):
+        interpreter.worker_config(str(tmp_path))
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    script.chmod(0o755)
+    with pytest.raises(interpreter.InterpreterError, match="failed to start: broken"):
+        interpreter.worker_config(str(script))
+
+
+def test_a_job_runs_through_a_worker_under_the_second_interpreter(tmp_path, second_python):
+    import multiprocessing.spawn as mp_spawn
+
+    before = mp_spawn.get_executable()
+    settings = small_settings(worker__python=str(second_python))
+    with Supervisor(settings, tmp_path / "jobs", None) as sup:
+        caps = sup.capabilities()
+        # the worker is that interpreter (its prefix is the second venv), the app is not
+        assert caps["python"] == str(second_python)
+        assert caps["python_prefix"] == str(second_python.parent.parent)
+        assert sys.prefix != caps["python_prefix"]
+        st = sup.run(*image(), settings, session="py2", timeout=180)
+        assert st.state == "done", st.error
+        assert Path(st.outputs["glb"]).is_file()
+    # the spawn executable is this process's own again for every other spawn
+    assert mp_spawn.get_executable() == before
+
+
+def test_an_unusable_interpreter_fails_the_start_clearly(tmp_path):
+    settings = small_settings(worker__python=str(tmp_path / "missing" / "python"))
+    with pytest.raises(WorkerStartError, match="worker.python .* does not exist"):
+        Supervisor(settings, tmp_path / "jobs", None).start(timeout=30)
