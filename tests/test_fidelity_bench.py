@@ -15,12 +15,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # by path: bench/ also holds a pipeline.py that must not shadow the pipeline package
-_spec = importlib.util.spec_from_file_location("glb_render", ROOT / "bench" / "glb_render.py")
-glb_render = importlib.util.module_from_spec(_spec)
-sys.modules["glb_render"] = glb_render
-_spec.loader.exec_module(glb_render)
 
-pytestmark = [pytest.mark.browser]
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+glb_render = _load("glb_render")
 
 N = 48            # texture side in texels; also the quad's side in pixels
 W, H = 80, 64     # image size: the quad sits off-centre
@@ -72,6 +77,7 @@ def _check(rgb, covered, tex):
     assert diff.max() <= 2, f"texture not reproduced: max |diff| {diff.max()}, mean {diff.mean():.3f}"
 
 
+@pytest.mark.browser
 def test_orthographic_camera_reproduces_texture(renderer, quad_glb):
     path, tex = quad_glb
     # camera at z = +2 looking along -z: camera x = world x, camera y = -world y
@@ -85,6 +91,7 @@ def test_orthographic_camera_reproduces_texture(renderer, quad_glb):
     _check(rgb, covered, tex)
 
 
+@pytest.mark.browser
 def test_perspective_camera_reproduces_texture(renderer, quad_glb):
     from pipeline.cameras import look_at
 
@@ -98,6 +105,7 @@ def test_perspective_camera_reproduces_texture(renderer, quad_glb):
     _check(rgb, covered, tex)
 
 
+@pytest.mark.browser
 def test_back_of_quad_is_culled_and_half_pixel_shift_is_caught(renderer, quad_glb):
     """From behind the single-sided quad shows nothing; a K shifted by half a pixel is
     caught by the same check (so the check above can fail)."""
@@ -129,3 +137,44 @@ def test_gl_projection_maps_pixel_corners():
         ndc = clip[:3] / clip[3]
         assert np.allclose(ndc[:2], [-1.0, 1.0]), (proj, ndc)
         assert -1.0 < ndc[2] < 1.0
+
+
+def test_builtin_camera_from_meta_lands_on_the_mask():
+    """The front camera the benchmark rebuilds for a reconstruction that reports none
+    projects the mesh onto the mask, also when the backend saw a downscaled photo."""
+    from kiln.examples import draw_object
+    from kiln.settings import ReconstructSettings
+    from pipeline.reconstruct import reconstruct
+    from pipeline.types import ImageInput, SourceCamera
+
+    fidelity = _load("fidelity")
+    rgb, mask = draw_object(400, "toy")
+    recon = reconstruct(ImageInput(rgb=rgb, mask=mask),
+                        ReconstructSettings(resolution=48, num_gaussians=1000, max_image_side=256), seed=0)
+    assert recon.meta["image_scale"] < 1
+    cam = SourceCamera.from_dict(fidelity.builtin_source_camera(recon.meta, mask.shape))
+    px, z = cam.project(recon.mesh.vertices)
+    assert (z > 0).all()
+    col, row = np.floor(px[:, 0]).astype(int), np.floor(px[:, 1]).astype(int)
+    inside = (col >= 0) & (col < 400) & (row >= 0) & (row < 400)
+    assert inside.all()
+    from scipy import ndimage
+    near_mask = ndimage.binary_dilation(mask, iterations=6)   # a grid cell is ~8 px here
+    assert near_mask[row, col].mean() > 0.99
+    # and the mesh spans the mask's extent, not a shrunken or shifted copy
+    rows = np.flatnonzero(mask.any(1))
+    assert abs(row.min() - rows[0]) <= 8 and abs(row.max() - rows[-1]) <= 8
+
+
+def test_front_metrics_identical_and_shifted():
+    fidelity = _load("fidelity")
+    rng = np.random.default_rng(0)
+    photo = rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    mask = np.zeros((40, 50), bool)
+    mask[5:35, 8:40] = True
+    m = fidelity.front_metrics(photo, mask, photo.copy(), mask.copy())
+    assert m["psnr"] == float("inf") and m["ssim"] == pytest.approx(1.0) and m["iou"] == 1.0
+    shifted = np.roll(photo, 1, axis=1)
+    cov = np.roll(mask, 1, axis=1)
+    m2 = fidelity.front_metrics(photo, mask, shifted, cov)
+    assert m2["psnr"] < 15 and m2["ssim"] < 0.3 and m2["iou"] == pytest.approx(31 / 33)
