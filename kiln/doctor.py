@@ -487,6 +487,83 @@ def check_sam2(settings, folder: str) -> Check:
                  f"found: {listed} (loaded on first use; not loaded here)", data=data)
 
 
+# import name -> pip requirement, for what a worker imports (Kiln's dependencies minus the UI)
+WORKER_PACKAGES = {
+    "numpy": "numpy>=1.26", "scipy": "scipy>=1.11", "PIL": "pillow>=10", "yaml": "pyyaml>=6",
+    "trimesh": "trimesh>=4.4", "pyfqmr": "pyfqmr>=0.2", "xatlas": "xatlas>=0.0.9",
+    "moderngl": "moderngl>=5.10", "cv2": "opencv-python-headless>=4.8", "skimage": "scikit-image>=0.22",
+    "embreex": "embreex>=2.17", "plyfile": "plyfile>=1.0", "psutil": "psutil>=5.9",
+    "networkx": "networkx>=3", "rtree": "rtree>=1.0", "torch": "torch>=2.4",
+}
+WORKER_PYTHON_SNIPPET = r"""
+import json, sys, importlib.util
+names = json.loads(sys.argv[1])
+out = {"version": "%d.%d.%d" % sys.version_info[:3], "prefix": sys.prefix,
+       "missing": [n for n in names if importlib.util.find_spec(n) is None]}
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["torch_cuda"] = torch.version.cuda
+    out["cuda_available"] = bool(torch.cuda.is_available())
+    out["devices"] = torch.cuda.device_count() if out["cuda_available"] else 0
+except Exception as e:
+    out["torch_error"] = "%s: %s" % (type(e).__name__, e)
+print(json.dumps(out))
+"""
+
+
+def check_worker_python(settings, quick: bool = False, timeout: float = 120.0) -> Check:
+    """``worker.python``: the interpreter workers run under (the app stays in this one).
+    Runs it once: Python version, torch and its CUDA, the packages a worker imports."""
+    python = settings.worker.python
+    if not python:
+        return Check("worker.python", "info", f"not set: workers run under {sys.executable}")
+    from worker.interpreter import MIN_VERSION, InterpreterError, resolve
+
+    try:
+        exe = resolve(python)
+    except InterpreterError as e:
+        return Check("worker.python", "fail", str(e), fix=["kiln doctor --set worker.python=/path/to/env/bin/python"])
+    need = dict(WORKER_PACKAGES)
+    if settings.bake.enabled and settings.views.backend in ("gsplat", "auto"):
+        need["gsplat"] = "gsplat==1.5.3"
+    if settings.reconstruct.backend == "sam3d":
+        need.update({"sam3d_objects": "sam3d_objects (facebookresearch/sam-3d-objects: pip install -e .[inference])",
+                     "hydra": "hydra-core", "omegaconf": "omegaconf"})
+    err = ""
+    try:
+        res = subprocess.run([exe, "-c", WORKER_PYTHON_SNIPPET, json.dumps(sorted(need))],
+                             capture_output=True, text=True, timeout=timeout, cwd="/")
+        err = res.stderr
+        info = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
+    except subprocess.TimeoutExpired:
+        return Check("worker.python", "fail", f"{exe} did not answer within {timeout:g} s")
+    except (OSError, ValueError, IndexError) as e:
+        return Check("worker.python", "fail", f"{exe} could not be run ({type(e).__name__})" + _tail(err))
+    data = {"python": exe, **info}
+    problems, fix = [], []
+    if tuple(int(x) for x in info["version"].split(".")[:2]) < MIN_VERSION:
+        problems.append(f"Python {info['version']} is older than {'.'.join(map(str, MIN_VERSION))}")
+    missing = [m for m in info["missing"] if m != "sam3d_objects"]
+    if missing:
+        problems.append("missing " + ", ".join(missing))
+        fix.append(f"{exe} -m pip install " + " ".join(f"'{need[m]}'" for m in missing))
+    if "sam3d_objects" in info["missing"]:
+        problems.append("sam3d_objects is not installed")
+        fix.append("install facebookresearch/sam-3d-objects into that env as its doc/setup.md says "
+                   "(see docs/models.md)")
+    if settings.worker.device == "cuda" and not info.get("cuda_available"):
+        problems.append("worker.device is cuda but torch there sees no CUDA device")
+    torch_s = (f"torch {info['torch']} (CUDA {info.get('torch_cuda') or 'none'}, "
+               f"{info.get('devices', 0)} device(s) visible)") if "torch" in info else \
+        f"torch: {info.get('torch_error', 'not importable')}"
+    detail = f"{exe}: Python {info['version']}, {torch_s}"
+    if problems:
+        return Check("worker.python", "fail", detail + "; " + "; ".join(problems), fix=fix, data=data)
+    return Check("worker.python", "ok", detail + f"; all {len(need)} packages a worker imports are installed",
+                 data=data)
+
+
 def check_sam3d(settings, gpus: list) -> Check:
     import importlib.util
 
@@ -580,6 +657,7 @@ def run_checks(settings, quick: bool = False, timeout: float = 180.0,
     checks.append(nvd)
     checks.append(check_sam2(settings, checkpoints))
     checks.append(check_sam3d(settings, gpus))
+    checks.append(check_worker_python(settings, quick, min(timeout, 120.0)))
     return checks
 
 

@@ -79,3 +79,29 @@ def test_an_unusable_interpreter_fails_the_start_clearly(tmp_path):
     settings = small_settings(worker__python=str(tmp_path / "missing" / "python"))
     with pytest.raises(WorkerStartError, match="worker.python .* does not exist"):
         Supervisor(settings, tmp_path / "jobs", None).start(timeout=30)
+
+
+# --------------------------------------------------------------------------- kiln doctor
+
+def test_doctor_checks_the_worker_interpreter(second_python, tmp_path):
+    from kiln.doctor import check_worker_python
+
+    assert check_worker_python(small_settings()).status == "info"
+    ok = check_worker_python(small_settings(worker__python=str(second_python)))
+    assert ok.status == "ok", ok.detail
+    assert f"Python {sys.version_info.major}.{sys.version_info.minor}" in ok.detail and "torch" in ok.detail
+    assert ok.data["prefix"] == str(second_python.parent.parent)
+
+    # a bare venv: no torch, no stage libraries -> fail, with the install command for that env
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True,
+                   capture_output=True, timeout=120)
+    bad = check_worker_python(small_settings(worker__python=str(bare / "bin" / "python"),
+                                             reconstruct__backend="sam3d"))
+    assert bad.status == "fail"
+    assert "missing" in bad.detail and "torch" in bad.detail and "sam3d_objects is not installed" in bad.detail
+    assert bad.fix[0].startswith(f"{bare / 'bin' / 'python'} -m pip install ")
+    assert "'trimesh>=4.4'" in bad.fix[0] and "'torch>=2.4'" in bad.fix[0]
+
+    gone = check_worker_python(small_settings(worker__python=str(tmp_path / "none" / "python")))
+    assert gone.status == "fail" and "does not exist" in gone.detail
