@@ -18,6 +18,11 @@ from kiln.settings import Settings
 
 from .handlers import ActiveJobs, ResultPublisher
 from .segment import GrabCutSegmenter, SegmenterChoice, choose_segmenter
+from .sessions import SessionLimits, SessionStore
+
+# Full-size decodes at once (an upload, a job's submit): each can take ~4 bytes per pixel of
+# app.max_pixels (160 MB at 40 MP) for a moment, so they wait for one another past this.
+DECODES_AT_ONCE = 2
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,12 @@ class AppContext:
         self.settings = settings
         self.workers = expected_workers(settings)
         self.publisher = ResultPublisher(Path(files_dir) / "results")
+        # per-tab state, keyed by the server's session name (cookie + tab), on disk
+        self.sessions = SessionStore(Path(files_dir).parent / "sessions",
+                                     SessionLimits.from_settings(settings.app))
+        self.decodes = threading.BoundedSemaphore(DECODES_AT_ONCE)
+        # session -> the last job's outcome, until the page has shown it
+        self.outcomes: dict[str, dict] = {}
         self.active = ActiveJobs()
         self.summaries: dict[str, str] = {}
         self._supervisor_factory = supervisor_factory or self._default_supervisor

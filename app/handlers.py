@@ -1,13 +1,17 @@
 """What the UI's buttons do, as plain functions over plain data (no Gradio here).
 
 ``app/ui.py`` wires these to components; tests call them directly. A session's
-state is a ``SessionState`` (kept by Gradio per browser tab). Errors meant for
-the person at the browser are raised as ``UIError`` with a sentence to show.
+state is a ``SessionState``, kept on disk by ``app.sessions.SessionStore`` under
+the session name the server derives from the browser cookie and the tab (never
+by Gradio, whose per-tab state is keyed by a value the client chooses). Errors
+meant for the person at the browser are raised as ``UIError`` with a sentence
+to show.
 
-Images: ``WorkImage.rgb`` is the upload at full size; ``WorkImage.work`` is a
-copy with its longest side <= ``segment.SEG_MAX_SIDE`` that is shown, clicked
-and segmented (clicks and ``SessionState.mask`` live in its pixel grid). The
-mask is scaled to full size only when a job is submitted.
+Images: ``WorkImage.work`` is a copy of the upload with its longest side <=
+``segment.SEG_MAX_SIDE`` that is shown, clicked and segmented (clicks and
+``SessionState.mask`` live in its pixel grid). The full-size image is decoded
+again from the uploaded file, and the mask scaled to it, only when a job is
+submitted.
 """
 
 from __future__ import annotations
@@ -41,21 +45,44 @@ class UIError(Exception):
     """A problem the person at the browser caused or can fix; the message says how."""
 
 
+# An absolute path (two or more segments) in a message: where the server keeps its files is
+# nobody's business at the browser. Stops at characters that end a path in prose and quotes.
+_ABS_PATH_RE = re.compile(r"(?<![\w.~:/-])/(?:[^\s/'\"`:;,()<>|]+/)+([^\s/'\"`:;,()<>|]*)")
+
+
+def public_text(text: str) -> str:
+    """``text`` with every absolute path cut to its last part (``/srv/kiln/var/x/log`` ->
+    ``log``): for any message a browser is shown."""
+    return _ABS_PATH_RE.sub(lambda m: m.group(1) or "…", text or "")
+
+
 @dataclass(frozen=True)
 class WorkImage:
-    """An uploaded image. rgb (H, W, 3) uint8 and alpha (H, W) uint8 | None at full size;
-    work (h, w, 3) uint8 and work_alpha (h, w) uint8 | None downscaled to <= SEG_MAX_SIDE."""
+    """An uploaded image. ``work`` (h, w, 3) uint8 and ``work_alpha`` (h, w) uint8 | None:
+    the copy downscaled to <= SEG_MAX_SIDE that is shown, clicked and segmented. The
+    full-size pixels are not kept: ``source`` (the uploaded file, a path or bytes) is
+    decoded again by ``full()`` when a job is submitted, so a session holds a few MB
+    whatever the upload decodes to. ``size``: (H, W) at full size."""
 
     name: str
-    rgb: np.ndarray
-    alpha: Optional[np.ndarray]
     work: np.ndarray
     work_alpha: Optional[np.ndarray]
     key: str
+    size: tuple[int, int]
+    source: Any   # str | Path | bytes
+    has_alpha: bool = False
 
-    @property
-    def has_alpha(self) -> bool:
-        return self.alpha is not None
+    def full(self) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """(rgb (H, W, 3) uint8, alpha (H, W) uint8 | None) at full size."""
+        from kiln.imageio import ImageError, load_image
+
+        try:
+            # the limits were checked when it was uploaded
+            rgb, alpha = load_image(self.source, max_pixels=max(1, self.size[0] * self.size[1]))
+        except (ImageError, OSError) as e:
+            raise UIError(f"the uploaded image can no longer be read ({type(e).__name__}); "
+                          "upload it again") from None
+        return rgb, alpha
 
 
 @dataclass(frozen=True)
@@ -125,13 +152,14 @@ def load_upload(source: str | Path | bytes | None, app_settings, name: str = "")
     Raises ``UIError`` with the loader's reason for corrupt, huge or unsupported
     files. An image with transparency starts with its alpha as the mask.
     """
-    from kiln.imageio import ImageError, load_image
+    from kiln.imageio import ImageError, load_image, upload_limit_bytes
 
     if source is None:
         raise UIError("no file was uploaded")
     try:
         rgb, alpha = load_image(source, max_pixels=app_settings.max_pixels,
-                                max_bytes=int(app_settings.max_upload_mb * 1024 * 1024))
+                                max_bytes=upload_limit_bytes(app_settings.max_pixels,
+                                                             app_settings.max_upload_mb))
     except ImageError as e:
         raise UIError(str(e)) from None
     if min(rgb.shape[:2]) < 16:
@@ -140,10 +168,12 @@ def load_upload(source: str | Path | bytes | None, app_settings, name: str = "")
     work = np.ascontiguousarray(_downscale(rgb, SEG_MAX_SIDE))
     work_alpha = None if alpha is None else np.ascontiguousarray(_downscale(alpha, SEG_MAX_SIDE))
     name = name or (Path(source).name if isinstance(source, (str, Path)) else "upload")
-    img = WorkImage(name=name, rgb=rgb, alpha=alpha, work=work, work_alpha=work_alpha,
-                    key=image_key(work))
+    img = WorkImage(name=name, work=work, work_alpha=work_alpha, key=image_key(work),
+                    size=(int(rgb.shape[0]), int(rgb.shape[1])), source=source,
+                    has_alpha=alpha is not None)
+    del rgb, alpha   # the full-size pixels go now; full() decodes them again for a job
     state = SessionState(image=img)
-    if alpha is not None:
+    if img.has_alpha:
         state = set_use_alpha(state, True)
     return state
 
@@ -245,7 +275,7 @@ def mask_summary(state: SessionState) -> str:
     img = state.image
     if img is None:
         return "Upload an image, or pick an example below."
-    h, w = img.rgb.shape[:2]
+    h, w = img.size
     head = f"**{html.escape(img.name)}** — {w}x{h}"
     if state.mask is None or not state.mask.any():
         hint = ("click the object to select it" if not state.clicks
@@ -281,16 +311,19 @@ def job_settings(base: Settings, overrides: dict) -> Settings:
         raise UIError(str(e)) from None
 
 
-def full_mask(state: SessionState) -> np.ndarray:
-    """(H, W) bool mask at the upload's full size, ready for a job."""
+def full_mask(state: SessionState, alpha: Optional[np.ndarray] = None) -> np.ndarray:
+    """(H, W) bool mask at the upload's full size, ready for a job. ``alpha``: the
+    full-size alpha when the caller has decoded it already (``WorkImage.full``)."""
     import cv2
 
     img = _require_image(state)
-    if state.use_alpha and img.alpha is not None:
-        return img.alpha >= 128
+    if state.use_alpha and img.has_alpha:
+        if alpha is None:
+            alpha = img.full()[1]
+        return alpha >= 128
     if state.mask is None:
         raise UIError("select the object first: click on it (or use the image's transparency)")
-    H, W = img.rgb.shape[:2]
+    H, W = img.size
     if state.mask.shape == (H, W):
         return state.mask.copy()
     up = cv2.resize(state.mask.astype(np.float32), (W, H), interpolation=cv2.INTER_LINEAR)
@@ -300,13 +333,33 @@ def full_mask(state: SessionState) -> np.ndarray:
 def job_inputs(state: SessionState) -> tuple[np.ndarray, np.ndarray]:
     """(rgb (H, W, 3) uint8, mask (H, W) bool) for ``Supervisor.submit``; UIError if not ready."""
     img = _require_image(state)
-    mask = full_mask(state)
+    if not state.use_alpha and (state.mask is None or not state.mask.any()):
+        full_mask(state)   # says what is missing before the slow decode
+    rgb, alpha = img.full()
+    mask = full_mask(state, alpha)
     n = int(mask.sum())
     if n < MIN_MASK_PIXELS:
         raise UIError(f"the mask covers only {n} pixels; click on the object to select more of it")
     if n == mask.size:
         raise UIError("the mask covers the whole image; add a background click outside the object")
-    return img.rgb, mask
+    return rgb, mask
+
+
+def check_job_request(state: SessionState, base: Settings, *form) -> Settings:
+    """What ``job_request`` refuses, checked on the working copy without decoding the
+    full-size image (fast, for the check before a job waits in the queue)."""
+    img = _require_image(state)
+    if state.use_alpha and img.work_alpha is not None:
+        mask = img.work_alpha >= 128
+    elif state.mask is None:
+        raise UIError("select the object first: click on it (or use the image's transparency)")
+    else:
+        mask = state.mask
+    if not mask.any():
+        raise UIError("the mask is empty; click on the object to select it")
+    if mask.all():
+        raise UIError("the mask covers the whole image; add a background click outside the object")
+    return job_settings(base, ui_overrides(*form))
 
 
 def job_request(state: SessionState, base: Settings, *form) -> tuple[np.ndarray, np.ndarray, Settings]:
@@ -335,7 +388,7 @@ def progress_html(st: Any = None, note: str = "") -> str:
     The outer element carries data-state / data-stage so scripts and tests can read it.
     """
     if st is None:
-        body = html.escape(note) if note else "No job yet."
+        body = html.escape(public_text(note)) if note else "No job yet."
         return f'<div id="kiln-progress" data-state="idle"><div class="kiln-note">{body}</div></div>'
     pct = max(0.0, min(1.0, float(st.progress or 0.0))) * 100
     state = st.state
@@ -365,7 +418,7 @@ def progress_html(st: Any = None, note: str = "") -> str:
             f'data-stage="{html.escape(st.stage or "")}" data-job="{html.escape(st.id)}">'
             f'<div class="kiln-bar"><div class="kiln-fill kiln-{html.escape(state)}" '
             f'style="width:{pct:.1f}%"></div></div>'
-            f'<div class="kiln-note">{html.escape(text)}</div></div>')
+            f'<div class="kiln-note">{html.escape(public_text(text))}</div></div>')
 
 
 def watch_job(sup, job_id: str, poll_s: float = 0.25) -> Iterator[Any]:
@@ -405,8 +458,10 @@ def follow_job(ctx, session: str, rgb: np.ndarray, mask: np.ndarray, settings: S
         job_id = sup.submit(rgb, mask, settings, session=session)
     except Exception as e:  # noqa: BLE001 - queue full or a refused input: the person reads why
         log.warning("submit failed: %s", e)
-        yield f"Could not start the job: {e}", None
+        yield f"Could not start the job: {public_text(str(e))}", None
         return
+    finally:
+        del rgb, mask   # full size, up to app.max_pixels: the job store has them now
     ctx.summaries[job_id] = settings_summary(settings)
     ctx.active.add(session, job_id)
     last = None
@@ -521,7 +576,7 @@ def history_markdown(statuses: Sequence[Any], summaries: Optional[dict] = None) 
     rows = []
     for st in sorted(statuses, key=lambda s: (s.created, s.id), reverse=True):
         when = time.strftime("%H:%M:%S", time.localtime(st.created)) if st.created else "--:--:--"
-        state = st.state if st.state != "failed" else f"failed: {st.error or st.message}"
+        state = st.state if st.state != "failed" else f"failed: {public_text(st.error or st.message)}"
         summary = (summaries or {}).get(st.id, "")
         rows.append(f"- **{when}** `{st.id}` — {_md_text(state)}" + (f" — {_md_text(summary)}" if summary else ""))
     return "\n".join(rows)

@@ -2,8 +2,8 @@
 
 Safe defaults: binds 127.0.0.1. Binding any other address needs ``--listen``
 *and* either a login (``--auth user:pass`` or ``KILN_AUTH=user:pass``) or an
-explicit, loudly logged ``--no-auth``. Uploads are limited to
-``app.max_upload_mb``. Gradio keeps its uploads and the results it serves in
+explicit, loudly logged ``--no-auth``. Uploads are limited to what an image of
+``app.max_pixels`` can need (``kiln.imageio.upload_limit_bytes``). Gradio keeps its uploads and the results it serves in
 its own folder (``var/gradio`` next to the job store); the job store itself is
 on Gradio's block list, so no URL reaches another session's job files.
 ``RequestGuard`` sits in front of Gradio: it gives each browser its own cookie,
@@ -17,8 +17,12 @@ import argparse
 import ipaddress
 import logging
 import os
+import re
 import sys
+import threading
 import time
+from collections import OrderedDict, deque
+from urllib.parse import parse_qs
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -68,6 +72,15 @@ def check_binding(host: str, listen: bool, auth: Optional[tuple[str, str]], no_a
 
 # every request other than an upload carries a few kB of JSON; this bounds the rest
 MAX_BODY_BYTES = 1 << 20
+# tab (session hash) -> browser bindings remembered; the least recently used go first
+MAX_BOUND_TABS = 100_000
+# Routes that answer without a login when the server has one: the login page itself
+# (Gradio's "/" shows it to a visitor who is not logged in) and what it is drawn with.
+PUBLIC_PATHS = {"/", "/login", "/login/", "/logout", "/favicon.ico", "/theme.css", "/gradio_api/theme.css",
+                "/manifest.json", "/robots.txt"}
+PUBLIC_PREFIXES = ("/assets/", "/static/", "/svelte/", "/pwa_icon")
+_HASH_IN_PATH_RE = re.compile(r"/(?:heartbeat|stream)/([^/]+)")
+_HASH_IN_JSON_RE = re.compile(rb'"session_hash"\s*:\s*"([^"]*)"')
 # multipart framing around the one file an upload request carries
 UPLOAD_OVERHEAD_BYTES = 64 << 10
 
@@ -84,12 +97,96 @@ def _cookie(header: str, name: str) -> Optional[str]:
     return morsel.value if morsel is not None else None
 
 
+class TabBindings:
+    """Gradio names a tab by a ``session_hash`` the client chooses, and keys its queue,
+    event stream, cancel, heartbeat (whose end drops the tab) and stored state by it. The
+    first browser that uses a hash owns it; ``claim`` is False for any other browser."""
+
+    def __init__(self, max_tabs: int = MAX_BOUND_TABS):
+        self._owners: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_tabs = max_tabs
+
+    def claim(self, session_hash: str, browser: str) -> bool:
+        with self._lock:
+            owner = self._owners.get(session_hash)
+            if owner is None:
+                self._owners[session_hash] = browser
+                while len(self._owners) > self.max_tabs:
+                    self._owners.popitem(last=False)
+                return True
+            self._owners.move_to_end(session_hash)
+            return owner == browser
+
+
+class UploadQuota:
+    """Upload bytes per client address in a sliding hour: Gradio stores every upload
+    for a day whether or not a handler ever uses it."""
+
+    WINDOW_S = 3600.0
+
+    def __init__(self, bytes_per_hour: int, clock=time.monotonic):
+        self.limit = bytes_per_hour
+        self._clock = clock
+        self._sent: dict[str, deque] = {}
+        self._lock = threading.Lock()
+
+    def take(self, client: str, nbytes: int) -> bool:
+        """Count ``nbytes`` for ``client``; False (and nothing counted) past the limit."""
+        now = self._clock()
+        with self._lock:
+            q = self._sent.setdefault(client, deque())
+            while q and now - q[0][0] > self.WINDOW_S:
+                q.popleft()
+            if sum(n for _, n in q) + nbytes > self.limit:
+                return False
+            q.append((now, nbytes))
+            if len(self._sent) > 10_000:   # forget clients that sent nothing for an hour
+                for c in [c for c, d in self._sent.items() if not d or now - d[-1][0] > self.WINDOW_S]:
+                    del self._sent[c]
+            return True
+
+
+def _logged_in(scope, cookie_header: str) -> bool:
+    """With Gradio's login on (``launch(auth=...)``): does the request carry a valid login?
+    ``scope['app']`` is Gradio's FastAPI app (Starlette sets it before the middleware)."""
+    app = scope.get("app")
+    if app is None or (getattr(app, "auth", None) is None and getattr(app, "auth_dependency", None) is None):
+        return True
+    if getattr(app, "auth_dependency", None) is not None:
+        return True   # a custom dependency: Gradio's own routes check it
+    cid = getattr(app, "cookie_id", "")
+    token = _cookie(cookie_header, f"access-token-{cid}") or _cookie(cookie_header, f"access-token-unsecure-{cid}")
+    return token is not None and token in getattr(app, "tokens", {})
+
+
+def _session_hashes(scope, body: bytes) -> set[str]:
+    """The Gradio session hashes a request names: in its query, path or JSON body."""
+    found = set()
+    qs = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    found.update(qs.get("session_hash", []))
+    m = _HASH_IN_PATH_RE.search(scope.get("path", ""))
+    if m:
+        found.add(m.group(1))
+    found.update(h.decode("latin-1") for h in _HASH_IN_JSON_RE.findall(body))
+    return {h for h in found if h}
+
+
 class RequestGuard:
     """ASGI middleware in front of Gradio.
 
     - Each browser without a valid ``kiln_browser`` cookie gets a random one
-      (HttpOnly, SameSite=Lax); session names are derived from it
+      (HttpOnly, SameSite=Lax), also injected into the request itself, so every
+      request has a browser; session names are derived from it
       (``app.handlers.session_name``).
+    - A Gradio session hash (a tab) belongs to the first browser that uses it: any
+      other browser naming it (query, path, JSON body) is answered 403, so nobody can
+      read a tab's event stream, cancel its events, end its session or reach its state.
+    - With a login (``--auth``), every route but the login page and its assets needs it
+      (401): Gradio leaves ``/cancel``, ``/heartbeat``, ``/reset`` and more open.
+    - Every response says ``X-Content-Type-Options: nosniff``: served files are never
+      sniffed into something a browser would run.
+    - Uploads count against ``upload_bytes_per_hour`` per client address (429 past it).
     - A request for ``…/kiln-<job>.glb|ply`` (Gradio serves files under ``/file=<path>``
       and ``/file/<path>``) is answered 403 unless the job's session belongs to the
       requesting browser's cookie: Gradio serves any file in its folder to whoever
@@ -102,7 +199,8 @@ class RequestGuard:
     """
 
     def __init__(self, app, owner_of: Callable[[str], Optional[str]], max_upload_bytes: int,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+                 max_body_bytes: int = MAX_BODY_BYTES, upload_bytes_per_hour: Optional[int] = None,
+                 tabs: Optional[TabBindings] = None):
         from . import handlers
 
         self.app = app
@@ -110,6 +208,8 @@ class RequestGuard:
         self._h = handlers
         self.max_upload_bytes = max_upload_bytes
         self.max_body_bytes = max_body_bytes
+        self.quota = UploadQuota(upload_bytes_per_hour) if upload_bytes_per_hour else None
+        self.tabs = tabs or TabBindings()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -117,12 +217,46 @@ class RequestGuard:
             return
         H = self._h
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        token = _cookie(headers.get("cookie", ""), H.BROWSER_COOKIE)
+        cookie_header = headers.get("cookie", "")
+        token = _cookie(cookie_header, H.BROWSER_COOKIE)
         path = scope.get("path", "")
-        limit = self.max_upload_bytes if path.rstrip("/").endswith("/upload") else self.max_body_bytes
+        is_upload = path.rstrip("/").endswith("/upload")
+        limit = self.max_upload_bytes if is_upload else self.max_body_bytes
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
             await _refuse(send, 413, f"request body exceeds the maximum allowed size of {limit:,} bytes")
+            return
+        if not (path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)) and not _logged_in(scope, cookie_header):
+            await _refuse(send, 401, "log in first")
+            return
+        set_cookie = None
+        if H.browser_id(token) is None:
+            token = H.new_browser_token()
+            set_cookie = f"{H.BROWSER_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax".encode("latin-1")
+            # the request itself carries it too: Gradio's handlers see one browser per request
+            jar = f"{cookie_header}; {H.BROWSER_COOKIE}={token}" if cookie_header else f"{H.BROWSER_COOKIE}={token}"
+            scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers", []) if k.lower() != b"cookie"]
+                         + [(b"cookie", jar.encode("latin-1"))])
+        if is_upload and self.quota is not None:
+            client = (scope.get("client") or ("unknown", 0))[0]
+            if not self.quota.take(client, int(length) if length.isdigit() else limit):
+                await _refuse(send, 429, f"this computer has uploaded more than "
+                                         f"{self.quota.limit / (1 << 20):.0f} MB in the last hour; "
+                                         "try again later")
+                return
+        if scope.get("method") == "POST" and not is_upload:
+            # a JSON body may name a tab: read it (it is small, capped above), then replay it
+            try:
+                body = await _read_body(receive, limit)
+            except _BodyTooLarge:
+                await _refuse(send, 413, f"request body exceeds the maximum allowed size of {limit:,} bytes")
+                return
+            receive = _replay(body, receive)
+        else:
+            body = b""
+        browser = H.browser_id(token)
+        if any(not self.tabs.claim(h, browser) for h in _session_hashes(scope, body)):
+            await _refuse(send, 403, "this tab belongs to another browser")
             return
         # Any route's last segment, normalised as Gradio's file routes (/file=<path> and the
         # older /file/<path>) normalise the path they open ('/.', '//', a trailing '/');
@@ -143,17 +277,15 @@ class RequestGuard:
                     raise _BodyTooLarge
             return message
 
-        set_cookie = None
-        if H.browser_id(token) is None:
-            set_cookie = (f"{H.BROWSER_COOKIE}={H.new_browser_token()}; Path=/; HttpOnly; SameSite=Lax"
-                          .encode("latin-1"))
-
         async def send_with_cookie(message):
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                extra = [(b"x-content-type-options", b"nosniff")]
                 if set_cookie is not None:
-                    message = dict(message, headers=[*message.get("headers", []), (b"set-cookie", set_cookie)])
+                    extra.append((b"set-cookie", set_cookie))
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-content-type-options"]
+                message = dict(message, headers=kept + extra)
             await send(message)
 
         try:
@@ -167,11 +299,42 @@ class _BodyTooLarge(Exception):
     pass
 
 
+async def _read_body(receive, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """A receive() that hands the app the body already read, then the rest (disconnects)."""
+    sent = False
+
+    async def again():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again
+
+
 async def _refuse(send, status: int, text: str) -> None:
     body = text.encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                            (b"content-length", str(len(body)).encode())]})
+                            (b"content-length", str(len(body)).encode()),
+                            (b"x-content-type-options", b"nosniff")]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -249,13 +412,18 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
     blocked = [str(jobs_dir), str(Path(settings.app.cache_dir).resolve()), str(Path("checkpoints").resolve())]
     from starlette.middleware import Middleware
 
-    max_upload = int(settings.app.max_upload_mb * 1024 * 1024)
+    from kiln.imageio import upload_limit_bytes
+
+    max_upload = upload_limit_bytes(settings.app.max_pixels, settings.app.max_upload_mb)
     guard = Middleware(RequestGuard, owner_of=ctx.publisher.owner,
-                       max_upload_bytes=max_upload + UPLOAD_OVERHEAD_BYTES)
+                       max_upload_bytes=max_upload + UPLOAD_OVERHEAD_BYTES,
+                       upload_bytes_per_hour=int(settings.app.upload_mb_per_client_hour * 1024 * 1024))
     _, url, _ = demo.launch(
         server_name=host, server_port=port, auth=auth, share=False, inbrowser=False,
         max_file_size=max_upload, app_kwargs={"middleware": [guard]},
-        allowed_paths=[], blocked_paths=blocked, show_error=True, quiet=True,
+        # show_error off: an unexpected exception's text (paths, internals) never reaches the
+        # page; what a person should read is raised as gr.Error, which is shown regardless
+        allowed_paths=[], blocked_paths=blocked, show_error=False, quiet=True,
         prevent_thread_lock=True, css=CSS, footer_links=["settings"], ssr_mode=False,
         enable_monitoring=False, mcp_server=False)
     if context is None:

@@ -9,6 +9,7 @@ group, so people can segment while jobs run.
 
 from __future__ import annotations
 
+import html
 import logging
 import time
 from pathlib import Path
@@ -41,6 +42,12 @@ def session_of(request: gr.Request | None) -> str:
     return H.session_name(token, getattr(request, "session_hash", None))
 
 
+def client_of(request: gr.Request | None) -> str:
+    """The client's network address: what the per-client limits count."""
+    client = getattr(request, "client", None) if request is not None else None
+    return str(getattr(client, "host", None) or "unknown")
+
+
 def refusal(message: str) -> gr.Error:
     """A gr.Error for something the person can fix: shown, but no traceback in the log."""
     return gr.Error(message, print_exception=False)
@@ -60,37 +67,49 @@ def gpu_queue_counts(demo: gr.Blocks) -> tuple[int, int]:
 
 
 def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
+    from kiln.imageio import describe_limits, upload_limit_bytes
+
     s = ctx.settings
+    upload_limits = describe_limits(s.app.max_pixels, upload_limit_bytes(s.app.max_pixels, s.app.max_upload_mb))
 
     # -- upload handlers (defined first: the Examples below need them) --------
+    # A tab's state lives in ctx.sessions under the name the server derives from the
+    # browser cookie and the tab, never in a gr.State: Gradio keys those by the session
+    # hash the client sends, so another client could read or change them.
     def view(st: H.SessionState):
         alpha_vis = gr.update(visible=bool(st.image and st.image.has_alpha), value=st.use_alpha)
-        return st, H.render_overlay(st), H.mask_summary(st), alpha_vis
+        return H.render_overlay(st), H.mask_summary(st), alpha_vis
 
-    def on_upload(path):
-        """-> (state, canvas, mask info, alpha checkbox, file box). A refused file is
+    def on_upload(path, request: gr.Request):
+        """-> (canvas, mask info, alpha checkbox, file box). A refused file is
         taken out of the file box so the drop zone is back, and the reason stays shown."""
-        if not path:
-            return (*view(H.SessionState()), gr.skip())
-        try:
-            st = H.load_upload(path, s.app, name=Path(path).name)
-        except H.UIError as e:
-            gr.Warning(str(e))
-            return (H.SessionState(), None, f"**Cannot use this file:** {e}",
-                    gr.update(visible=False, value=False), None)
+        session, client = session_of(request), client_of(request)
+        with ctx.sessions.edit(session, client) as (_, save):
+            if not path:
+                save(H.SessionState())
+                return (*view(H.SessionState()), gr.skip())
+            try:
+                ctx.sessions.admit(session, client, Path(path).stat().st_size)
+                with ctx.decodes:   # a 40 MP decode takes ~160 MB for a moment
+                    st = H.load_upload(path, s.app, name=Path(path).name)
+                save(st)
+            except (H.UIError, OSError) as e:
+                text = H.public_text(str(e))
+                gr.Warning(text)
+                save(H.SessionState())
+                return (None, f"**Cannot use this file:** {html.escape(text)}",
+                        gr.update(visible=False, value=False), None)
         H.prepare_segmenter(st, ctx.segmenter)
         return (*view(st), gr.skip())
 
     # every click writes an overlay JPEG into Gradio's folder: sweep hourly, keep a day
     with gr.Blocks(title="Kiln — photo to 3D", delete_cache=(3600, 86400)) as demo:
-        # Gradio drops a tab's state when it closes; the TTL covers tabs left open for hours
-        state = gr.State(H.SessionState(), time_to_live=6 * 3600)
         gr.Markdown("# Kiln\nUpload a photo, click the object, press **Generate** to get a textured 3D model (GLB).")
         status_md = gr.Markdown(elem_id="kiln-status")
 
         with gr.Row(equal_height=False):
             with gr.Column(scale=1):
-                upload = gr.File(label="Image (PNG, JPEG, WebP, TIFF…)", file_types=["image"],
+                upload = gr.File(label=f"Image (PNG, JPEG, WebP, TIFF…; {upload_limits})", file_types=["image"],
                                  file_count="single", type="filepath", elem_id="kiln-upload", height=110)
                 canvas = gr.Image(label="Click the object (green = object, red = background)",
                                   interactive=False, type="numpy", format="jpeg", elem_id="kiln-canvas",
@@ -103,7 +122,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                 with gr.Row():
                     undo_btn = gr.Button("Undo click", size="sm", elem_id="kiln-undo")
                     clear_btn = gr.Button("Clear clicks", size="sm", elem_id="kiln-clear")
-                upload_outputs = [state, canvas, mask_md, use_alpha, upload]
+                upload_outputs = [canvas, mask_md, use_alpha, upload]
                 if examples:
                     captions = dict(EXAMPLES)
                     gr.Examples(examples=[[str(p)] for p in examples], inputs=[upload],
@@ -148,38 +167,48 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
         timer = gr.Timer(2.0)
         settings_inputs = [bake, simplify, texture, views, mode, seed, ply]
 
-        def on_click(st: H.SessionState, bg: bool, evt: gr.SelectData):
-            try:
-                x, y = evt.index[0], evt.index[1]
-                st = H.add_click(st, float(x), float(y), bool(bg), ctx.segmenter)
-            except H.UIError as e:
-                gr.Warning(str(e))
+        def edit_session(request: gr.Request, change):
+            """Apply ``change(state) -> state`` to this tab's state and show the result."""
+            with ctx.sessions.edit(session_of(request), client_of(request)) as (st, save):
+                try:
+                    st = change(st)
+                    save(st)
+                except H.UIError as e:
+                    gr.Warning(H.public_text(str(e)))
             return view(st)
 
-        def on_undo(st):
-            return view(H.undo_click(st, ctx.segmenter))
+        def on_click(bg: bool, evt: gr.SelectData, request: gr.Request):
+            x, y = evt.index[0], evt.index[1]
+            return edit_session(request, lambda st: H.add_click(st, float(x), float(y), bool(bg),
+                                                                ctx.segmenter))
 
-        def on_clear(st):
-            return view(H.clear_clicks(st))
+        def on_undo(request: gr.Request):
+            return edit_session(request, lambda st: H.undo_click(st, ctx.segmenter))
 
-        def on_alpha(st, on):
-            return view(H.set_use_alpha(st, bool(on)))
+        def on_clear(request: gr.Request):
+            return edit_session(request, H.clear_clicks)
 
-        seg_outputs = [state, canvas, mask_md, use_alpha]
+        def on_alpha(on, request: gr.Request):
+            return edit_session(request, lambda st: H.set_use_alpha(st, bool(on)))
+
+        def on_upload_cleared(request: gr.Request):
+            ctx.sessions.drop(session_of(request))
+            return view(H.SessionState())
+
+        seg_outputs = [canvas, mask_md, use_alpha]
         seg_kw = dict(concurrency_id="segment", concurrency_limit=4, show_progress="minimal")
         # .upload/.clear fire on what the person does only, not when a handler sets the box
         upload.upload(on_upload, [upload], upload_outputs, **seg_kw)
-        upload.clear(lambda: view(H.SessionState()), None, seg_outputs, **seg_kw)
-        canvas.select(on_click, [state, background], seg_outputs, **seg_kw)
-        undo_btn.click(on_undo, [state], seg_outputs, **seg_kw)
-        clear_btn.click(on_clear, [state], seg_outputs, **seg_kw)
-        use_alpha.input(on_alpha, [state, use_alpha], seg_outputs, **seg_kw)
+        upload.clear(on_upload_cleared, None, seg_outputs, **seg_kw)
+        canvas.select(on_click, [background], seg_outputs, **seg_kw)
+        undo_btn.click(on_undo, None, seg_outputs, **seg_kw)
+        clear_btn.click(on_clear, None, seg_outputs, **seg_kw)
+        use_alpha.input(on_alpha, [use_alpha], seg_outputs, **seg_kw)
 
         # -- jobs ------------------------------------------------------------
         # Gradio 6.31's Model3D never mounts its viewer when a generator sets its value, so
         # run_job streams only the progress bar and leaves the outcome (bar, files, history)
-        # in a State that one plain .then() handler shows.
-        outcome = gr.State(None)
+        # in ctx.outcomes (by session name, not in a gr.State) for one plain .then() handler.
         result_outputs = [progress, model, glb_btn, ply_btn, history_md, history_files]
 
         def history(session: str):
@@ -189,49 +218,56 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             return (H.history_markdown(statuses, ctx.summaries),
                     H.history_files(session, statuses, ctx.publisher) or None)
 
-        def check_before_queue(st, bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on,
+        def check_before_queue(bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on,
                                request: gr.Request):
             """Refuse at once what cannot run, before the job waits for a worker slot, and
             clear the previous result. Queued in a group of its own so it runs at once:
             Gradio 6.31 shows no gr.Error raised by a queue=False event."""
+            session = session_of(request)
+            st = ctx.sessions.get(session)
             if st.image is None:
                 raise refusal("Upload an image first.")
             try:
-                H.job_request(st, s, bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on)
+                H.check_job_request(st, s, bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on)
             except H.UIError as e:
-                raise refusal(str(e)) from None
+                raise refusal(H.public_text(str(e))) from None
             if ctx.sup_error:
-                raise refusal(ctx.sup_error)
+                raise refusal(H.public_text(ctx.sup_error))
             running, waiting = gpu_queue_counts(demo)
             if waiting >= s.worker.max_queue:
                 raise refusal(f"The job queue is full ({waiting} waiting); try again in a few minutes.")
-            ctx.active.set_pending(session_of(request), True)
+            ctx.active.set_pending(session, True)
+            ctx.outcomes.pop(session, None)   # a run_job cancelled early must not re-show the last one
             note = "Starting…"
             if running + waiting >= ctx.workers:
                 note = "Waiting for a free worker" + (f" ({waiting} other jobs waiting)…" if waiting else "…")
             hidden = gr.update(visible=False)
-            # outcome None: a run_job cancelled before its end must not re-show the previous result
-            return H.progress_html(note=note), None, hidden, hidden, None
+            return H.progress_html(note=note), None, hidden, hidden
 
-        def run_job(st, bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on, request: gr.Request):
-            """Yields (progress bar, outcome); the outcome is a dict for show_outcome."""
+        def run_job(bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on, request: gr.Request):
+            """Yields the progress bar; leaves the outcome in ctx.outcomes for show_outcome."""
             session = session_of(request)
             last = None
             try:
                 # pending (for Cancel) until follow_job submits the job, e.g. while the pool starts
-                rgb, mask, settings = H.job_request(st, s, bake_on, ratio, tex, n_views, bake_mode,
-                                                    seed_v, ply_on)
-                for note, last in H.follow_job(ctx, session, rgb, mask, settings):
+                with ctx.decodes:   # the full-size image is decoded again for the job
+                    request_ = H.job_request(ctx.sessions.get(session), s, bake_on, ratio, tex,
+                                             n_views, bake_mode, seed_v, ply_on)
+                # follow_job lets go of the full-size arrays once the job store has them
+                steps = H.follow_job(ctx, session, *request_)
+                del request_
+                for note, last in steps:
                     if last is None:
-                        yield H.progress_html(note=note), gr.skip()
+                        yield H.progress_html(note=note)
                     elif not last.terminal:
-                        yield H.progress_html(last), gr.skip()
+                        yield H.progress_html(last)
             except H.UIError as e:
-                note = f"Cannot start: {e}"
+                note = f"Cannot start: {H.public_text(str(e))}"
             finally:
                 ctx.active.set_pending(session, False)
             if last is None:
-                yield gr.skip(), {"progress": H.progress_html(note=note)}
+                ctx.outcomes[session] = {"progress": H.progress_html(note=note)}
+                yield gr.skip()
                 return
             note, files = "", {}
             if last.state == "done":
@@ -239,12 +275,15 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                     files = ctx.publisher.publish(session, last)
                 except (OSError, H.UIError) as e:
                     log.exception("publishing %s failed", last.id)
-                    note = f"the result could not be prepared for download: {e}"
+                    note = f"the result could not be prepared for download: {H.public_text(str(e))}"
             hist_md, hist_files = history(session)
-            yield gr.skip(), {"progress": H.progress_html(last, note=note), "history": (hist_md, hist_files),
-                              **{kind: str(path) for kind, path in files.items()}}
+            ctx.outcomes[session] = {"progress": H.progress_html(last, note=note),
+                                     "history": (hist_md, hist_files),
+                                     **{kind: str(path) for kind, path in files.items()}}
+            yield gr.skip()
 
-        def show_outcome(out: dict | None):
+        def show_outcome(request: gr.Request):
+            out = ctx.outcomes.pop(session_of(request), None)
             if not out:
                 return (gr.skip(),) * len(result_outputs)
             glb, plyf = out.get("glb"), out.get("ply")
@@ -255,13 +294,13 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                     hist_md, hist_files)
 
         gen_event = generate_btn.click(
-            check_before_queue, [state, *settings_inputs], [progress, model, glb_btn, ply_btn, outcome],
+            check_before_queue, settings_inputs, [progress, model, glb_btn, ply_btn],
             concurrency_id="check", concurrency_limit=None, show_progress="hidden",
         ).success(
-            run_job, [state, *settings_inputs], [progress, outcome],
+            run_job, settings_inputs, [progress],
             concurrency_id=GPU_GROUP, concurrency_limit=ctx.workers, show_progress="hidden",
         )
-        gen_event.then(show_outcome, [outcome], result_outputs, queue=False, show_progress="hidden")
+        gen_event.then(show_outcome, None, result_outputs, queue=False, show_progress="hidden")
 
         def on_cancel(request: gr.Request):
             session = session_of(request)
@@ -291,7 +330,8 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                 except Exception:  # noqa: BLE001 - status line only
                     pass
             note = ctx.sup_error or ("" if ctx.sup_ready.is_set() else "workers starting…")
-            return H.status_line(ctx.capabilities(), ctx.segmenter_text, running, waiting, note)
+            return H.public_text(H.status_line(ctx.capabilities(), ctx.segmenter_text, running, waiting,
+                                               note))
 
         timer.tick(on_status, None, [status_md], show_progress="hidden", queue=False)
 
@@ -300,5 +340,13 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             return on_status(), hist_md, hist_files
 
         demo.load(on_load, None, [status_md, history_md, history_files], queue=False)
+
+        def on_unload(request: gr.Request):
+            # the tab closed (its heartbeat ended): free its image and outcome now
+            session = session_of(request)
+            ctx.sessions.drop(session)
+            ctx.outcomes.pop(session, None)
+
+        demo.unload(on_unload)
     return demo
 

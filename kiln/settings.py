@@ -103,12 +103,20 @@ class WorkerSettings:
 class AppSettings:
     host: str = "127.0.0.1"
     port: int = field(default=7860, metadata=_num(1, 65535))
-    max_upload_mb: float = field(default=20.0, metadata=_num(1, 200))
+    # 0: derived from max_pixels, so any 8-bit RGBA image of max_pixels fits (kiln.imageio.upload_limit_bytes)
+    max_upload_mb: float = field(default=0.0, metadata=_num(0, 4096))
     max_pixels: int = field(default=40_000_000, metadata=_num(65536, 200_000_000))
     sam2_checkpoint: str = ""
     sam2_config: str = ""
     jobs_dir: str = "var/jobs"
     cache_dir: str = "var/cache"
+    # per-tab images on disk (app/sessions.py); a client is a network address
+    session_ttl_h: float = field(default=6.0, metadata=_num(0.1, 168))
+    max_sessions: int = field(default=200, metadata=_num(1, 100000))
+    max_sessions_per_client: int = field(default=8, metadata=_num(1, 10000))
+    max_session_mb: float = field(default=2048.0, metadata=_num(16, 1_000_000))
+    max_session_mb_per_client: float = field(default=256.0, metadata=_num(4, 1_000_000))
+    upload_mb_per_client_hour: float = field(default=500.0, metadata=_num(1, 1_000_000))
 
 
 @dataclass(frozen=True)

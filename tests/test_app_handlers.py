@@ -117,7 +117,7 @@ def test_large_upload_is_segmented_small_and_masked_full_size(seg):
     big = np.asarray(Image.fromarray(rgb).resize((2048, 1536), Image.NEAREST))
     gt_big = np.asarray(Image.fromarray(gt).resize((2048, 1536), Image.NEAREST))
     st = H.load_upload(_png(big), APP)
-    assert st.image.work.shape == (768, 1024, 3) and st.image.rgb.shape == (1536, 2048, 3)
+    assert st.image.work.shape == (768, 1024, 3) and st.image.size == (1536, 2048)
     st = H.add_click(st, 512, 384, False, seg)
     assert st.mask.shape == (768, 1024)
     rgb_full, mask_full = H.job_inputs(st)
@@ -146,8 +146,9 @@ def test_upload_by_path_honours_exif_and_cmyk(tmp_path):
     img.save(p, format="JPEG", exif=exif.tobytes())
     st = H.load_upload(str(p), APP)
     assert st.image.name == "phone.jpg"
-    assert st.image.rgb.shape == (40, 20, 3)        # rotated upright
-    assert st.image.rgb[20, 10, 0] > 200 and st.image.rgb[20, 10, 1] < 60
+    rgb = st.image.full()[0]
+    assert st.image.size == (40, 20) and rgb.shape == (40, 20, 3)   # rotated upright
+    assert rgb[20, 10, 0] > 200 and rgb[20, 10, 1] < 60
 
 
 def test_overlay_shows_mask_and_clicks(seg, blob):
@@ -525,7 +526,7 @@ def test_main_refuses_unsafe_binding_before_starting_anything(capsys, monkeypatc
     monkeypatch.setenv("KILN_AUTH", "broken")
     assert main(["--listen", "--port", "7999"]) == 2
     assert "USER:PASSWORD" in capsys.readouterr().err
-    assert main(["--set", "app.max_upload_mb=0"]) == 2
+    assert main(["--set", "app.max_upload_mb=-1"]) == 2
     assert "app.max_upload_mb" in capsys.readouterr().err
 
 
