@@ -77,7 +77,10 @@ MAX_BOUND_TABS = 100_000
 # Routes that answer without a login when the server has one: the login page itself
 # (Gradio's "/" shows it to a visitor who is not logged in) and what it is drawn with.
 PUBLIC_PATHS = {"/", "/login", "/login/", "/logout", "/favicon.ico", "/theme.css", "/gradio_api/theme.css",
-                "/manifest.json", "/robots.txt"}
+                "/manifest.json", "/robots.txt",
+                # launch() itself calls it, without a login, before it returns; it only runs the
+                # app's start-up events, once
+                "/gradio_api/startup-events"}
 PUBLIC_PREFIXES = ("/assets/", "/static/", "/svelte/", "/pwa_icon")
 _HASH_IN_PATH_RE = re.compile(r"/(?:heartbeat|stream)/([^/]+)")
 _HASH_IN_JSON_RE = re.compile(rb'"session_hash"\s*:\s*"([^"]*)"')
