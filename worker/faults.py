@@ -37,6 +37,7 @@ KINDS = {
     "freeze": "the whole process stops (SIGSTOP): no heartbeats, SIGTERM is not delivered",
     "cuda": "RuntimeError 'CUDA error: an illegal memory access was encountered'",
     "oom": "torch.cuda.OutOfMemoryError",
+    "cuda_assert": "a real device-side assert: a CUDA gather with an out-of-range index (kiln selftest)",
 }
 
 
@@ -146,6 +147,14 @@ def fire(kind: str) -> None:
         raise RuntimeError("CUDA error: an illegal memory access was encountered\n"
                            "CUDA kernel errors might be asynchronously reported at some other "
                            "API call, so the stacktrace below might be incorrect. (injected fault)")
+    elif kind == "cuda_assert":
+        import torch
+
+        # a genuine sticky error: the context is poisoned and only a new process recovers
+        x = torch.zeros(4, device="cuda")
+        x[torch.tensor([1 << 20], device="cuda")].sum().item()
+        torch.cuda.synchronize()
+        raise RuntimeError("cuda_assert fault: the out-of-range index raised no CUDA error")
     elif kind == "oom":
         import torch
 

@@ -1,0 +1,72 @@
+"""``kiln selftest`` on this CPU machine: exits 0, names what it skipped and why; the
+comparison code itself is exercised with the CPU twins standing in for the GPU side."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kiln.cli import main as cli_main
+from worker import selftest
+from worker_helpers import small_settings
+
+
+def test_selftest_cli_passes_here_and_names_its_skips(capsys):
+    code = cli_main(["selftest", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 == out["exit_code"]
+    by = {r["check"]: r for r in out["results"]}
+    job = by["whole job in a spawned worker"]
+    assert job["result"] == "pass" and job["cpu_s"] > 0 and "rasterize moderngl" in job["note"]
+    for name in ("gsplat vs CPU Gaussian renderer", "nvdiffrast vs moderngl, camera views",
+                 "nvdiffrast vs moderngl, UV space", "bake on CUDA vs CPU",
+                 "sticky CUDA error replaces the worker"):
+        assert by[name]["result"] == "skip" and "no CUDA device" in by[name]["note"], by[name]
+    assert by["SAM2 on CUDA vs CPU"]["result"] == "skip" and by["SAM2 on CUDA vs CPU"]["note"]
+
+
+def test_a_backend_the_configuration_needs_fails_the_selftest(capsys):
+    code = cli_main(["selftest", "--skip-jobs", "--set", "views.backend=gsplat"])
+    text = capsys.readouterr().out
+    assert code == 1
+    import re
+
+    assert re.search(r"gsplat vs CPU Gaussian renderer +FAIL", text)
+    assert "the configuration needs it, but it cannot run here: no CUDA device" in text
+
+
+@pytest.mark.parametrize("check", ["gsplat", "raster_views", "raster_uv", "bake"])
+def test_twin_comparisons_with_the_cpu_twin_on_both_sides(monkeypatch, check):
+    monkeypatch.setattr(selftest, "GPU_DEVICE", "cpu")
+    monkeypatch.setattr(selftest, "GPU_RENDER", "cpu")
+    monkeypatch.setattr(selftest, "GPU_RASTER", "moderngl")
+    out = selftest.CHILD_CHECKS[check](small_settings())
+    assert out["ok"] and out["max_diff"] == 0.0, out
+    assert out["gpu_s"] > 0 and out["cpu_s"] > 0
+
+
+def test_raster_comparison_sees_a_difference():
+    import numpy as np
+
+    from pipeline.types import Raster
+
+    tri = np.full((1, 4, 4), -1, np.int32)
+    tri[0, 1:3, 1:3] = 0
+    a = Raster(tri_id=tri, bary=np.zeros((1, 4, 4, 3), np.float32), depth=np.ones((1, 4, 4), np.float32))
+    tri_b = tri.copy()
+    tri_b[0, 1, 1] = 1
+    depth_b = a.depth.copy()
+    depth_b[0, 2, 2] = 1.5
+    c = selftest.compare_rasters(a, Raster(tri_id=tri_b, bary=a.bary, depth=depth_b))
+    assert c["mismatch"] == pytest.approx(0.25) and c["depth"] == pytest.approx(0.5)
+
+
+def test_a_crashing_check_is_a_failed_result_not_the_end(monkeypatch):
+    out = selftest.run_isolated("no-such-check", small_settings(), timeout=120)
+    assert out["ok"] is False and "KeyError" in out["error"]
+    rs = [selftest.Result("a", "fail", needed=False), selftest.Result("b", "pass", needed=True)]
+    assert selftest.exit_code(rs) == 0
+    rs.append(selftest.Result("c", "fail", needed=True))
+    assert selftest.exit_code(rs) == 1
+    assert "selftest: 2 failed (a, c)" in selftest.format_table(rs)

@@ -1,0 +1,474 @@
+"""``kiln selftest``: every backend this machine can run, checked against its CPU twin.
+
+Checks, each on data it makes itself (the built-in reconstruction of a drawn example):
+
+* gsplat vs Kiln's CPU Gaussian renderer (same cameras, premultiplied colour + alpha);
+* nvdiffrast vs moderngl, camera views and UV space (triangle ids, depth, barycentrics);
+* the bake on CUDA vs on CPU (same rasterizer, fast mode: deterministic);
+* SAM2 on CUDA vs CPU, when a checkpoint is found (mask IoU from one click);
+* one whole job through a spawned worker with the backends the configuration picks here;
+* on CUDA, a real sticky CUDA error (a device-side assert from an out-of-range index,
+  fault kind ``cuda_assert``) inside a worker: the job fails with it, the worker is
+  replaced, and the next job passes.
+
+Every twin check runs in its own spawned process (a crash there is a result, not the
+end of the self-test); this process never initialises CUDA. Exit code 1 when a check
+the configuration needs fails (a backend it names, or one ``auto`` would pick here),
+else 0; skipped checks say why.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import signal
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+# pass criteria; a GPU backend and its CPU twin compute the same thing up to float order
+GSPLAT_MEAN_TOL, GSPLAT_P99_TOL = 0.005, 0.05     # |premultiplied rgb / alpha| difference
+RASTER_MISMATCH_TOL = 0.005                       # fraction of covered pixels with another triangle
+RASTER_DEPTH_TOL, RASTER_BARY_TOL = 1e-3, 1e-2    # on pixels where both see the same triangle
+BAKE_MEAN_TOL, BAKE_P99_TOL = 0.5, 3.0            # texture difference in 8-bit levels
+SAM2_IOU_MIN = 0.98
+CHILD_TIMEOUT_S = 600.0
+# the GPU side of each twin; tests point these at the CPU twins to exercise the comparisons
+GPU_DEVICE, GPU_RENDER, GPU_RASTER = "cuda", "gsplat", "nvdiffrast"
+
+
+@dataclass
+class Result:
+    check: str
+    result: str                       # pass | fail | skip
+    max_diff: Optional[float] = None
+    gpu_s: Optional[float] = None
+    cpu_s: Optional[float] = None
+    note: str = ""
+    needed: bool = False              # a failure here makes the self-test exit 1
+
+
+# --------------------------------------------------------------------------- test data
+
+def _scene(size: int = 160, views: int = 4, res: int = 160):
+    """(image, reconstruction, cameras, mesh with UVs) from the drawn example, seeded."""
+    from kiln.examples import draw_object
+    from kiln.settings import ReconstructSettings
+    from pipeline.cameras import sphere_cameras
+    from pipeline.mesh_ops import simplify_mesh
+    from pipeline.reconstruct import reconstruct
+    from pipeline.types import ImageInput
+    from pipeline.uv import unwrap
+
+    rgb, mask = draw_object(size, kind="toy", seed=1)
+    image = ImageInput(rgb=rgb, mask=mask)
+    recon = reconstruct(image, ReconstructSettings(resolution=64, num_gaussians=8000), seed=0)
+    mesh = simplify_mesh(recon.mesh, 0.8)
+    mesh = unwrap(mesh, texture_size=256, gutter=2, max_faces=20000)
+    cams = sphere_cameras(views, radius=2.4, fov_deg=40.0, resolution=res)
+    return image, recon, cams, mesh
+
+
+def _timed(fn: Callable):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, round(time.perf_counter() - t0, 3)
+
+
+# --------------------------------------------------------------------------- twin checks (child side)
+
+def _env(_settings) -> dict:
+    import importlib.util
+
+    import torch
+
+    from pipeline.rasterize import available_backends
+
+    cuda = bool(torch.cuda.is_available())
+    out = {"torch": torch.__version__, "cuda": cuda,
+           "device": torch.cuda.get_device_name() if cuda else "cpu",
+           "gsplat": importlib.util.find_spec("gsplat") is not None,
+           "nvdiffrast": importlib.util.find_spec("nvdiffrast") is not None}
+    try:
+        out["raster"] = available_backends()
+    except Exception as e:  # noqa: BLE001
+        out["raster"], out["raster_error"] = [], f"{type(e).__name__}: {e}"
+    return out
+
+
+def _twin_gsplat(_settings) -> dict:
+    import numpy as np
+
+    from pipeline.render_views import render_gaussians
+
+    _, recon, cams, _ = _scene()
+    gpu, gpu_s = _timed(lambda: render_gaussians(recon.gaussians, cams, backend=GPU_RENDER, device=GPU_DEVICE))
+    cpu, cpu_s = _timed(lambda: render_gaussians(recon.gaussians, cams, backend="cpu", device="cpu"))
+    d = np.concatenate([np.abs(gpu.rgb * gpu.alpha[..., None] - cpu.rgb * cpu.alpha[..., None]).ravel(),
+                        np.abs(gpu.alpha - cpu.alpha).ravel()])
+    mean, p99 = float(d.mean()), float(np.percentile(d, 99))
+    ok = mean <= GSPLAT_MEAN_TOL and p99 <= GSPLAT_P99_TOL
+    return {"ok": ok, "max_diff": float(d.max()), "gpu_s": gpu_s, "cpu_s": cpu_s,
+            "note": f"{len(cams)} views {cams.width}px, mean {mean:.4f} (<= {GSPLAT_MEAN_TOL}), "
+                    f"p99 {p99:.4f} (<= {GSPLAT_P99_TOL})"}
+
+
+def compare_rasters(a, b) -> dict:
+    """Agreement of two Rasters: mismatch fraction over pixels either covers, and
+    the largest depth / barycentric differences where both see the same triangle."""
+    import numpy as np
+
+    either = (a.tri_id >= 0) | (b.tri_id >= 0)
+    same = (a.tri_id == b.tri_id) & (a.tri_id >= 0)
+    mismatch = float(((a.tri_id != b.tri_id) & either).sum() / max(1, either.sum()))
+    depth = float(np.abs(a.depth - b.depth)[same].max()) if same.any() else 0.0
+    bary = float(np.abs(a.bary - b.bary)[same].max()) if same.any() else 0.0
+    return {"mismatch": mismatch, "depth": depth, "bary": bary}
+
+
+def _twin_raster(kind: str) -> Callable:
+    def run(_settings) -> dict:
+        from pipeline.rasterize import rasterize_uv, rasterize_views
+
+        _, _, cams, mesh = _scene(res=256)
+        if kind == "views":
+            call = lambda b: rasterize_views(mesh, cams, backend=b, device=GPU_DEVICE)  # noqa: E731
+        else:
+            call = lambda b: rasterize_uv(mesh, 512, backend=b, device=GPU_DEVICE)  # noqa: E731
+        call(GPU_RASTER)   # first call builds the plugin and the context: not timed
+        gpu, gpu_s = _timed(lambda: call(GPU_RASTER))
+        cpu, cpu_s = _timed(lambda: call("moderngl"))
+        c = compare_rasters(gpu, cpu)
+        ok = c["mismatch"] <= RASTER_MISMATCH_TOL and c["bary"] <= RASTER_BARY_TOL and \
+            (kind == "uv" or c["depth"] <= RASTER_DEPTH_TOL * 3.0)
+        return {"ok": ok, "max_diff": max(c["depth"], c["bary"]), "gpu_s": gpu_s, "cpu_s": cpu_s,
+                "note": f"{mesh.num_faces} faces; other triangle on {100 * c['mismatch']:.2f} % of pixels "
+                        f"(<= {100 * RASTER_MISMATCH_TOL:g} %), depth {c['depth']:.2e}, bary {c['bary']:.2e}"}
+    return run
+
+
+def _twin_bake(settings) -> dict:
+    import numpy as np
+
+    from kiln.settings import BakeSettings
+    from pipeline.bake import bake_texture
+    from pipeline.render_views import render_gaussians
+
+    raster = "moderngl" if settings.rasterize.backend != "nvdiffrast" else "nvdiffrast"
+    image, recon, cams, mesh = _scene()
+    views = render_gaussians(recon.gaussians, cams, backend="cpu", device="cpu")
+    bs = BakeSettings(mode="fast", texture_size=256, photo_projection=False)
+    (gpu, _), gpu_s = _timed(lambda: bake_texture(mesh, views, bs, raster, GPU_DEVICE, seed=0))
+    (cpu, _), cpu_s = _timed(lambda: bake_texture(mesh, views, bs, raster, "cpu", seed=0))
+    d = np.abs(gpu.image.astype(np.float64) - cpu.image.astype(np.float64))
+    mean, p99 = float(d.mean()), float(np.percentile(d, 99))
+    ok = mean <= BAKE_MEAN_TOL and p99 <= BAKE_P99_TOL
+    return {"ok": ok, "max_diff": float(d.max()), "gpu_s": gpu_s, "cpu_s": cpu_s,
+            "note": f"fast bake 256px via {raster}; mean {mean:.3f} (<= {BAKE_MEAN_TOL}), "
+                    f"p99 {p99:.1f} (<= {BAKE_P99_TOL}) levels"}
+
+
+def _twin_sam2(settings) -> dict:
+    import numpy as np
+    import torch
+
+    from app.sam2_model import load_predictor
+    from kiln.checkpoints import resolve_checkpoint
+    from kiln.examples import draw_object
+
+    info = resolve_checkpoint(settings.app)
+    rgb, mask = draw_object(256, kind="toy", seed=1)
+    ys, xs = np.nonzero(mask)
+    click = np.array([[xs[len(xs) // 2], ys[len(ys) // 2]]], np.float32)
+
+    def segment(device):
+        pred = load_predictor(info)
+        pred.model.to(device)
+        pred.device = torch.device(device)
+        with torch.inference_mode():
+            pred.set_image(rgb)
+            masks, scores, _ = pred.predict(point_coords=click, point_labels=np.array([1]),
+                                            multimask_output=False)
+        return masks[0] > 0.5
+
+    gpu, gpu_s = _timed(lambda: segment("cuda"))
+    cpu, cpu_s = _timed(lambda: segment("cpu"))
+    iou = float((gpu & cpu).sum() / max(1, (gpu | cpu).sum()))
+    return {"ok": iou >= SAM2_IOU_MIN, "max_diff": 1.0 - iou, "gpu_s": gpu_s, "cpu_s": cpu_s,
+            "note": f"{Path(info.path).name}: mask IoU {iou:.4f} (>= {SAM2_IOU_MIN}); max diff = 1 - IoU"}
+
+
+CHILD_CHECKS = {"env": _env, "gsplat": _twin_gsplat, "raster_views": _twin_raster("views"),
+                "raster_uv": _twin_raster("uv"), "bake": _twin_bake, "sam2": _twin_sam2}
+
+
+def _child_main(name: str, settings_dict: dict, conn) -> None:
+    from kiln.settings import from_dict
+
+    try:
+        out = CHILD_CHECKS[name](from_dict(settings_dict))
+    except BaseException as e:  # noqa: BLE001 - reported as the check's failure
+        out = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+    conn.send(out)
+    conn.close()
+
+
+def run_isolated(name: str, settings, timeout: float = CHILD_TIMEOUT_S) -> dict:
+    """Run CHILD_CHECKS[name] in a spawned process: its result, or {"ok": False,
+    "error": ...} when it crashed, hung past ``timeout`` or raised."""
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child_main, args=(name, settings.to_dict(), send),
+                       name=f"kiln-selftest-{name}", daemon=True)
+    proc.start()
+    send.close()
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if recv.poll(0.2):
+                try:
+                    return recv.recv()
+                except EOFError:
+                    pass   # it died before sending: reported below
+            if not proc.is_alive() and not recv.poll(0):
+                code = proc.exitcode
+                why = (f"crashed with {signal.Signals(-code).name}" if code is not None and code < 0
+                       else f"exited with status {code}")
+                return {"ok": False, "error": f"the check's process {why}"}
+            if time.monotonic() > deadline:
+                return {"ok": False, "error": f"timed out after {timeout:g} s"}
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        recv.close()
+
+
+def _from_child(check: str, out: dict, needed: bool) -> Result:
+    if "error" in out:
+        return Result(check, "fail", note=out["error"], needed=needed)
+    return Result(check, "pass" if out["ok"] else "fail", out.get("max_diff"), out.get("gpu_s"),
+                  out.get("cpu_s"), out.get("note", ""), needed)
+
+
+# --------------------------------------------------------------------------- whole jobs
+
+def _job_settings(settings, **extra):
+    over = {"views.count": 6, "views.resolution": 256, "bake.texture_size": 512, "bake.steps": 30,
+            "reconstruct.resolution": 96, "reconstruct.num_gaussians": 12000}
+    over.update(extra)
+    return settings.override(over)
+
+
+def _job_check(settings, work: Path) -> Result:
+    from kiln.examples import draw_object
+
+    from .supervisor import Supervisor
+
+    rgb, mask = draw_object(256, kind="toy", seed=2)
+    js = _job_settings(settings)
+    t0 = time.perf_counter()
+    try:
+        with Supervisor(js, work / "jobs", None, var_dir=work) as sup:
+            caps = sup.capabilities() or {}
+            st = sup.run(rgb, mask, js, session="selftest", timeout=CHILD_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001
+        return Result("whole job in a spawned worker", "fail", note=f"{type(e).__name__}: {e}", needed=True)
+    took = round(time.perf_counter() - t0, 3)
+    used = ", ".join(f"{k} {v}" for k, v in sorted((st.backends or {}).items()))
+    on_gpu = bool(caps.get("cuda")) and settings.worker.device != "cpu"
+    res = Result("whole job in a spawned worker", "pass" if st.state == "done" else "fail",
+                 gpu_s=took if on_gpu else None, cpu_s=None if on_gpu else took,
+                 note=(f"backends: {used}" if st.state == "done" else f"{st.state}: {st.error}"),
+                 needed=True)
+    return res
+
+
+def _sticky_cuda_check(settings, work: Path) -> Result:
+    """A real device-side assert inside a worker: that job fails as a CUDA error, the
+    worker is replaced, the next job on the same supervisor passes."""
+    from kiln.examples import draw_object
+
+    from .faults import FaultPlan
+    from .supervisor import Supervisor
+
+    name = "sticky CUDA error replaces the worker"
+    js = _job_settings(settings, **{"worker.retry_with_fallback": False, "worker.count": 1,
+                                   "worker.device": "cuda"})
+    rgb, mask = draw_object(256, kind="toy", seed=3)
+    plan = FaultPlan(["cuda_assert@render_views:session=selftest-sticky"])
+    t0 = time.perf_counter()
+    try:
+        with Supervisor(js, work / "jobs", None, var_dir=work, faults=plan) as sup:
+            pid0 = sup.workers()[0]["pid"]
+            bad = sup.run(rgb, mask, js, session="selftest-sticky", timeout=CHILD_TIMEOUT_S)
+            good = sup.run(rgb, mask, js, session="selftest-after", timeout=CHILD_TIMEOUT_S)
+            w = sup.workers()[0]
+    except Exception as e:  # noqa: BLE001
+        return Result(name, "fail", note=f"{type(e).__name__}: {e}", needed=True)
+    took = round(time.perf_counter() - t0, 3)
+    problems = []
+    if bad.state != "failed" or "CUDA error" not in (bad.error or "") or \
+            "device-side assert" not in (bad.error or ""):
+        problems.append(f"the faulted job ended {bad.state}: {bad.error}")
+    if w["pid"] == pid0 or w["restarts"] < 1:
+        problems.append("the worker was not replaced")
+    if good.state != "done":
+        problems.append(f"the next job ended {good.state}: {good.error}")
+    note = "; ".join(problems) if problems else \
+        f"device-side assert -> worker {pid0} replaced by {w['pid']}; next job done"
+    return Result(name, "fail" if problems else "pass", gpu_s=took, note=note, needed=True)
+
+
+# --------------------------------------------------------------------------- driver
+
+def _needs(settings, cuda: bool, env: dict) -> dict:
+    """Which GPU checks the configuration relies on here: a backend it names, or the one
+    ``auto`` picks when it is available (a broken one would be picked)."""
+    gpu_ok = cuda and settings.worker.device != "cpu"
+    bake = settings.bake.enabled
+    return {
+        "gsplat": bake and (settings.views.backend == "gsplat" or
+                            (settings.views.backend == "auto" and gpu_ok and env.get("gsplat"))),
+        "nvdiffrast": bake and (settings.rasterize.backend == "nvdiffrast" or
+                                (settings.rasterize.backend == "auto" and gpu_ok and env.get("nvdiffrast"))),
+        "bake": bake and gpu_ok,
+    }
+
+
+def run_selftest(settings, work_dir: Optional[Path] = None, skip_jobs: bool = False,
+                 log: Callable[[str], None] = lambda m: None) -> list[Result]:
+    results: list[Result] = []
+    log("probing this machine (in a spawned process)")
+    env = run_isolated("env", settings, timeout=300)
+    if "error" in env:
+        return [Result("environment", "fail", note=env["error"], needed=True)]
+    cuda = bool(env["cuda"])
+    device_ok = cuda and settings.worker.device != "cpu"
+    no_cuda = ("worker.device is cpu" if cuda else
+               f"no CUDA device visible to torch {env['torch']} (torch.cuda.is_available() is False)")
+    needs = _needs(settings, cuda, env)
+    log(f"torch {env['torch']}, device {env['device']}, rasterizers {env.get('raster')}")
+
+    def twin(check: str, child: str, needed: bool, skip: Optional[str]):
+        if skip:
+            results.append(Result(check, "skip", note=skip, needed=needed))
+            if needed:   # the configuration names a backend this machine cannot run
+                results[-1].result = "fail"
+                results[-1].note = f"the configuration needs it, but it cannot run here: {skip}"
+            return
+        log(f"running {check}")
+        results.append(_from_child(check, run_isolated(child, settings), needed))
+
+    twin("gsplat vs CPU Gaussian renderer", "gsplat", needs["gsplat"],
+         None if device_ok and env["gsplat"] else (no_cuda if not device_ok else "gsplat is not installed"))
+    raster_skip = None
+    if not device_ok:
+        raster_skip = no_cuda
+    elif not env["nvdiffrast"]:
+        raster_skip = "nvdiffrast is not installed (pip install diffrp-nvdiffrast==0.3.3.1)"
+    elif "moderngl" not in env.get("raster", []):
+        raster_skip = f"moderngl/EGL is not available as the CPU twin: {env.get('raster_error', 'probe failed')}"
+    twin("nvdiffrast vs moderngl, camera views", "raster_views", needs["nvdiffrast"], raster_skip)
+    twin("nvdiffrast vs moderngl, UV space", "raster_uv", needs["nvdiffrast"], raster_skip)
+    twin("bake on CUDA vs CPU", "bake", needs["bake"], None if device_ok else no_cuda)
+
+    from kiln.checkpoints import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(settings.app)
+    sam2_skip = None
+    if ckpt is None or not ckpt.exists:
+        sam2_skip = "no SAM2 checkpoint found (app.sam2_checkpoint, checkpoints/)"
+    elif not cuda:
+        sam2_skip = no_cuda
+    twin("SAM2 on CUDA vs CPU", "sam2", False, sam2_skip)
+
+    if skip_jobs:
+        results.append(Result("whole job in a spawned worker", "skip", note="--skip-jobs"))
+        results.append(Result("sticky CUDA error replaces the worker", "skip", note="--skip-jobs"))
+        return results
+    with tempfile.TemporaryDirectory(prefix="kiln-selftest-", dir=work_dir) as tmp:
+        log("running one whole job through a spawned worker")
+        results.append(_job_check(settings, Path(tmp) / "job"))
+        if device_ok:
+            log("provoking a device-side assert inside a worker")
+            results.append(_sticky_cuda_check(settings, Path(tmp) / "sticky"))
+        else:
+            results.append(Result("sticky CUDA error replaces the worker", "skip", note=no_cuda))
+    return results
+
+
+def exit_code(results: list[Result]) -> int:
+    return 1 if any(r.result == "fail" and r.needed for r in results) else 0
+
+
+def format_table(results: list[Result]) -> str:
+    def num(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    rows = [("check", "result", "max diff", "GPU s", "CPU s")]
+    rows += [(r.check, r.result.upper() if r.result == "fail" else r.result, num(r.max_diff, ".3g"),
+              num(r.gpu_s, ".2f"), num(r.cpu_s, ".2f")) for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    notes = [f"  {r.check}: {r.note}" for r in results if r.note and r.result != "skip"]
+    skips = [f"  {r.check}: {r.note}" for r in results if r.result == "skip"]
+    out = "\n".join(lines)
+    if notes:
+        out += "\n\nDetails:\n" + "\n".join(notes)
+    if skips:
+        out += "\n\nSkipped:\n" + "\n".join(skips)
+    failed = [r.check for r in results if r.result == "fail"]
+    code = exit_code(results)
+    out += "\n\n" + ("selftest: ok" if not failed else
+                     f"selftest: {len(failed)} failed ({', '.join(failed)})"
+                     + ("" if code else "; none of them is needed by this configuration"))
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+
+    from kiln import settings as settings_mod
+
+    p = argparse.ArgumentParser(prog="kiln selftest", description=(
+        "Check every backend this machine can run against its CPU twin, run one job through a "
+        "spawned worker and (on CUDA) show a worker survives a real sticky CUDA error. Exit code 1 "
+        "when something the configuration needs fails."))
+    p.add_argument("--config", help="settings YAML (default: configs/default.yaml)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--skip-jobs", action="store_true", help="only the backend comparisons")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    args = p.parse_args(argv)
+    overrides = {}
+    for item in args.set or []:
+        if "=" not in item:
+            print(f"kiln selftest: --set expects KEY=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        k, v = item.split("=", 1)
+        overrides[k.strip()] = v.strip()
+    try:
+        settings = settings_mod.load(args.config, overrides)
+    except settings_mod.SettingsError as e:
+        print(f"kiln selftest: {e}", file=sys.stderr)
+        return 2
+    log = (lambda m: None) if args.json else (lambda m: print(f"... {m}", file=sys.stderr, flush=True))
+    results = run_selftest(settings, skip_jobs=args.skip_jobs, log=log)
+    code = exit_code(results)
+    if args.json:
+        print(json.dumps({"exit_code": code, "results": [asdict(r) for r in results]}, indent=2))
+    else:
+        print(format_table(results))
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
