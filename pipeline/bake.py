@@ -36,7 +36,7 @@ from kiln.settings import BakeSettings
 
 from .cameras import camera_centers
 from .geometry import vertex_normals
-from .types import Cameras, Mesh, Raster, Texture, Views
+from .types import Cameras, ImageInput, Mesh, Raster, SourceCamera, Texture, Views
 from .validate import StageInputError, check_array, check_finite
 
 ProgressFn = Callable[[float, str], None]
@@ -62,7 +62,8 @@ MAX_OPT_PIXELS = 8_000_000     # opt fits a seeded random subset of the target p
 
 def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backend: str,
                  device: str, seed: int, progress: Optional[ProgressFn] = None,
-                 chunk_scale: float = 1.0) -> tuple[Texture, dict]:
+                 chunk_scale: float = 1.0, photo: Optional[ImageInput] = None,
+                 source_camera: Optional[SourceCamera] = None) -> tuple[Texture, dict]:
     """Bake ``views`` onto ``mesh``'s UV layout.
 
     mesh:  validated Mesh with ``uvs`` (V, 2) float32 in [0, 1]
@@ -71,13 +72,19 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
            MAX_OPT_PIXELS target pixels (nothing else is random)
     progress(fraction, message): monotonic fractions in [0, 1]
     chunk_scale: multiplies the block sizes and the opt pixel cap (< 1 after an out-of-memory retry)
+    photo, source_camera: the original photo and its camera (``Reconstruction.source_camera``);
+           with ``settings.photo_projection`` the texels that camera sees take the photo's
+           own pixels, blended into the multi-view bake (``pipeline.photo_projection``)
     Returns (Texture, stats). Texture.image (S, S, 3) uint8 with S =
     settings.texture_size, Texture.seen (S, S) bool. stats (JSON-friendly):
     ``bake_mode``, ``bake_psnr_db`` (masked PSNR of the final uint8 texture
     rendered from the views' cameras, over pixels the mesh covers with
     alpha > ALPHA_MIN), ``bake_fast_psnr_db`` (opt only: the same measure for
     the fast result opt starts from, before quantisation and inpainting), ``texels_seen_fraction`` (seen / chart texels),
-    ``texels_chart_fraction``, ``bake_pixels``, ``bake_timings`` (seconds).
+    ``texels_chart_fraction``, ``bake_pixels``, ``bake_timings`` (seconds); with the photo
+    projection also ``photo_texels_fraction`` (chart texels with photo weight > 0.5),
+    ``photo_pixels_per_texel`` (median, by area, over those texels) and, when the photo holds
+    clearly more detail than the texture, ``texture_size_suggested`` and a ``warnings`` entry.
     """
     import torch
 
@@ -111,7 +118,12 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
     fast_chunk = max(1 << 12, int(FAST_CHUNK * chunk_scale))
     sample_chunk = max(1 << 12, int(SAMPLE_CHUNK * chunk_scale))
     max_opt_pixels = max(1, int(MAX_OPT_PIXELS * chunk_scale))
-    colors, seen_chart = _fast_bake(mesh, uv_raster, chart, view_raster, views, dev, rz, fast_chunk)
+    face_ids = np.ascontiguousarray(np.asarray(uv_raster.tri_id[0])[chart], np.int32)
+    positions = np.asarray(rz.interpolate(uv_raster, mesh, mesh.vertices), np.float32)[0][chart]
+    # welded across UV seams, so view weights (and the photo's) do not jump at a seam
+    normals = rz.interpolate(uv_raster, mesh, vertex_normals(mesh.vertices, mesh.faces))[0][chart]
+    normals = (normals / np.maximum(np.linalg.norm(normals, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+    colors, seen_chart = _fast_bake(positions, normals, view_raster, views, dev, fast_chunk)
     image = np.zeros((size, size, 3), np.float32)
     image[chart] = colors
     seen = np.zeros((size, size), bool)
@@ -139,6 +151,16 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
         seen |= touched
         stats["bake_fast_psnr_db"] = round(fast_psnr, 3)
         timings["opt"] = time.perf_counter() - t0
+
+    use_photo = bool(getattr(settings, "photo_projection", False)) and photo is not None \
+        and source_camera is not None
+    if use_photo:
+        t0 = time.perf_counter()
+        report(0.85, "projecting the photo")
+        stats.update(_blend_photo(image, seen, chart, mesh, face_ids, positions, normals, photo,
+                                  source_camera, size, raster_backend, dev))
+        timings["photo"] = time.perf_counter() - t0
+    stats["photo_projection"] = use_photo
 
     t0 = time.perf_counter()
     report(0.9, "inpainting unseen texels and dilating the gutter")
@@ -268,15 +290,12 @@ def fill_texture(image: np.ndarray, seen: np.ndarray, chart: np.ndarray) -> np.n
 
 # --------------------------------------------------------------------------- fast mode
 
-def _fast_bake(mesh: Mesh, uv_raster: Raster, chart: np.ndarray, view_raster: Raster,
-               views: Views, dev, rz, chunk: int = FAST_CHUNK) -> tuple[np.ndarray, np.ndarray]:
-    """Visibility-weighted back-projection. Returns colours (N, 3) float32 and
-    seen (N,) bool for the N chart texels in row-major order."""
+def _fast_bake(positions: np.ndarray, normals: np.ndarray, view_raster: Raster,
+               views: Views, dev, chunk: int = FAST_CHUNK) -> tuple[np.ndarray, np.ndarray]:
+    """Visibility-weighted back-projection of N texels (positions, unit normals (N, 3)).
+    Returns colours (N, 3) float32 and seen (N,) bool, in the texels' order."""
     import torch
 
-    positions = np.asarray(rz.interpolate(uv_raster, mesh, mesh.vertices), np.float32)[0][chart]
-    # welded across UV seams, so the view weighting does not jump at a seam
-    normals = rz.interpolate(uv_raster, mesh, vertex_normals(mesh.vertices, mesh.faces))[0][chart]
     p_all = torch.as_tensor(positions, device=dev)
     n_all = torch.nn.functional.normalize(torch.as_tensor(normals, device=dev), dim=1)
     cams = views.cameras
@@ -332,6 +351,37 @@ def _project_view(p, n, viewmat, K, center, depth, rgba):
         align_corners=False)[0, :, 0].T                                       # (N, 4)
     weight = torch.where(visible, cos.clamp(min=0) ** FAST_COS_POWER, torch.zeros_like(cos))
     return sampled * weight[:, None]
+
+
+# --------------------------------------------------------------------------- photo
+
+def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, mesh: Mesh,
+                 face_ids: np.ndarray, positions: np.ndarray, normals: np.ndarray,
+                 photo: ImageInput, camera: SourceCamera, size: int, raster_backend: str,
+                 dev) -> dict:
+    """Blend the photo's colours into ``image`` (S, S, 3) in place, where its camera sees the
+    surface: weight * photo + (1 - weight) * multi-view. Texels no view saw but the photo
+    did take the photo's colour whole (better than inpainting). Updates ``seen``. Returns stats."""
+    from .photo_projection import project_photo, suggested_texture_size
+
+    proj = project_photo(mesh, face_ids, positions, normals, photo, camera, size,
+                         raster_backend, str(dev))
+    was_seen = seen[chart]
+    w = np.where(was_seen, proj.weight, (proj.weight > 0).astype(np.float32))[:, None]
+    image[chart] = image[chart] * (1.0 - w) + proj.colors * w
+    seen[chart] = was_seen | (proj.weight > 0)
+    front = proj.weight > 0.5
+    stats = {"photo_texels_fraction": round(float(front.mean()), 4),
+             "photo_pixels_per_texel": round(float(np.median(proj.density[front])), 3)
+             if front.any() else 0.0}
+    better = suggested_texture_size(proj.density, proj.weight, size)
+    if better is not None:
+        stats["texture_size_suggested"] = better
+        stats["warnings"] = [
+            f"the photo shows the object's front with about {stats['photo_pixels_per_texel']:.1f} "
+            f"photo pixels per texel at texture size {size}: fine detail is averaged away; "
+            f"texture size {min(better, MAX_TEXTURE_SIZE)} (or auto) would keep it"]
+    return stats
 
 
 # --------------------------------------------------------------------------- opt mode

@@ -85,11 +85,12 @@ def rasterize_views(mesh: Mesh, cameras: Cameras, backend: str = "moderngl",
     if c * h * w > MAX_TOTAL_PIXELS:
         raise StageInputError(f"{c} views of {w}x{h} are {c * h * w} pixels, more than the limit "
                               f"{MAX_TOTAL_PIXELS}; use fewer views or a lower resolution")
-    views = [_view_projection(mesh.vertices, cameras.viewmats[i], cameras.Ks[i]) for i in range(c)]
+    ortho = cameras.projection == "orthographic"
+    views = [_view_projection(mesh.vertices, cameras.viewmats[i], cameras.Ks[i], ortho) for i in range(c)]
     jobs = _RasterJob(positions=mesh.vertices, faces=mesh.faces, width=w, height=h,
                       matrices=np.stack([v[0] for v in views]), zrows=np.stack([v[1] for v in views]),
                       near_far=np.array([v[2] for v in views]), enabled=np.array([v[3] for v in views]),
-                      depth_test=True)
+                      depth_test=True, orthographic=ortho)
     if backend == "moderngl":
         return _moderngl_rasterize(jobs)
     return _nvdiffrast_rasterize(jobs, device)
@@ -181,6 +182,7 @@ class _RasterJob:
     zrows:     (C, 4) float64, position -> camera-space z (row 2 of the viewmat; 0 in UV space)
     near_far:  (C, 2) float64, the planes Zc/W = -1 and +1 map to (camera z)
     enabled:   (C,) bool, False for a view with the whole mesh behind the camera
+    orthographic: W = 1 and Zc/W linear in camera z (instead of the perspective divide)
     """
 
     positions: np.ndarray
@@ -192,17 +194,31 @@ class _RasterJob:
     near_far: np.ndarray
     enabled: np.ndarray
     depth_test: bool
+    orthographic: bool = False
 
     @property
     def count(self) -> int:
         return int(self.matrices.shape[0])
 
 
-def _view_projection(vertices: np.ndarray, viewmat: np.ndarray, K: np.ndarray):
+def _view_projection(vertices: np.ndarray, viewmat: np.ndarray, K: np.ndarray,
+                     orthographic: bool = False):
     """Pixel-space projection for one camera; near/far hug the mesh's depth range."""
     view = viewmat.astype(np.float64)
     z = vertices.astype(np.float64) @ view[2, :3] + view[2, 3]
     zmin, zmax = float(z.min()), float(z.max())
+    if orthographic:
+        # no divide: W = 1, and the depth range maps linearly onto [-1, 1]
+        slack = 0.01 * (zmax - zmin) + 1e-6
+        near, far = zmin - slack, zmax + slack
+        Kd = K.astype(np.float64)
+        P = np.zeros((4, 4))
+        P[0, :2], P[0, 3] = Kd[0, :2], Kd[0, 2]
+        P[1, :2], P[1, 3] = Kd[1, :2], Kd[1, 2]
+        P[2, 2] = 2.0 / (far - near)
+        P[2, 3] = -(far + near) / (far - near)
+        P[3, 3] = 1.0
+        return P @ view, view[2].copy(), (near, far), True
     if zmax <= 0.0:
         return np.eye(4), view[2].copy(), (1.0, 2.0), False
     # a little slack so the nearest and farthest vertices are not clipped
@@ -514,8 +530,13 @@ def _nvdiffrast_rasterize(job: _RasterJob, device: str) -> Raster:
                     rast = rast[:, :rows, :cols].cpu().numpy()
                     for k, i in enumerate(idx):
                         r = rast[k]
-                        depth = (_camera_z_from_ndc(r[..., 2], *job.near_far[i]) if job.depth_test
-                                 else np.zeros(r.shape[:2]))
+                        if not job.depth_test:
+                            depth = np.zeros(r.shape[:2])
+                        elif job.orthographic:
+                            near, far = job.near_far[i]
+                            depth = near + (r[..., 2].astype(np.float64) + 1.0) * 0.5 * (far - near)
+                        else:
+                            depth = _camera_z_from_ndc(r[..., 2], *job.near_far[i])
                         _store(out, i, slice(y0, y0 + rows), slice(x0, x0 + cols), r[..., 3],
                                r[..., 0], r[..., 1], depth)
     return out

@@ -23,7 +23,7 @@ import numpy as np
 from kiln.settings import ReconstructSettings
 
 from .geometry import face_normals, signed_volume, vertex_normals
-from .types import MAX_GAUSSIANS, Gaussians, ImageInput, Mesh, Reconstruction
+from .types import MAX_GAUSSIANS, Gaussians, ImageInput, Mesh, Reconstruction, SourceCamera
 from .validate import StageInputError
 
 ProgressFn = Callable[[float, str], None]
@@ -62,7 +62,26 @@ def reconstruct(image: ImageInput, settings: ReconstructSettings, seed: int,
     recon = fn(prepared, settings, seed, progress)
     recon.meta.setdefault("backend", settings.backend)
     recon.meta["image_scale"] = scale   # the backend saw the already downscaled image
+    if recon.source_camera is not None:
+        recon.source_camera = to_original_pixels(recon.source_camera, prepared.mask.shape,
+                                                 image.mask.shape).validate()
     return recon
+
+
+def to_original_pixels(cam: SourceCamera, seen_shape: tuple, original_shape: tuple) -> SourceCamera:
+    """A backend's source camera, stated in pixels of the (downscaled) image it saw, restated
+    in pixels of the original photo, so the bake can read the photo at full resolution.
+    A camera already at the original size is returned unchanged. Shapes are (H, W)."""
+    (h, w), (H, W) = seen_shape, original_shape
+    if (cam.height, cam.width) == (H, W) or (cam.height, cam.width) != (h, w):
+        return cam
+    K = cam.K.astype(np.float64).copy()
+    # cv2.resize rounds each side separately, so each axis has its own factor
+    K[0] *= W / w
+    K[1] *= H / h
+    K[2] = (0.0, 0.0, 1.0)
+    return SourceCamera(viewmat=cam.viewmat, K=K.astype(np.float32), width=W, height=H,
+                        projection=cam.projection)
 
 
 def _lookup(backend: str) -> Reconstructor:
@@ -176,7 +195,28 @@ def reconstruct_builtin(image: ImageInput, settings: ReconstructSettings, seed: 
         # world (x, y, z) * extent + center = (column, -row, depth) in pixels of the image
         "world_to_pixels": {"center": [float(c) for c in center], "extent": float(extent)},
     }
-    return Reconstruction(mesh=mesh, gaussians=gaussians, meta=meta)
+    source = builtin_source_camera(center, extent, image.mask.shape)
+    return Reconstruction(mesh=mesh, gaussians=gaussians, meta=meta, source_camera=source)
+
+
+# camera distance along +z in normalised world units: the object spans z in [-0.5, 0.5],
+# so its camera depth stays in [SOURCE_DISTANCE - 0.5, SOURCE_DISTANCE + 0.5], all positive
+SOURCE_DISTANCE = 2.0
+
+
+def builtin_source_camera(center: np.ndarray, extent: float, shape: tuple) -> SourceCamera:
+    """The built-in backend's photo camera: orthographic along -z, exactly.
+
+    The surface was built in pixel units as (column, -row, depth) and normalised as
+    world = (pixels - center) / extent, so camera x = world x, camera y (down) = -world y
+    and pixel = extent * camera xy + (center_x, -center_y). shape: the seen image's (H, W).
+    """
+    viewmat = np.diag([1.0, -1.0, -1.0, 1.0])
+    viewmat[2, 3] = SOURCE_DISTANCE
+    K = np.array([[extent, 0.0, center[0]], [0.0, extent, -center[1]], [0.0, 0.0, 1.0]])
+    return SourceCamera(viewmat=viewmat.astype(np.float32), K=K.astype(np.float32),
+                        width=int(shape[1]), height=int(shape[0]),
+                        projection="orthographic").validate()
 
 
 RECONSTRUCTORS["builtin"] = reconstruct_builtin

@@ -88,6 +88,9 @@ def _validate(g: Gaussians, cameras: Cameras, backend: str) -> None:
         raise StageInputError(f"render_gaussians needs Cameras, got {type(cameras).__name__}")
     g.validate()
     cameras.validate()
+    if cameras.projection != "perspective":
+        raise StageInputError(f"the Gaussian renderers take perspective cameras only, got "
+                              f"{cameras.projection!r}")
     pixels = len(cameras) * cameras.width * cameras.height
     if pixels > MAX_TOTAL_PIXELS:
         raise StageInputError(f"{len(cameras)} views of {cameras.width}x{cameras.height} are {pixels} "

@@ -137,7 +137,8 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
         texture, bake_stats = bake_mod.bake_texture(
             mesh, views, settings.bake, raster_backend=backends.rasterize,
             device=backends.device, seed=settings.seed,
-            progress=lambda f, m="": emit("bake", f, m), chunk_scale=backends.chunk_scale)
+            progress=lambda f, m="": emit("bake", f, m), chunk_scale=backends.chunk_scale,
+            photo=image, source_camera=recon.source_camera)
         stats.update(bake_stats)
         done("bake", t0)
 
