@@ -6,36 +6,24 @@ Heavy libraries are imported inside the commands so ``kiln --help`` stays instan
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import textwrap
 import time
 from pathlib import Path
 
 from . import settings as settings_mod
+from .clirunner import Cancelled, CliError, InProcessRunner, JobFailed, WorkerRunner
+from .cliview import BatchLine, ItemResult, Progress, summary_table, timing_table
+from .runinputs import InputProblem, NoSpace, is_no_space, no_space
 
-EXIT_CODES = ("Exit status: 0 the GLB was written; 1 the job failed (a stage error, a worker crash "
-              "or hang, no worker could start); 2 a usage or input problem (bad flag, setting, "
-              "image or mask, or a stage rejected the input); 130 interrupted by Ctrl-C (the "
-              "running job is cancelled and its worker stopped).")
+EXIT_CODES = ("Exit status: 0 the GLB was written (every GLB, with several images); 1 the job "
+              "failed (a stage error, a worker crash or hang, no worker could start, no space "
+              "left on a disk) or, with several images, any of them failed; 2 a usage or input "
+              "problem (bad flag, setting, image or mask, or a stage rejected the input), found "
+              "before any worker starts; 130 interrupted by Ctrl-C (the running job is cancelled "
+              "and its worker stopped).")
 
-
-class CliError(Exception):
-    """A problem the user can fix; printed without a traceback."""
-
-    exit_code = 2
-
-
-class JobFailed(CliError):
-    """The job ran and failed (or no worker could run it)."""
-
-    exit_code = 1
-
-
-class Cancelled(CliError):
-    """Ctrl-C: the job was cancelled."""
-
-    exit_code = 130
+__all__ = ["main", "build_parser", "CliError", "JobFailed", "Cancelled", "Progress", "timing_table"]
 
 
 def _settings_from_args(args) -> settings_mod.Settings:
@@ -59,203 +47,143 @@ def _settings_from_args(args) -> settings_mod.Settings:
     return settings_mod.load(args.config, overrides)
 
 
-def load_inputs(image_path: str, mask_path: str | None, max_pixels: int):
-    """(rgb (H,W,3) uint8, mask (H,W) bool) from an image and an optional mask file.
+def _validate(items, settings, mask_dir, keep: bool) -> list:
+    """Read every input completely before anything starts; refuse them all at once if any
+    is unusable. Returns the loaded inputs (arrays dropped unless ``keep``: a batch
+    reads each image again when its turn comes, so memory holds one image at a time)."""
+    from .runinputs import load
 
-    Without a mask file the image's alpha channel is the mask; an opaque image
-    without a mask is refused with a message saying what to pass.
-    """
-    import numpy as np
-
-    from .imageio import ImageError, load_image
-
-    try:
-        rgb, alpha = load_image(image_path, max_pixels=max_pixels)
-    except ImageError as e:
-        raise CliError(f"image {image_path}: {e}") from None
-    if mask_path:
+    loaded, problems = [], []
+    for item in items:
         try:
-            m_rgb, m_alpha = load_image(mask_path, max_pixels=max_pixels)
-        except ImageError as e:
-            raise CliError(f"mask {mask_path}: {e}") from None
-        if m_rgb.shape[:2] != rgb.shape[:2]:
-            raise CliError(f"mask {mask_path} is {m_rgb.shape[1]}x{m_rgb.shape[0]} but the image is "
-                           f"{rgb.shape[1]}x{rgb.shape[0]}; they must match")
-        grey = m_rgb.mean(axis=2)
-        if m_alpha is not None and (m_alpha < 255).any() and grey.min() == grey.max():
-            mask = m_alpha > 127
-        else:
-            mask = grey > 127
-    else:
-        if alpha is None or (alpha == 255).all():
-            raise CliError(f"no mask: {image_path} has no transparency, so the object cannot be told "
-                           "from the background; pass --mask MASK.png (white = object) or use a "
-                           "transparent PNG")
-        mask = alpha > 127
-    return rgb, np.ascontiguousarray(mask)
+            got = load(item, settings.app.max_pixels, settings.reconstruct.max_image_side, mask_dir)
+        except InputProblem as e:
+            problems.append(str(e))
+            loaded.append(None)
+            continue
+        if not keep:
+            got.rgb = got.mask = None
+        loaded.append(got)
+    if problems and len(items) == 1:
+        raise CliError(problems[0])
+    if problems:
+        raise CliError(f"{len(problems)} of {len(items)} inputs cannot be used, so nothing was "
+                       "started:\n  " + "\n  ".join(problems))
+    return loaded
 
 
-class Progress:
-    """Per-stage progress. On a terminal each stage gets one line whose bar is redrawn
-    in place from empty to full; piped, a line when a stage starts and one when it ends."""
+def _space_check(items, settings) -> None:
+    from PIL import Image
 
-    WIDTH = 24
+    from .runinputs import check_space, job_bytes
 
-    def __init__(self, stream=None):
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = self.stream.isatty()
-        self.stage = None      # the stage being shown
-        self.ended = False     # that stage was shown complete
-        self.open = False      # a terminal line still waits for its newline
-        self.t0 = time.perf_counter()
-
-    def update(self, stage: str, fraction: float, message: str = "") -> None:
-        """``fraction``: 0..1 within ``stage`` (not over the whole job)."""
-        fraction = max(0.0, min(1.0, fraction))
-        new = stage != self.stage
-        if new:
-            self._end_line()
-            self.stage, self.ended = stage, False
-        if self.ended:
-            return  # a stage may report 1.0 more than once; its line is finished
-        self.ended = fraction >= 1.0
-        elapsed = time.perf_counter() - self.t0
-        if self.tty:
-            filled = int(round(fraction * self.WIDTH))
-            bar = "#" * filled + "-" * (self.WIDTH - filled)
-            self.stream.write(f"\r\033[K{elapsed:6.1f}s  {stage:<13} [{bar}] {message[:40]}")
-            self.open = not self.ended
-            if self.ended:
-                self.stream.write("\n")
-        elif new or self.ended:
-            self.stream.write(f"{elapsed:6.1f}s  {stage:<13} {message}\n")
-        self.stream.flush()
-
-    def note(self, text: str) -> None:
-        """A line of its own (e.g. a retry); the next update starts a new stage line."""
-        self._end_line()
-        self.stage = None
-        self.stream.write(f"{time.perf_counter() - self.t0:6.1f}s  {text}\n")
-        self.stream.flush()
-
-    def _end_line(self) -> None:
-        if self.open:
-            self.stream.write("\n")
-            self.open = False
-
-
-def timing_table(timings: dict, total: float, extra: dict | None = None) -> str:
-    """Stage times in pipeline order, then ``extra`` rows (worker start, queue), then
-    whatever else the run took, so the rows add up to ``total``."""
-    rows = [(k, v) for k, v in timings.items() if not k.endswith("_s")]  # *_s: job-level
-    rows += [(k, v) for k, v in (extra or {}).items() if v]
-    other = total - sum(t for _, t in rows)
-    if other >= 0.005:
-        rows.append(("other", other))
-    lines = [f"{'stage':<14}{'seconds':>9}", "-" * 23]
-    lines += [f"{s:<14}{t:>9.2f}" for s, t in rows]
-    lines += ["-" * 23, f"{'total':<14}{total:>9.2f}"]
-    return "\n".join(lines)
+    pixels = 0
+    for item in items:
+        with Image.open(item.image) as im:   # header only; the image was read once already
+            pixels = max(pixels, im.width * im.height)
+    places = [Path(settings.app.jobs_dir), Path(settings.app.cache_dir)]
+    places += sorted({item.output.parent for item in items})
+    check_space(places, job_bytes(pixels, settings.bake.texture_size))
 
 
 def cmd_run(args) -> int:
+    from .runinputs import load, plan, writing_to
+
     settings = _settings_from_args(args)
-    rgb, mask = load_inputs(args.image, args.mask, settings.app.max_pixels)
-    out = Path(args.output or Path(args.image).with_suffix(".glb").name)
-    if out.suffix.lower() != ".glb":
-        raise CliError(f"output {out} must end in .glb")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        items, batch = plan(args.image, args.mask, args.mask_dir, args.output)
+    except InputProblem as e:
+        raise CliError(str(e)) from None
+    loaded = _validate(items, settings, args.mask_dir, keep=not batch)
+    for item, got in zip(items, loaded):
+        for note in got.notes:
+            if not batch:
+                print(note, file=sys.stderr)
+            elif "thresholded" in note:   # a batch says only what the person may not expect
+                print(f"{item.image.name}: {note}", file=sys.stderr)
+    _space_check(items, settings)
+    for out_dir in sorted({item.output.parent for item in items}):
+        with writing_to(out_dir):
+            out_dir.mkdir(parents=True, exist_ok=True)
+    runner = InProcessRunner(settings) if args.in_process else WorkerRunner(settings)
+    if not batch:
+        return _run_one(runner, items[0], loaded[0], args)
+    return _run_batch(runner, items, lambda item: load(item, settings.app.max_pixels,
+                                                     settings.reconstruct.max_image_side,
+                                                     args.mask_dir), args)
+
+
+def _run_one(runner, item, got, args) -> int:
+    """One image: per-stage bars, then the timing table and stats."""
     progress = Progress()
     t0 = time.perf_counter()
-    if args.in_process:
-        result = _run_in_process(rgb, mask, settings, out, progress)
-    else:
-        result = _run_in_worker(rgb, mask, settings, out, progress)
+    try:
+        startup = runner.start()
+        result = runner.run(got, item.output, progress)
+    finally:
+        runner.close()
     total = time.perf_counter() - t0
-    print(timing_table(result["timings"], total, result.get("extra")), file=sys.stderr)
+    extra = {"worker start": startup, "queued": result["queued"]}
+    print(timing_table(result["timings"], total, extra), file=sys.stderr)
     for k in ("faces", "vertices", "bake_psnr_db", "reconstruction_cached"):
         if k in result.get("stats", {}):
             print(f"{k}: {result['stats'][k]}", file=sys.stderr)
+    out = item.output
     if args.report:
-        import json
-
-        Path(args.report).write_text(json.dumps(
-            {"timings": result["timings"], "total_s": total, "stats": result.get("stats", {}),
-             "glb": str(out.resolve())}, indent=2, default=str))
+        _write_report(args.report, {"timings": result["timings"], "total_s": total,
+                                    "stats": result.get("stats", {}), "glb": str(out.resolve())})
     print(f"wrote {out.resolve()}")
     if result.get("ply"):
         print(f"wrote {Path(result['ply']).resolve()}")
     return 0
 
 
-def _run_in_process(rgb, mask, settings, out: Path, progress: Progress) -> dict:
-    from pipeline.run import run_pipeline
-    from pipeline.types import ImageInput
-
-    cache = Path(settings.app.cache_dir)
-    res = run_pipeline(ImageInput(rgb, mask), settings, out.parent, on_event=progress.update,
-                       cache_dir=cache, name=out.stem)
-    if res.glb_path != out:
-        shutil.move(res.glb_path, out)
-    return {"timings": res.timings, "stats": res.stats, "ply": res.ply_path}
-
-
-def _copy_atomic(src, dst: Path) -> None:
-    """Copy a job's output so an interrupted copy never leaves a torn file at ``dst``."""
-    from .atomic import atomic_write
-
-    with open(src, "rb") as f:
-        atomic_write(dst, lambda out: shutil.copyfileobj(f, out))
-
-
-def _run_in_worker(rgb, mask, settings, out: Path, progress: Progress) -> dict:
-    from worker.supervisor import Supervisor, WorkerStartError
-
+def _run_batch(runner, items, load_item, args) -> int:
+    """Several images through one worker: a line each, a summary table, 1 if any failed."""
+    results = [ItemResult(image=item.image, output=item.output) for item in items]
     t0 = time.perf_counter()
-    sup = Supervisor(settings, jobs_dir=Path(settings.app.jobs_dir),
-                     cache_dir=Path(settings.app.cache_dir))
+    interrupted = None
     try:
-        sup.start()   # on failure (or Ctrl-C) it has already stopped what it started
-    except WorkerStartError as e:
-        raise JobFailed(f"the worker could not start: {e}") from None
-    startup = time.perf_counter() - t0
-    try:
-        job_id = sup.submit(rgb, mask, settings, session="cli")
-        try:
-            _show_events(sup.follow(job_id), progress)
-        except KeyboardInterrupt:
-            progress.note("interrupted: cancelling the job")
-            if sup.cancel(job_id):
-                raise Cancelled(f"cancelled job {job_id}; the worker running it was stopped") from None
-            raise Cancelled(f"interrupted; job {job_id} had already ended "
-                            f"({sup.status(job_id).state})") from None
-        st = sup.status(job_id)
+        runner.start()
+        for i, (item, r) in enumerate(zip(items, results), 1):
+            line = BatchLine(i, len(items), item.image.name)
+            t1 = time.perf_counter()
+            try:
+                got = load_item(item)
+                res = runner.run(got, item.output, line)
+                r.state, r.timings, r.stats, r.ply = "done", res["timings"], res["stats"], res["ply"]
+            except Cancelled as e:
+                r.state, r.error, interrupted = "cancelled", str(e), e
+            except KeyboardInterrupt:   # --in-process, or between jobs
+                r.state, r.error = "cancelled", "interrupted"
+                interrupted = Cancelled("interrupted")
+            except (CliError, InputProblem, NoSpace) as e:
+                r.state, r.error = "failed", str(e)
+            except Exception as e:  # noqa: BLE001 - --in-process: a stage's error fails its image only
+                r.state, r.error = "failed", f"{type(e).__name__}: {e}"
+            r.seconds = time.perf_counter() - t1
+            line.finish(r)
+            if interrupted:
+                break
     finally:
-        sup.shutdown()
-    if st.state != "done":
-        error = st.error or st.message
-        # a stage refusing the input is the user's to fix, as in --in-process
-        kind = CliError if "StageInputError:" in error else JobFailed
-        raise kind(f"job {job_id} {st.state}: {error} (log: {sup.job_dir(job_id) / 'log'})")
-    _copy_atomic(st.outputs["glb"], out)
-    ply = None
-    if st.outputs.get("ply"):
-        ply = out.with_suffix(".ply")
-        _copy_atomic(st.outputs["ply"], ply)
-    extra = {"worker start": startup, "queued": st.timings.get("queued_s", 0.0)}
-    return {"timings": st.timings, "stats": st.stats, "ply": ply, "extra": extra}
+        runner.close()
+    total = time.perf_counter() - t0
+    print(summary_table(results, total, runner.startup))
+    if args.report:
+        _write_report(args.report, {"images": [r.to_dict() for r in results], "total_s": total,
+                                    "worker_start_s": runner.startup})
+    if interrupted:
+        raise interrupted
+    return 1 if any(r.state != "done" for r in results) else 0
 
 
-def _show_events(events, progress: Progress) -> None:
-    """Feed each stage's own progress to the bar; say it when an attempt is retried."""
-    was = None
-    for ev in events:
-        if ev.state == "queued" and was == "running":
-            progress.note(ev.message)   # why the attempt failed and how it is retried
-        elif ev.state == "running" and ev.stage:
-            message = ev.message.removeprefix(f"{ev.stage}: ")
-            progress.update(ev.stage, ev.stage_progress, message)
-        was = ev.state
+def _write_report(path: str, data: dict) -> None:
+    import json
+
+    from .runinputs import writing_to
+
+    with writing_to(Path(path).parent):
+        Path(path).write_text(json.dumps(data, indent=2, default=str))
 
 
 def cmd_serve(args) -> int:
@@ -282,21 +210,33 @@ def build_parser() -> argparse.ArgumentParser:
         description="Kiln: one photo -> textured 3D model (GLB).",
         epilog="Examples:\n  kiln run photo.png -o photo.glb            (transparent PNG: alpha is the mask)\n"
                "  kiln run photo.jpg --mask mask.png --no-bake --simplify-ratio 0.98\n"
+               "  kiln run a.png b.jpg --mask-dir masks/ -o out/   (several images, one worker)\n"
                "  kiln serve                                  (web UI on http://127.0.0.1:7860)\n"
                "  kiln doctor                                 (check CUDA, compilers, backends)\n\n"
                + textwrap.fill(EXIT_CODES.replace("Exit status:", "Exit status of `kiln run`:"), 88),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    r = sub.add_parser("run", help="turn an image (+ mask) into a GLB",
-                       description="Run the whole pipeline on one image and write a GLB. The stages run "
+    r = sub.add_parser("run", help="turn an image (+ mask) into a GLB; several images in one go",
+                       description="Run the whole pipeline on an image and write a GLB. The stages run "
                                    "in a crash-isolated worker process (--in-process: in this one). "
-                                   "Settings come from configs/default.yaml (or --config); flags "
-                                   "override them.",
+                                   "Every image and mask is checked before the worker starts. With "
+                                   "several images (or --mask-dir) one worker takes them in turn: a "
+                                   "line each, then a summary table. Settings come from "
+                                   "configs/default.yaml (or --config); flags override them.",
                        epilog=EXIT_CODES)
-    r.add_argument("image", help="input photo (PNG/JPEG/...); a transparent PNG's alpha is the mask")
-    r.add_argument("--mask", help="mask image, white = object (required unless the image has transparency)")
-    r.add_argument("-o", "--output", help="output .glb path (default: IMAGE name with .glb, here)")
+    r.add_argument("image", nargs="+", metavar="IMAGE",
+                   help="input photo(s) (PNG/JPEG/WebP/TIFF/BMP/GIF); a transparent image's alpha is "
+                        "its mask. Several images run one after another through one worker")
+    r.add_argument("--mask", help="mask file of the one IMAGE: white = object; an RGBA file whose "
+                                  "alpha varies is read by its alpha; more than two grey levels are "
+                                  "thresholded halfway (required unless the image has transparency)")
+    r.add_argument("--mask-dir", metavar="FOLDER",
+                   help="folder with a mask per image, named like the image (a.png, a_mask.png, "
+                        "a-mask.png, any image type); an image without one uses its transparency")
+    r.add_argument("-o", "--output", help="one image: output .glb path or a folder (default: IMAGE "
+                                          "name with .glb, here); several images or --mask-dir: "
+                                          "the folder for <image name>.glb (default: here)")
     r.add_argument("--config", help="settings YAML (default: configs/default.yaml)")
     bake = r.add_mutually_exclusive_group()
     bake.add_argument("--bake", dest="bake", action="store_true", default=None, help="bake a texture (default)")
@@ -348,6 +288,9 @@ def main(argv=None) -> int:
         return 2
     try:
         return args.func(args)
+    except NoSpace as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
+        return 1
     except Cancelled as e:
         print(f"kiln: {e}", file=sys.stderr)
         return e.exit_code
@@ -360,6 +303,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("kiln: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        if not is_no_space(e):
+            raise
+        print(f"kiln: error: {no_space(Path(e.filename).parent if e.filename else Path.cwd())}",
+              file=sys.stderr)
+        return 1
     except Exception as e:  # stage validation errors etc.: say what, not a traceback
         from_pipeline = type(e).__name__ in ("StageInputError", "ImageError")
         if not from_pipeline:

@@ -37,6 +37,47 @@ _DIRECT_RGBA = {"RGBA", "RGBa", "LA", "La", "PA"}
 _SIXTEEN_BIT = {"I;16", "I;16L", "I;16B", "I;16N"}
 
 
+# The shortest side an input image may have (the app and the CLI refuse smaller ones).
+MIN_SIDE = 16
+
+# Room for a file's non-pixel chunks: ICC profile, EXIF, XMP, text.
+METADATA_ALLOWANCE = 2 * 1024 * 1024
+
+# Deflate's growth on incompressible data: zlib stores such blocks (+0.03 %); measured on
+# noise, PIL writes +0.14 % and OpenCV +0.18 %. 2 % also covers a JPEG of pure noise at
+# quality 100 without chroma subsampling (4.11 bytes per pixel).
+DEFLATE_GROWTH = 0.02
+
+
+def worst_case_image_bytes(pixels: int, channels: int = 4) -> int:
+    """An upper bound on the file size of an 8-bit image of ``pixels`` pixels whose content
+    does not compress at all (noise), as PNG, and so as TIFF, BMP or lossless WebP too.
+
+    A PNG's image data is one filter byte per row plus ``channels`` bytes per pixel,
+    deflated; with every side at least ``MIN_SIDE`` there are at most pixels / MIN_SIDE
+    rows. Then the deflate growth, 12 bytes per IDAT chunk of at least 4 KiB (libpng
+    writes 8 KiB, PIL 64 KiB), the fixed chunks and the metadata allowance.
+    """
+    raw = pixels * channels + -(-pixels // MIN_SIDE)
+    deflated = int(raw * (1 + DEFLATE_GROWTH)) + 64
+    chunks = 12 * -(-deflated // 4096)
+    return deflated + chunks + 8 + 25 + 12 + METADATA_ALLOWANCE
+
+
+def upload_limit_bytes(max_pixels: int, max_upload_mb: float = 0.0) -> int:
+    """The byte limit that goes with the pixel limit: any 8-bit RGBA image of
+    ``max_pixels`` pixels fits, whatever its content. ``max_upload_mb`` > 0 (MiB) is an
+    explicit cap instead (which may then refuse some images the pixel limit allows)."""
+    if max_upload_mb and max_upload_mb > 0:
+        return int(max_upload_mb * 1024 * 1024)
+    return worst_case_image_bytes(max_pixels, channels=4)
+
+
+def describe_limits(max_pixels: int, max_bytes: int) -> str:
+    """'up to 40 MP and 160 MB' (MP = million pixels; MB = MiB, as in the errors)."""
+    return f"up to {max_pixels / 1e6:.3g} MP and {max_bytes / (1024 * 1024):.0f} MB"
+
+
 def _fmt_mb(n: float) -> str:
     return f"{n / (1024 * 1024):.1f} MB"
 

@@ -239,3 +239,50 @@ def test_sixteen_bit_colour_png_and_tiff_keep_their_high_bits():
             assert alpha is not None and alpha[0, 0] == 0 and alpha[4, 4] == 255
         else:
             assert alpha is None
+
+
+# -- the byte limit follows the pixel limit ----------------------------------------------
+
+@pytest.mark.parametrize("h,w,channels", [(256, 256, 4), (1024, 16, 4), (300, 217, 3), (16, 4096, 4)])
+def test_worst_case_bound_holds_for_incompressible_images(h, w, channels):
+    import cv2
+
+    from kiln.imageio import METADATA_ALLOWANCE, worst_case_image_bytes
+
+    noise = np.random.default_rng(h * w).integers(0, 256, (h, w, channels), dtype=np.uint8)
+    sizes = [len(_encode(Image.fromarray(noise), "PNG", compress_level=lvl)) for lvl in (0, 1, 6, 9)]
+    sizes.append(len(cv2.imencode(".png", noise)[1]))
+    sizes.append(len(_encode(Image.fromarray(noise), "TIFF")))
+    if channels == 3:
+        sizes.append(len(_encode(Image.fromarray(noise), "JPEG", quality=100, subsampling=0)))
+    bound = worst_case_image_bytes(h * w, channels=4)
+    assert max(sizes) <= bound
+    # tight: the bound is the raw size plus a few percent and the metadata room
+    assert bound - METADATA_ALLOWANCE < 1.05 * h * w * 4 + 1024
+
+
+def test_upload_limit_admits_the_largest_allowed_image():
+    from kiln.imageio import upload_limit_bytes
+
+    max_pixels = 256 * 256
+    noise = np.random.default_rng(1).integers(0, 256, (256, 256, 4), dtype=np.uint8)
+    data = _encode(Image.fromarray(noise, "RGBA"))
+    limit = upload_limit_bytes(max_pixels)
+    rgb, alpha = load_image(data, max_pixels, max_bytes=limit)
+    assert rgb.shape == (256, 256, 3) and alpha is not None
+    # the default pixel limit admits a 6000x4500 photo: its PNG must fit the byte limit too
+    assert upload_limit_bytes(40_000_000) >= 6000 * 4500 * 4 * 1.02
+    # an explicit cap (MiB) is honoured as it is
+    assert upload_limit_bytes(max_pixels, 1) == 1024 * 1024
+    with pytest.raises(ImageError, match="limit is 1.0 MB"):
+        load_image(data + b"\0" * (1024 * 1024), max_pixels, max_bytes=upload_limit_bytes(max_pixels, 1))
+
+
+def test_default_settings_limits_agree():
+    from kiln.imageio import describe_limits, upload_limit_bytes, worst_case_image_bytes
+    from kiln.settings import load
+
+    app = load(None, {}).app
+    limit = upload_limit_bytes(app.max_pixels, app.max_upload_mb)
+    assert limit >= worst_case_image_bytes(app.max_pixels, channels=4)
+    assert describe_limits(app.max_pixels, limit) == f"up to 40 MP and {limit / 2**20:.0f} MB"

@@ -1,0 +1,162 @@
+"""Running ``kiln run``'s jobs: one worker for all the images of a run (or the stages in
+this process with ``--in-process``), Ctrl-C as a cancel, outcomes as exceptions with
+the exit status they stand for."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+from .runinputs import Loaded, NoSpace, no_space, writing_to
+
+# How long Ctrl-C waits for the cancelled job's worker to exit (it is sent SIGTERM, and
+# SIGKILL a second later, so this is only reached when the machine is badly overloaded).
+CANCEL_WAIT_S = 120.0
+
+_NO_SPACE = re.compile(r"No space left on device(?:: '([^']+)')?|Disk quota exceeded(?:: '([^']+)')?")
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed without a traceback."""
+
+    exit_code = 2
+
+
+class JobFailed(CliError):
+    """The job ran and failed (or no worker could run it)."""
+
+    exit_code = 1
+
+
+class Cancelled(CliError):
+    """Ctrl-C: the job was cancelled."""
+
+    exit_code = 130
+
+
+def _copy_atomic(src, dst: Path) -> None:
+    """Copy a job's output so an interrupted copy never leaves a torn file at ``dst``."""
+    from .atomic import atomic_write
+
+    with writing_to(dst.parent), open(src, "rb") as f:
+        atomic_write(dst, lambda out: shutil.copyfileobj(f, out))
+
+
+def show_events(events, display) -> None:
+    """Feed each stage's own progress to ``display`` (``update``/``note``); say it when an
+    attempt is retried."""
+    was = None
+    for ev in events:
+        if ev.state == "queued" and was == "running":
+            display.note(ev.message)   # why the attempt failed and how it is retried
+        elif ev.state == "running" and ev.stage:
+            message = ev.message.removeprefix(f"{ev.stage}: ")
+            display.update(ev.stage, ev.stage_progress, message)
+        was = ev.state
+
+
+class WorkerRunner:
+    """One supervisor, started once, runs every job of the invocation in turn."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.jobs_dir = Path(settings.app.jobs_dir)
+        self.sup = None
+        self.startup = 0.0
+
+    def start(self) -> float:
+        from worker.supervisor import Supervisor, WorkerStartError
+
+        t0 = time.perf_counter()
+        self.sup = Supervisor(self.settings, jobs_dir=self.jobs_dir,
+                              cache_dir=Path(self.settings.app.cache_dir))
+        try:
+            with writing_to(self.jobs_dir):
+                self.sup.start()   # on failure (or Ctrl-C) it has already stopped what it started
+        except WorkerStartError as e:
+            self.sup = None
+            raise JobFailed(f"the worker could not start: {e}") from None
+        except BaseException:
+            self.sup = None
+            raise
+        self.startup = time.perf_counter() - t0
+        return self.startup
+
+    def close(self) -> None:
+        if self.sup is not None:
+            self.sup.shutdown()
+            self.sup = None
+
+    def run(self, item: Loaded, out: Path, display) -> dict:
+        """Run one job and copy its GLB (and .ply) to ``out``. Returns timings and stats;
+        raises CliError / JobFailed / Cancelled / NoSpace."""
+        sup = self.sup
+        try:
+            with writing_to(self.jobs_dir):
+                job_id = sup.submit(item.rgb, item.mask, self.settings, session="cli")
+        except ValueError as e:
+            raise CliError(f"the job was refused: {e}") from None
+        try:
+            show_events(sup.follow(job_id), display)
+        except KeyboardInterrupt:
+            display.note("interrupted: cancelling the job (Ctrl-C again to stop at once)")
+            self._cancel(job_id)
+        st = sup.status(job_id)
+        if st.state != "done":
+            error = st.error or st.message
+            where = f"job {job_id} {st.state}: {error} (log: {sup.job_dir(job_id) / 'log'})"
+            full = _NO_SPACE.search(error or "")
+            if full:
+                path = full.group(1) or full.group(2)
+                raise NoSpace(f"{no_space(Path(path).parent if path else self.jobs_dir)}; {where}")
+            # a stage refusing the input is the user's to fix, as in --in-process
+            kind = CliError if "StageInputError:" in error else JobFailed
+            raise kind(where)
+        _copy_atomic(st.outputs["glb"], out)
+        ply = None
+        if st.outputs.get("ply"):
+            ply = out.with_suffix(".ply")
+            _copy_atomic(st.outputs["ply"], ply)
+        return {"timings": st.timings, "stats": st.stats, "ply": ply,
+                "queued": st.timings.get("queued_s", 0.0)}
+
+    def _cancel(self, job_id: str) -> None:
+        """Cancel the job and wait until its worker has exited (the job then ends
+        cancelled); a second Ctrl-C stops waiting."""
+        self.sup.cancel(job_id, timeout=CANCEL_WAIT_S)
+        st = self.sup.status(job_id)
+        if st.state == "cancelled":
+            raise Cancelled(f"cancelled job {job_id}; the worker running it was stopped") from None
+        if not st.terminal:
+            raise Cancelled(f"interrupted; job {job_id} was still {st.state} {CANCEL_WAIT_S:.0f} s "
+                            "after it was cancelled; its worker is stopped now") from None
+        raise Cancelled(f"interrupted; job {job_id} had already ended ({st.state})") from None
+
+
+class InProcessRunner:
+    """The stages in this process (debugging: a crash takes the CLI with it)."""
+
+    startup = 0.0
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    def start(self) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
+    def run(self, item: Loaded, out: Path, display) -> dict:
+        from pipeline.run import run_pipeline
+        from pipeline.types import ImageInput
+
+        cache = Path(self.settings.app.cache_dir)
+        with writing_to(out.parent):
+            res = run_pipeline(ImageInput(item.rgb, item.mask), self.settings, out.parent,
+                               on_event=display.update, cache_dir=cache, name=out.stem)
+            if res.glb_path != out:
+                shutil.move(res.glb_path, out)
+        return {"timings": res.timings, "stats": res.stats, "ply": res.ply_path, "queued": 0.0}

@@ -1,0 +1,234 @@
+"""What ``kiln run`` is given: which images, which masks, where the GLBs go, and whether
+all of it can be used, decided before any worker starts.
+
+``plan`` pairs images with masks and output paths; ``load`` reads one pair completely
+(image, mask by the rule in ``kiln.maskfile``, the reconstruction stage's own input
+checks) so a bad input is refused in seconds, not after a worker's start-up;
+``check_space`` refuses to start on a disk that cannot hold a job, and ``writing_to``
+turns a full disk met later into "no space left on <path>".
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:   # numpy stays out of `kiln --help`
+    import numpy as np
+
+# Extensions looked for in --mask-dir, in this order.
+MASK_EXTS = (".png", ".webp", ".tif", ".tiff", ".bmp", ".gif", ".jpg", ".jpeg")
+# Names a mask of IMAGE may have in --mask-dir, in this order ({stem} = IMAGE's name without extension).
+MASK_NAMES = ("{stem}", "{stem}_mask", "{stem}-mask", "{stem}.mask")
+
+
+class InputProblem(ValueError):
+    """An input cannot be used; the message names the file and says why."""
+
+
+class NoSpace(OSError):
+    """A file system is (nearly) full; the message names the place."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class RunItem:
+    image: Path
+    mask: Path | None     # None: the image's own transparency is the mask
+    output: Path          # the .glb to write
+
+
+@dataclass
+class Loaded:
+    rgb: np.ndarray       # (H, W, 3) uint8
+    mask: np.ndarray      # (H, W) bool
+    notes: list[str] = field(default_factory=list)   # how the mask was read, for the person
+
+
+def _find_mask(image: Path, mask_dir: Path) -> Path | None:
+    same = image.resolve()
+    for pattern in MASK_NAMES:
+        for ext in MASK_EXTS:
+            for cand in (mask_dir / (pattern.format(stem=image.stem) + ext),
+                         mask_dir / (pattern.format(stem=image.stem) + ext.upper())):
+                if cand.is_file() and cand.resolve() != same:
+                    return cand
+    return None
+
+
+def plan(images: list[str], mask: str | None, mask_dir: str | None,
+         output: str | None) -> tuple[list[RunItem], bool]:
+    """(items, batch). Batch mode: several images or ``--mask-dir``; then ``output`` is a
+    folder (default: here) that gets ``<image name>.glb`` for each image."""
+    paths = [Path(p) for p in images]
+    batch = len(paths) > 1 or mask_dir is not None
+    if not batch:
+        image = paths[0]
+        if output is None:
+            out = Path(image.stem + ".glb")
+        elif output.endswith(("/", os.sep)) or Path(output).is_dir():
+            out = Path(output) / (image.stem + ".glb")
+        else:
+            out = Path(output)
+        if out.suffix.lower() != ".glb":
+            raise InputProblem(f"output {out} must end in .glb (or name a folder)")
+        return [RunItem(image, Path(mask) if mask else None, out)], False
+
+    if mask:
+        raise InputProblem("--mask names the mask of one image; with several images put the "
+                           "masks in a folder and pass --mask-dir FOLDER")
+    out_dir = Path(output or ".")
+    if out_dir.suffix.lower() == ".glb":
+        raise InputProblem(f"with several images (or --mask-dir) -o names a folder, not {out_dir}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputProblem(f"-o {out_dir} is a file; with several images it must name a folder")
+    mdir = Path(mask_dir) if mask_dir else None
+    if mdir is not None and not mdir.is_dir():
+        raise InputProblem(f"--mask-dir {mdir} is not a folder")
+    items, by_output = [], {}
+    for image in paths:
+        out = out_dir / (image.stem + ".glb")
+        if out in by_output:
+            raise InputProblem(f"{by_output[out]} and {image} would both be written to {out}; "
+                               "rename one of them")
+        by_output[out] = image
+        items.append(RunItem(image, _find_mask(image, mdir) if mdir else None, out))
+    return items, True
+
+
+def _mask_names(image: Path) -> str:
+    return ", ".join(p.format(stem=image.stem) + ".png" for p in MASK_NAMES)
+
+
+def load(item: RunItem, max_pixels: int, max_image_side: int, mask_dir: str | None = None) -> Loaded:
+    """Read an item completely and run the reconstruction stage's own input checks.
+    Raises ``InputProblem``."""
+    from .imageio import MIN_SIDE, ImageError, load_image
+    from .maskfile import load_mask, read_alpha
+
+    try:
+        rgb, alpha = load_image(item.image, max_pixels=max_pixels)
+    except ImageError as e:
+        raise InputProblem(f"image {item.image}: {e}") from None
+    h, w = rgb.shape[:2]
+    if min(h, w) < MIN_SIDE:
+        raise InputProblem(f"image {item.image} is only {w}x{h} pixels; use one at least "
+                           f"{MIN_SIDE} pixels on each side")
+    notes = []
+    if item.mask is not None:
+        what = f"mask {item.mask}"
+        try:
+            reading = load_mask(item.mask, max_pixels=max_pixels)
+        except ImageError as e:
+            raise InputProblem(f"{what}: {e}") from None
+        mh, mw = reading.mask.shape
+        if (mh, mw) != (h, w):
+            raise InputProblem(f"{what} is {mw}x{mh} but the image {item.image} is {w}x{h}; "
+                               "they must match")
+    else:
+        what = f"the transparency of {item.image}"
+        if alpha is None:
+            where = (f" and {mask_dir} holds no mask for it (looked for {_mask_names(item.image)}, "
+                     "any image type)") if mask_dir else ""
+            hint = ("put its mask in the --mask-dir folder" if mask_dir
+                    else "pass --mask MASK.png (white = object)")
+            raise InputProblem(f"no mask: {item.image} has no transparency{where}, so the object "
+                               f"cannot be told from the background; {hint} or use a "
+                               "transparent PNG")
+        reading = read_alpha(alpha)
+    notes.append(reading.describe(what))
+    by = "alpha (opaque = object)" if reading.channel == "alpha" else "grey level (white = object)"
+    if not reading.mask.any():
+        raise InputProblem(f"{what} is empty: by its {by} no pixel is the object")
+    if reading.mask.all():
+        raise InputProblem(f"{what} selects the whole image: by its {by} every pixel is the "
+                           "object, but some background must stay outside it (is it inverted?)")
+    _stage_checks(rgb, reading.mask, max_image_side, what)
+    return Loaded(rgb=rgb, mask=reading.mask, notes=notes)
+
+
+def _stage_checks(rgb: np.ndarray, mask: np.ndarray, max_image_side: int, what: str) -> None:
+    """The checks the reconstruction stage starts with (empty or full mask, a speck, also
+    after its downscale), run here so the worker is never started for them. pipeline's
+    reconstruct module is light (numpy; cv2 only to downscale)."""
+    from pipeline.reconstruct import prepare_image
+    from pipeline.types import ImageInput
+    from pipeline.validate import StageInputError
+
+    try:
+        prepare_image(ImageInput(rgb=rgb, mask=mask), max_image_side)
+    except StageInputError as e:
+        raise InputProblem(f"{what}: {e}") from None
+
+
+# --------------------------------------------------------------------------- disk space
+
+def _existing(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _mb(n: float) -> str:
+    return f"{n / (1024 * 1024):.1f} MB"
+
+
+def no_space(path: Path, need: int | None = None) -> NoSpace:
+    """The error for a full file system at ``path`` (saying how much is free there)."""
+    try:
+        free = shutil.disk_usage(_existing(path)).free
+        detail = f"{_mb(free)} free"
+    except OSError:
+        detail = ""
+    if need is not None:
+        detail += f"; a job needs about {_mb(need)}"
+    return NoSpace(f"no space left on {path}" + (f" ({detail})" if detail else ""))
+
+
+def job_bytes(pixels: int, texture_size: int) -> int:
+    """A generous estimate of what one job writes to each place: its inputs as PNG
+    (≤ 4 bytes per pixel with the mask), the GLB (texture + mesh) and room for the rest."""
+    return 4 * pixels + 8 * texture_size * texture_size + 32 * 1024 * 1024
+
+
+def check_space(places: list[Path], need: int) -> None:
+    """Raise ``NoSpace`` when one of ``places`` (folders; they may not exist yet) has less
+    than ``need`` bytes free."""
+    for place in places:
+        try:
+            free = shutil.disk_usage(_existing(place)).free
+        except OSError:
+            continue   # cannot tell: the write itself will say
+        if free < need:
+            raise no_space(Path(place), need)
+
+
+def is_no_space(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextmanager
+def writing_to(path: Path) -> Iterator[None]:
+    """Turn a full disk met while writing under ``path`` into ``NoSpace`` naming it
+    (a failed write() names no file itself)."""
+    try:
+        yield
+    except NoSpace:
+        raise
+    except OSError as e:
+        if is_no_space(e):
+            # a failed write() names no file; open() and mkdir() do
+            raise no_space(Path(e.filename).parent if e.filename else Path(path)) from None
+        raise
