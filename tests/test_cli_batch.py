@@ -1,0 +1,75 @@
+"""`kiln run a.png b.png c.png --mask-dir masks/ -o out/`: one worker takes the images in
+turn, one line each, a summary table, exit 1 when any failed."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SMALL = ["--set", "reconstruct.resolution=64", "--set", "reconstruct.num_gaussians=3000",
+         "--set", "views.resolution=128", "--views", "4", "--no-bake"]
+
+
+def test_several_images_through_one_worker(tmp_path):
+    from kiln.examples import write_examples
+
+    ex = tmp_path / "ex"
+    write_examples(ex, size=256)
+    photos, masks = tmp_path / "photos", tmp_path / "masks"
+    photos.mkdir()
+    masks.mkdir()
+    rgb = np.asarray(Image.open(ex / "toy_rgb.png").convert("RGB"))
+    obj = np.asarray(Image.open(ex / "toy_mask.png").convert("L")) > 127
+    # a: its own transparency; b: an RGBA mask whose colour channels hold other data (read
+    # by its alpha); c: a soft grey mask (thresholded, and said); d: a one-pixel line that
+    # passes the checks before the start but that the reconstruction refuses: it fails alone
+    Image.open(ex / "toy.png").save(photos / "a.png")
+    for name in "bcd":
+        Image.fromarray(rgb).save(photos / f"{name}.jpg", quality=95)
+    Image.fromarray(np.dstack([np.full_like(rgb, 240), np.where(obj, 255, 0).astype(np.uint8)]),
+                    "RGBA").save(masks / "b.png")
+    soft = np.where(obj, 220, 20).astype(np.uint8)
+    soft[::9, ::7] = 128
+    Image.fromarray(soft).save(masks / "c_mask.png")
+    line = np.zeros(obj.shape, np.uint8)
+    line[100, 40:200] = 255
+    Image.fromarray(line).save(masks / "d-mask.png")
+
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    images = [photos / n for n in ("a.png", "b.jpg", "c.jpg", "d.jpg")]
+    r = subprocess.run([sys.executable, "-m", "kiln.cli", "run", *map(str, images), "--mask-dir", str(masks),
+                        "-o", str(out), "--report", str(report), *SMALL,
+                        "--set", f"app.jobs_dir={tmp_path / 'jobs'}", "--set", f"app.cache_dir={tmp_path / 'cache'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 1, r.stderr[-3000:]          # one of them failed
+    assert "Traceback" not in r.stderr
+    # piped: one line per image, in order, plus the thresholding note said before the start
+    lines = [ln for ln in r.stderr.splitlines() if re.match(r"\[\d/4\] ", ln)]
+    assert [ln.split()[1] for ln in lines] == ["a.png", "b.jpg", "c.jpg", "d.jpg"], r.stderr
+    assert [ln.split()[2] for ln in lines] == ["done", "done", "done", "failed"], r.stderr
+    assert "c.jpg: mask" in r.stderr and "thresholded at 120" in r.stderr
+    assert "too thin" in lines[3]
+    # the summary table on stdout
+    assert re.search(r"^d\.jpg\s+failed\s+[\d.]+\s+-\s+.*too thin", r.stdout, re.M), r.stdout
+    assert re.search(r"^a\.png\s+done\s+[\d.]+\s+\d+\s+" + re.escape(str(out / "a.glb")), r.stdout, re.M)
+    assert "4 images: 3 done, 1 failed" in r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["a.glb", "b.glb", "c.glb"]
+    # one worker for all four
+    log = (tmp_path / "workers" / "worker-0.log").read_text()
+    assert log.count(" starting ") == 1, log
+    # each job got the mask the rule reads: b's alpha, not its bright colour channels
+    rep = json.loads(report.read_text())
+    assert [e["state"] for e in rep["images"]] == ["done", "done", "done", "failed"]
+    job_masks = sorted((tmp_path / "jobs" / "cli").glob("*/inputs/mask.png"),
+                       key=lambda p: json.loads((p.parent.parent / "status.json").read_text())["created"])
+    coverages = [float((np.asarray(Image.open(p).convert("L")) > 127).mean()) for p in job_masks]
+    assert len(coverages) == 4
+    assert coverages[1] == float(obj.mean()) and coverages[2] == float((soft >= 120).mean())
