@@ -71,6 +71,7 @@ class BakeSettings:
     tv_weight: float = field(default=0.02, metadata=_num(0.0, 10.0))
     gutter: int = field(default=4, metadata=_num(1, 32))
     photo_projection: bool = True
+    unwrap: str = field(default="kiln", metadata=_choice("kiln", "xatlas"))
 
 
 @dataclass(frozen=True)

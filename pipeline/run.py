@@ -130,7 +130,8 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     if settings.bake.enabled:
         t0 = stage("uv")
         mesh = uv.unwrap(mesh, texture_size=settings.bake.texture_size,
-                         gutter=settings.bake.gutter, max_faces=m.max_faces_for_uv)
+                         gutter=settings.bake.gutter, max_faces=m.max_faces_for_uv,
+                         method=settings.bake.unwrap)
         done("uv", t0)
 
         t0 = stage("bake")

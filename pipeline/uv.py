@@ -1,4 +1,15 @@
-"""UV stage: unwrap a mesh into a texture atlas with xatlas.
+"""UV stage: unwrap a mesh into a texture atlas.
+
+Two unwrappers share one output contract (see ``unwrap``):
+
+* ``kiln`` (default): charts segmented by normal direction over the face graph
+  (``pipeline.charts``), each flattened by LSCM in one sparse solve
+  (``pipeline.lscm``), bounding boxes skyline-packed once (``pipeline.pack``).
+  Every step is a whole-mesh array operation, so the cost grows about linearly
+  with the face count; charts that fold (a UV triangle with area <= 0) or overlap
+  themselves in the packed atlas are cut in two and flattened again.
+* ``xatlas``: the xatlas library, kept for comparison (bench/uv.py); it grows about
+  quadratically (~4 s at 11k faces, minutes at 80k on a 2-core machine).
 
 Charts are packed on the texel grid of a ``texture_size`` square texture with
 ``gutter`` empty texels around each, so bilinear sampling at a chart's edge
@@ -14,29 +25,143 @@ from .validate import StageInputError
 
 PACK_ATTEMPTS = 12
 SHRINK = 0.9          # texel density factor per attempt when the charts did not fit
+METHODS = ("kiln", "xatlas")
+SPLIT_ROUNDS = 8      # halvings of a folding chart before its faces are laid out one by one
+OVERLAP_ROUNDS = 4    # re-packs after splitting charts that overlap themselves
+MAX_CHART_FACES = 8000  # larger charts are halved before flattening (see _unwrap_kiln)
 
 
-def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int) -> Mesh:
+def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
+           method: str = "kiln") -> Mesh:
     """Cut ``mesh`` into charts and pack them into one texture_size x texture_size atlas.
 
     mesh: vertices (V, 3) float32, faces (F, 3) int32, optional vertex_colors.
+    method: "kiln" (linear-time charts + LSCM + skyline packing) or "xatlas".
     Returns a new Mesh whose vertices are split along chart seams:
     vertices (V', 3) float32, faces (F, 3) int32 (same face order),
     vertex_colors (V', 3) float32 carried over (or None), uvs (V', 2) float32 in
     [0, 1] with v = 0 the bottom of the texture; texel (row, col) of the S x S
     texture covers u in [col, col+1) / S and v in (1 - (row+1) / S, 1 - row / S].
-    xatlas pads every chart by ``gutter`` texels, so rasterized at texel centres
+    Charts are padded by ``gutter`` texels, so rasterized at texel centres
     two charts are at least 2 * gutter + 1 texels apart and each can be dilated
     by ``gutter`` texels without touching another (tests/test_uv.py checks this).
     """
-    import xatlas
-
+    if method not in METHODS:
+        raise StageInputError(f"unknown unwrap method {method!r}; use one of {', '.join(METHODS)}")
     mesh.validate("mesh", max_faces=max_faces)
     if not (isinstance(texture_size, (int, np.integer)) and 16 <= texture_size <= 16384):
         raise StageInputError(f"texture_size must be an integer in 16..16384, got {texture_size!r}")
     if not (isinstance(gutter, (int, np.integer)) and 0 <= gutter <= texture_size // 8):
         raise StageInputError(f"gutter must be an integer in 0..{texture_size // 8} texels for a "
                               f"{texture_size} texture, got {gutter!r}")
+    if method == "kiln":
+        vmap, faces_out, uvs = _unwrap_kiln(mesh, int(texture_size), int(gutter))
+    else:
+        vmap, faces_out, uvs = _unwrap_xatlas(mesh, int(texture_size), int(gutter))
+    uvs = np.clip(uvs, 0.0, 1.0).astype(np.float32)
+    vmap = vmap.astype(np.int64)
+    return Mesh(
+        vertices=np.ascontiguousarray(mesh.vertices[vmap]),
+        faces=np.ascontiguousarray(faces_out, dtype=np.int32),
+        vertex_colors=None if mesh.vertex_colors is None else np.ascontiguousarray(mesh.vertex_colors[vmap]),
+        uvs=np.ascontiguousarray(uvs),
+    ).validate("unwrapped mesh")
+
+
+def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int):
+    """(vertex map (V',), faces (F, 3), uvs (V', 2) float64) from Kiln's own unwrap."""
+    from .charts import connected, face_graph, segment, split_charts
+    from .lscm import chart_vertices, triangle_local
+    from .pack import PackError, pack
+    from .uv_metrics import coverage
+
+    v = mesh.vertices.astype(np.float64)
+    f = mesh.faces.astype(np.int64)
+    graph = face_graph(v, f)
+    if not graph.areas.sum() > 0:
+        raise StageInputError("the mesh has no surface area; nothing to unwrap")
+    charts = segment(graph)
+    centroids = v[f].mean(1)
+    # Factorisation fill-in grows faster than linearly with a chart's size; bounded
+    # charts keep the LSCM solve linear in the face count.
+    for _ in range(32):
+        big = np.flatnonzero(np.bincount(charts) > MAX_CHART_FACES)
+        if big.size == 0:
+            break
+        charts = split_charts(graph, charts, big, centroids)
+    corner_uv = np.zeros((len(f), 3, 2))
+    charts = _flatten_charts(v, f, graph, charts, centroids, corner_uv, np.ones(len(f), bool))
+    for round_ in range(OVERLAP_ROUNDS + 2):
+        corner, cv_vertex, cv_chart = chart_vertices(f, charts, len(v))
+        uv = np.zeros((cv_vertex.size, 2))
+        uv[corner.ravel()] = corner_uv.reshape(-1, 2)
+        area = np.bincount(charts, graph.areas, minlength=int(charts.max()) + 1)
+        try:
+            placed = pack(uv, cv_chart, area, texture_size, gutter)
+        except PackError as e:
+            raise StageInputError(f"UV charts do not fit into one {texture_size}x{texture_size} "
+                                  f"texture with a {gutter}-texel gutter ({e}); lower bake.gutter "
+                                  "or raise bake.texture_size") from None
+        uvs = placed.texels / texture_size
+        if round_ == OVERLAP_ROUNDS + 1:
+            break
+        # Charts cannot overlap each other (their padded boxes are disjoint), but a
+        # chart can overlap itself: where its border curls round, or around a spiky
+        # vertex whose triangles wrap more than a full turn without any of them folding.
+        over = coverage(uvs, corner, texture_size).overlapping_faces()
+        if over.size == 0:
+            break
+        if round_ < OVERLAP_ROUNDS:
+            charts = _flatten_charts(v, f, graph, charts, centroids, corner_uv,
+                                     np.isin(charts, np.unique(charts[over])), split_first=True)
+        else:
+            # what still overlaps is local: lay those faces out one by one
+            charts = charts.copy()
+            charts[over] = charts.max() + 1 + np.arange(over.size)
+            corner_uv[over] = triangle_local(v, f[over])
+            charts = connected(graph, charts)
+    return cv_vertex, corner, uvs
+
+
+def _flatten_charts(v, f, graph, charts, centroids, corner_uv, todo, split_first=False):
+    """Flatten the charts of the faces in ``todo`` into ``corner_uv`` (F, 3, 2), splitting
+    any that fold; returns the chart ids (changed where charts were split)."""
+    from .charts import connected, split_charts
+    from .lscm import flatten, triangle_local
+
+    tiny = 1e-12 * graph.areas.sum()
+    if split_first:
+        charts = split_charts(graph, charts, np.unique(charts[todo]), centroids)
+    for round_ in range(SPLIT_ROUNDS + 1):
+        sel = np.flatnonzero(todo)
+        if sel.size == 0:
+            break
+        fl = flatten(v, f[sel], charts[sel], graph.normals[sel], graph.areas[sel])
+        cuv = fl.uv[fl.corner]
+        corner_uv[sel] = cuv
+        d1, d2 = cuv[:, 1] - cuv[:, 0], cuv[:, 2] - cuv[:, 0]
+        signed = d1[:, 0] * d2[:, 1] - d1[:, 1] * d2[:, 0]
+        folded = ~np.isfinite(cuv).all(axis=(1, 2)) | ((signed <= 0) & (graph.areas[sel] > tiny))
+        bad = np.unique(charts[sel][folded])
+        if bad.size == 0:
+            break
+        todo = np.isin(charts, bad)
+        if round_ == SPLIT_ROUNDS:
+            # last resort: the folded faces become charts of their own, the rest of
+            # their charts keep their (unfolded) layout, split into connected pieces
+            lone = sel[folded]
+            charts = charts.copy()
+            charts[lone] = charts.max() + 1 + np.arange(lone.size)
+            corner_uv[lone] = triangle_local(v, f[lone])
+            charts = connected(graph, charts)
+            break
+        charts = split_charts(graph, charts, bad, centroids)
+    return charts
+
+
+def _unwrap_xatlas(mesh: Mesh, texture_size: int, gutter: int):
+    """(vertex map, faces, uvs) from xatlas: its charts, re-packed smaller until one atlas holds them."""
+    import xatlas
 
     verts = np.ascontiguousarray(mesh.vertices, dtype=np.float32)
     faces = np.ascontiguousarray(mesh.faces, dtype=np.uint32)
@@ -73,18 +198,11 @@ def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int) -> Mesh:
         vmap2, faces_out, texels = packed
         vmap = vmap1[vmap2]
 
-    uvs = np.empty((len(vmap), 2), np.float32)
+    uvs = np.empty((len(vmap), 2), np.float64)
     uvs[:, 0] = texels[:, 0] / texture_size
     # xatlas rows grow downwards like image rows; Kiln's v grows upwards.
     uvs[:, 1] = 1.0 - texels[:, 1] / texture_size
-    uvs = np.clip(uvs, 0.0, 1.0)
-    vmap = vmap.astype(np.int64)
-    return Mesh(
-        vertices=np.ascontiguousarray(mesh.vertices[vmap]),
-        faces=np.ascontiguousarray(faces_out, dtype=np.int32),
-        vertex_colors=None if mesh.vertex_colors is None else np.ascontiguousarray(mesh.vertex_colors[vmap]),
-        uvs=uvs,
-    ).validate("unwrapped mesh")
+    return vmap, faces_out, uvs
 
 
 def _pack_options(texture_size: int, gutter: int, texels_per_unit: float):

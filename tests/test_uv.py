@@ -1,4 +1,8 @@
-"""UV unwrapping: charts inside [0, 1], not overlapping, separated by the gutter."""
+"""UV unwrapping: charts inside [0, 1], not overlapping, separated by the gutter.
+
+The contract tests run for both unwrappers (Kiln's own and xatlas); the rest
+covers what only Kiln's has: charts that fold are split, noisy meshes stay valid.
+"""
 
 from __future__ import annotations
 
@@ -76,9 +80,10 @@ def min_chart_distance(label: np.ndarray, limit: int = 64) -> int:
     return limit
 
 
+@pytest.mark.parametrize("method", ["kiln", "xatlas"])
 @pytest.mark.parametrize("size, gutter", [(256, 2), (512, 4)])
-def test_unwrap_packs_charts_without_overlap_and_with_gutter(small_mesh, size, gutter):
-    out = unwrap(small_mesh, texture_size=size, gutter=gutter, max_faces=100_000)
+def test_unwrap_packs_charts_without_overlap_and_with_gutter(small_mesh, size, gutter, method):
+    out = unwrap(small_mesh, texture_size=size, gutter=gutter, max_faces=100_000, method=method)
     out.validate()
     assert out.uvs.dtype == np.float32 and out.faces.dtype == np.int32
     assert out.vertices.dtype == np.float32
@@ -97,8 +102,9 @@ def test_unwrap_packs_charts_without_overlap_and_with_gutter(small_mesh, size, g
     assert (count > 0).mean() > 0.3
 
 
-def test_unwrap_keeps_geometry_and_colours_face_by_face(small_mesh):
-    out = unwrap(small_mesh, texture_size=256, gutter=2, max_faces=100_000)
+@pytest.mark.parametrize("method", ["kiln", "xatlas"])
+def test_unwrap_keeps_geometry_and_colours_face_by_face(small_mesh, method):
+    out = unwrap(small_mesh, texture_size=256, gutter=2, max_faces=100_000, method=method)
     assert np.array_equal(out.vertices[out.faces], small_mesh.vertices[small_mesh.faces])
     assert np.array_equal(out.vertex_colors[out.faces], small_mesh.vertex_colors[small_mesh.faces])
     # and the surface stays closed once seams are welded again
@@ -106,9 +112,10 @@ def test_unwrap_keeps_geometry_and_colours_face_by_face(small_mesh):
     assert welded.is_watertight and welded.volume > 0
 
 
-def test_unwrap_uv_area_follows_surface_area(small_mesh):
+@pytest.mark.parametrize("method", ["kiln", "xatlas"])
+def test_unwrap_uv_area_follows_surface_area(small_mesh, method):
     """Texel density is roughly uniform: UV area per surface area varies little across faces."""
-    out = unwrap(small_mesh, texture_size=512, gutter=4, max_faces=100_000)
+    out = unwrap(small_mesh, texture_size=512, gutter=4, max_faces=100_000, method=method)
     uv = out.uvs[out.faces].astype(np.float64)
     uv_area = 0.5 * np.abs((uv[:, 1, 0] - uv[:, 0, 0]) * (uv[:, 2, 1] - uv[:, 0, 1])
                            - (uv[:, 2, 0] - uv[:, 0, 0]) * (uv[:, 1, 1] - uv[:, 0, 1]))
@@ -119,8 +126,9 @@ def test_unwrap_uv_area_follows_surface_area(small_mesh):
     assert np.percentile(ratio, 90) / np.percentile(ratio, 10) < 3.0
 
 
-def test_large_gutter_on_small_texture_still_fits(small_mesh):
-    out = unwrap(small_mesh, texture_size=128, gutter=8, max_faces=100_000)
+@pytest.mark.parametrize("method", ["kiln", "xatlas"])
+def test_large_gutter_on_small_texture_still_fits(small_mesh, method):
+    out = unwrap(small_mesh, texture_size=128, gutter=8, max_faces=100_000, method=method)
     count, label = rasterize_charts(out, 128)
     assert count.max() == 1
     assert min_chart_distance(label) >= 17
@@ -143,3 +151,65 @@ def test_unwrap_refuses_nan_vertices(small_mesh):
     bad.vertices[0, 0] = np.nan
     with pytest.raises(StageInputError, match="non-finite"):
         unwrap(bad, texture_size=256, gutter=2, max_faces=100_000)
+
+
+def test_unwrap_refuses_unknown_method(small_mesh):
+    with pytest.raises(StageInputError, match="unwrap method"):
+        unwrap(small_mesh, texture_size=256, gutter=2, max_faces=100_000, method="magic")
+
+
+def uv_signed_areas(mesh: Mesh) -> np.ndarray:
+    q = mesh.uvs[mesh.faces].astype(np.float64)
+    d1, d2 = q[:, 1] - q[:, 0], q[:, 2] - q[:, 0]
+    return 0.5 * (d1[:, 0] * d2[:, 1] - d1[:, 1] * d2[:, 0])
+
+
+def noisy_sphere(subdivisions: int = 5, noise: float = 0.02, seed: int = 0) -> Mesh:
+    """An icosphere with every vertex pushed in or out at random: a scan-like surface."""
+    s = trimesh.creation.icosphere(subdivisions=subdivisions, radius=0.4)
+    rng = np.random.default_rng(seed)
+    v = s.vertices * (1.0 + noise * rng.standard_normal((len(s.vertices), 1)))
+    return Mesh(v.astype(np.float32), s.faces.astype(np.int32))
+
+
+def test_kiln_unwrap_of_a_noisy_scan_has_no_flips_or_overlaps():
+    mesh = noisy_sphere()
+    out = unwrap(mesh, texture_size=1024, gutter=2, max_faces=100_000)
+    assert np.array_equal(out.vertices[out.faces], mesh.vertices[mesh.faces])
+    assert (uv_signed_areas(out) > 0).all(), "folded UV triangles"
+    count, label = rasterize_charts(out, 1024)
+    assert count.max() == 1, "UV triangles overlap"
+    assert min_chart_distance(label) >= 5
+    assert (count > 0).mean() > 0.3
+
+
+def test_charts_that_fold_are_split_until_none_does(monkeypatch):
+    """A whole closed sphere as one chart cannot be flattened: LSCM folds it. The unwrap
+    must notice (UV area <= 0, or the chart overlapping itself) and cut it up."""
+    import pipeline.charts as charts_mod
+
+    monkeypatch.setattr(charts_mod, "segment", lambda graph: np.zeros(graph.num_faces, np.int64))
+    mesh = noisy_sphere(subdivisions=4, noise=0.0)
+    out = unwrap(mesh, texture_size=512, gutter=2, max_faces=100_000)
+    assert (uv_signed_areas(out) > 0).all()
+    count, label = rasterize_charts(out, 512)
+    assert count.max() == 1
+    assert len(np.unique(label[label >= 0])) > 1
+
+
+def test_uv_metrics_see_overlaps_and_distortion():
+    from pipeline.uv_metrics import coverage, distortion
+
+    v = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0]], np.float32)
+    f = np.array([[0, 1, 2], [1, 3, 2]], np.int32)
+    iso = np.array([[0.1, 0.1], [0.6, 0.1], [0.1, 0.6], [0.6, 0.6]], np.float32)
+    cov = coverage(iso, f, 64)
+    assert cov.count.max() == 1 and cov.overlapping_faces().size == 0
+    assert abs(cov.utilisation - 0.25) < 0.03
+    d = distortion(v, f, iso)
+    assert abs(d["area"] - 1) < 1e-6 and abs(d["angle"] - 1) < 1e-6
+    folded = iso.copy()
+    folded[3] = [0.05, 0.05]            # the second triangle now covers the first
+    assert set(coverage(folded, f, 64).overlapping_faces()) == {0, 1}
+    stretched = iso * [1.0, 0.5]
+    assert distortion(v, f, stretched)["angle"] == pytest.approx(2.0)
