@@ -32,6 +32,7 @@ class MaskReading:
     levels:      distinct values in that channel (1..256)
     threshold:   a pixel is the object when its channel value is >= threshold
     thresholded: the channel had more than two levels, so ``threshold`` was decided here
+    own_alpha:   the image's own transparency, not a mask file (its colour is the photo)
     """
 
     mask: np.ndarray
@@ -39,6 +40,7 @@ class MaskReading:
     levels: int
     threshold: int
     thresholded: bool
+    own_alpha: bool = False
 
     @property
     def coverage(self) -> float:
@@ -47,8 +49,12 @@ class MaskReading:
 
     def describe(self, name: str) -> str:
         """One line for a person: which channel, any thresholding, and the coverage."""
-        how = "its alpha channel (colour channels ignored)" if self.channel == "alpha" \
-            else "its grey level (white = object)"
+        if self.own_alpha:
+            how = "its alpha (opaque = object)"
+        elif self.channel == "alpha":
+            how = "its alpha channel (colour channels ignored)"
+        else:
+            how = "its grey level (white = object)"
         text = f"{name}: read by {how}"
         if self.thresholded:
             text += (f"; it has {self.levels} levels, so it was thresholded at {self.threshold} "
@@ -62,7 +68,7 @@ def grey_level(rgb: np.ndarray) -> np.ndarray:
     return ((299 * r + 587 * g + 114 * b + 500) // 1000).astype(np.uint8)
 
 
-def _read_channel(values: np.ndarray, channel: str) -> MaskReading:
+def _read_channel(values: np.ndarray, channel: str, own_alpha: bool = False) -> MaskReading:
     counts = np.bincount(values.ravel(), minlength=256)
     present = np.flatnonzero(counts)
     lo, hi = int(present[0]), int(present[-1])
@@ -74,7 +80,8 @@ def _read_channel(values: np.ndarray, channel: str) -> MaskReading:
     else:
         threshold, thresholded = (lo + hi + 1) // 2, True
     return MaskReading(mask=np.ascontiguousarray(values >= threshold), channel=channel,
-                       levels=int(len(present)), threshold=threshold, thresholded=thresholded)
+                       levels=int(len(present)), threshold=threshold, thresholded=thresholded,
+                       own_alpha=own_alpha)
 
 
 def read_mask_channels(rgb: np.ndarray, alpha: np.ndarray | None) -> MaskReading:
@@ -86,7 +93,7 @@ def read_mask_channels(rgb: np.ndarray, alpha: np.ndarray | None) -> MaskReading
 
 def read_alpha(alpha: np.ndarray) -> MaskReading:
     """An image's own transparency as its mask (rules 1 and 3)."""
-    return _read_channel(alpha, "alpha")
+    return _read_channel(alpha, "alpha", own_alpha=True)
 
 
 def load_mask(source: str | Path | bytes, max_pixels: int,

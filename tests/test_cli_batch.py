@@ -4,9 +4,13 @@ turn, one line each, a summary table, exit 1 when any failed."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,3 +77,49 @@ def test_several_images_through_one_worker(tmp_path):
     coverages = [float((np.asarray(Image.open(p).convert("L")) > 127).mean()) for p in job_masks]
     assert len(coverages) == 4
     assert coverages[1] == float(obj.mean()) and coverages[2] == float((soft >= 120).mean())
+
+
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)   # as a terminal's foreground job has it
+
+
+def test_ctrl_c_in_a_batch_cancels_the_running_image_and_skips_the_rest(tmp_path):
+    from kiln.examples import write_examples
+
+    write_examples(tmp_path / "ex", size=256)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("a.png", "b.png"):
+        shutil.copy(tmp_path / "ex" / "toy.png", photos / name)
+    proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "run", str(photos / "a.png"), str(photos / "b.png"),
+                             "-o", str(tmp_path / "out"), "--set", "reconstruct.resolution=64",
+                             "--set", "reconstruct.num_gaussians=3000", "--set", "views.resolution=128",
+                             "--views", "4", "--texture-size", "256", "--set", "bake.steps=5000",
+                             "--set", f"app.jobs_dir={tmp_path / 'jobs'}",
+                             "--set", f"app.cache_dir={tmp_path / 'cache'}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=_default_sigint)
+    try:
+        # piped, a batch prints nothing until an image ends: watch the job's own status
+        deadline = time.monotonic() + 600
+        stage = None
+        while stage != "bake" and time.monotonic() < deadline and proc.poll() is None:
+            for st in (tmp_path / "jobs" / "cli").glob("*/status.json"):
+                try:
+                    stage = json.loads(st.read_text()).get("stage")
+                except (OSError, ValueError):
+                    pass   # replaced atomically, but may not exist yet
+            time.sleep(0.05)
+        assert stage == "bake", proc.communicate()[1] if proc.poll() is not None else "no bake in 600 s"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "[1/2] a.png  cancelled" in err and "kiln: cancelled job " in err and "Traceback" not in err
+    assert re.search(r"^a\.png\s+cancelled", out, re.M) and re.search(r"^b\.png\s+not run", out, re.M), out
+    assert "2 images: 1 cancelled, 1 not run" in out
+    assert not (tmp_path / "out" / "a.glb").exists() and not (tmp_path / "out" / "b.glb").exists()
+    [status] = (tmp_path / "jobs" / "cli").glob("*/status.json")
+    assert json.loads(status.read_text())["state"] == "cancelled"

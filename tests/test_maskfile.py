@@ -80,3 +80,4 @@ def test_image_alpha_soft_edges():
     r = read_alpha(alpha)
     assert r.channel == "alpha" and r.thresholded and r.threshold == 128
     assert np.array_equal(r.mask, alpha >= 128)
+    assert "read by its alpha (opaque = object)" in r.describe("the transparency of a.png")
