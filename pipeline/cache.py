@@ -1,4 +1,5 @@
-"""Reconstruction cache: one ``.npz`` per (input, reconstruction settings, code version).
+"""Stage cache: one ``.npz`` per (input, reconstruction settings, code version), and one
+per set of bake views rendered from it (see "views" below).
 
 Reconstruction is the slow, seed-dependent stage; everything after it (simplify,
 unwrap, bake, export) is cheap to redo. Keying the cache on exactly what the
@@ -18,6 +19,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,7 +28,7 @@ import numpy as np
 from kiln.atomic import atomic_write
 from kiln.settings import Settings
 
-from .types import Gaussians, ImageInput, Mesh, Reconstruction, SourceCamera
+from .types import Cameras, Gaussians, ImageInput, Mesh, Reconstruction, SourceCamera, Views
 
 log = logging.getLogger(__name__)
 
@@ -193,3 +195,125 @@ def load_reconstruction(cache_dir: Path, key: str) -> Reconstruction | None:
         path.unlink(missing_ok=True)
         return None
     return Reconstruction(mesh=mesh, gaussians=gauss, meta=meta, source_camera=source)
+
+
+# --------------------------------------------------------------------------- views
+#
+# The bake views depend on the reconstruction (its key), the view settings, the
+# renderer that drew them (backend, device) and the rendering code; not on mesh,
+# UV or bake settings. Caching them makes a re-run that only moves the simplify
+# slider, the bake mode or the texture size skip the 16 renders too.
+#
+# Colours and alpha are kept as float16: 1/2048 near 1, far below the 8-bit step of
+# the texture they are baked into, at half the bytes. run.py rounds freshly rendered
+# views the same way when a cache is in use, so a cache hit bakes exactly what the
+# first run baked.
+
+VIEWS_FORMAT = 1
+VIEWS_MAX_ENTRY_BYTES = 1 << 30        # larger renders (64 views at 2048^2) are not kept
+VIEWS_MAX_TOTAL_BYTES = 4 << 30        # beyond this the least recently used entries go
+_VIEW_LIBRARIES = ("numpy", "torch", "gsplat")
+
+
+@lru_cache(maxsize=1)
+def views_code_version() -> str:
+    """Hash of the view-rendering code (render_views.py, cameras.py and what they import)
+    and the versions of the libraries that compute the pixels."""
+    from importlib import metadata
+
+    h = hashlib.sha256(f"kiln-views-cache-v{VIEWS_FORMAT}".encode())
+    for dist in ("kiln3d",) + _VIEW_LIBRARIES:
+        try:
+            h.update(f"{dist}={metadata.version(dist)};".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{dist}=none;".encode())
+    for path in _module_closure("render_views", "cameras"):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def views_key(recon_key: str, settings: Settings, backend: str, device: str) -> str:
+    """Cache key (64 hex chars) of the bake views: the reconstruction key, every
+    ``views.*`` setting but the requested backend (the resolved ``backend`` and
+    ``device`` take its place: "auto" may mean either), and views_code_version()."""
+    views = dict(settings.to_dict()["views"])
+    views.pop("backend", None)
+    h = hashlib.sha256(b"views;")
+    h.update(recon_key.encode())
+    h.update(json.dumps(views, sort_keys=True).encode())
+    h.update(f"backend={backend};device={device};".encode())
+    h.update(views_code_version().encode())
+    return h.hexdigest()
+
+
+def _views_entry(cache_dir: Path, key: str) -> Path:
+    if not (len(key) == 64 and all(c in "0123456789abcdef" for c in key)):
+        raise ValueError(f"not a views cache key: {key!r}")
+    return Path(cache_dir) / f"views-{key}.npz"
+
+
+def quantise_views(views: Views) -> Views:
+    """The views as the cache stores them (float16 colour and alpha, back in float32)."""
+    return Views(rgb=views.rgb.astype(np.float16).astype(np.float32),
+                 alpha=views.alpha.astype(np.float16).astype(np.float32), cameras=views.cameras)
+
+
+def save_views(cache_dir: Path, key: str, views: Views) -> Path | None:
+    """Store ``views`` under ``key`` atomically; None when they are too big to keep.
+    Evicts the least recently used view entries beyond VIEWS_MAX_TOTAL_BYTES."""
+    if (views.rgb.size + views.alpha.size) * 2 > VIEWS_MAX_ENTRY_BYTES:
+        return None
+    path = _views_entry(cache_dir, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    c = views.cameras
+    buf = io.BytesIO()
+    np.savez(buf, format=np.array(VIEWS_FORMAT, np.int32), key=np.frombuffer(key.encode(), np.uint8),
+             rgb=views.rgb.astype(np.float16), alpha=views.alpha.astype(np.float16),
+             viewmats=c.viewmats, Ks=c.Ks, size=np.array([c.width, c.height], np.int64))
+    atomic_write(path, buf.getbuffer())
+    _evict_views(Path(cache_dir), keep=path)
+    return path
+
+
+def load_views(cache_dir: Path, key: str, cameras: Cameras) -> Views | None:
+    """The cached views for ``key`` (checked against the ``cameras`` they must have been
+    rendered with), or None. A damaged or mismatching entry is removed."""
+    path = _views_entry(cache_dir, key)
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if int(z["format"]) != VIEWS_FORMAT or z["key"].tobytes().decode() != key:
+                raise ValueError("format or key mismatch")
+            rgb, alpha = z["rgb"].astype(np.float32), z["alpha"].astype(np.float32)
+            same_cams = (np.array_equal(z["viewmats"], cameras.viewmats) and np.array_equal(z["Ks"], cameras.Ks)
+                         and tuple(z["size"]) == (cameras.width, cameras.height))
+        n, h, w = len(cameras.viewmats), cameras.height, cameras.width
+        if not same_cams or rgb.shape != (n, h, w, 3) or alpha.shape != (n, h, w):
+            raise ValueError("cameras or image shapes differ from the request")
+        if not (np.isfinite(rgb).all() and np.isfinite(alpha).all()):
+            raise ValueError("non-finite pixels")
+        os.utime(path)          # recently used: eviction takes the oldest first
+    except Exception as e:
+        log.warning("dropping unreadable views cache entry %s: %s", path.name, e)
+        path.unlink(missing_ok=True)
+        return None
+    return Views(rgb=rgb, alpha=alpha, cameras=cameras)
+
+
+def _evict_views(cache_dir: Path, keep: Path) -> None:
+    entries = []
+    for p in cache_dir.glob("views-*.npz"):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        entries.append((st.st_mtime, st.st_size, p))
+    total = sum(e[1] for e in entries)
+    for _, size, p in sorted(entries, key=lambda e: e[0]):
+        if total <= VIEWS_MAX_TOTAL_BYTES:
+            break
+        if p != keep:
+            p.unlink(missing_ok=True)
+            total -= size

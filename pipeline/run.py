@@ -70,12 +70,12 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
 
     ``cache_dir``: when given, the reconstruction is looked up there under a key of
     the input hashes, the reconstruction settings and the code version, and
-    stored after computing it.
+    stored after computing it; so are the bake views, under the reconstruction's
+    key plus the view settings, the renderer and its code version.
     """
     from . import bake as bake_mod
     from . import export as export_mod
-    from . import mesh_ops, render_views, uv
-    from .cameras import sphere_cameras
+    from . import mesh_ops, uv
 
     emit = on_event or _noop
     backends = backends or resolve_backends(settings)
@@ -110,12 +110,9 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     views = None
     if settings.bake.enabled:
         t0 = stage("render_views")
-        v = settings.views
-        cams = sphere_cameras(v.count, v.radius, v.fov_deg, v.resolution)
-        views = render_views.render_gaussians(
-            recon.gaussians, cams, backend=backends.render, device=backends.device,
-            progress=lambda f, m="": emit("render_views", f, m), chunk_scale=backends.chunk_scale)
-        done("render_views", t0)
+        views, views_cached = _render_views_cached(image, recon, settings, backends, cache_dir, emit, stats)
+        stats["views_cached"] = views_cached
+        done("render_views", t0, "cache hit" if views_cached else "done")
 
     t0 = stage("mesh")
     m = settings.mesh
@@ -172,3 +169,33 @@ def _reconstruct_cached(image: ImageInput, settings: Settings, cache_dir: Path |
             # a full or read-only cache costs the next job time; it must not fail this one
             stats["reconstruction_cache_error"] = f"{type(e).__name__}: {e}"
     return recon, False
+
+
+def _render_views_cached(image: ImageInput, recon: Reconstruction, settings: Settings,
+                         backends: Backends, cache_dir: Path | None, emit: EventFn,
+                         stats: dict):
+    """(bake views, whether they came from the cache)."""
+    from . import cache as cache_mod
+    from . import render_views
+    from .cameras import sphere_cameras
+
+    v = settings.views
+    cams = sphere_cameras(v.count, v.radius, v.fov_deg, v.resolution)
+    key = None
+    if cache_dir is not None:
+        key = cache_mod.views_key(cache_mod.reconstruction_key(image, settings), settings,
+                                  backends.render, backends.device)
+        views = cache_mod.load_views(Path(cache_dir), key, cams)
+        if views is not None:
+            return views, True
+    views = render_views.render_gaussians(
+        recon.gaussians, cams, backend=backends.render, device=backends.device,
+        progress=lambda f, m="": emit("render_views", f, m), chunk_scale=backends.chunk_scale)
+    if key is not None:
+        # bake from what a later cache hit will load, so both runs give the same texture
+        views = cache_mod.quantise_views(views)
+        try:
+            cache_mod.save_views(Path(cache_dir), key, views)
+        except OSError as e:
+            stats["views_cache_error"] = f"{type(e).__name__}: {e}"
+    return views, False
