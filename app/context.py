@@ -20,9 +20,10 @@ from .handlers import ActiveJobs, ResultPublisher
 from .segment import GrabCutSegmenter, SegmenterChoice, choose_segmenter
 from .sessions import SessionLimits, SessionStore
 
-# Full-size decodes at once (an upload, a job's submit): each can take ~4 bytes per pixel of
-# app.max_pixels (160 MB at 40 MP) for a moment, so they wait for one another past this.
-DECODES_AT_ONCE = 2
+# Full-size decodes at once (an upload, a job's submit): PIL's copy, its conversion and the
+# array made from it took ~540 MB at the peak of one 40 MP decode (app.max_pixels), so they
+# take turns; a 12 MP photo decodes in a fraction of a second.
+DECODES_AT_ONCE = 1
 
 log = logging.getLogger(__name__)
 

@@ -375,6 +375,21 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def keep_big_buffers_mmapped(threshold: int = 1 << 20) -> bool:
+    """glibc raises its mmap threshold (up to 32 MB) each time a big mmapped block is freed;
+    from then on the 16 MB blocks PIL decodes into and the arrays made from them come from
+    the handler threads' heaps, whose freed memory stays in the process: a flood of 40 MP
+    uploads left 1.8 GB behind. A fixed threshold keeps every buffer above it mmapped, so
+    freeing it returns it. False where this is not glibc."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, threshold))   # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
 def launch(settings, host: Optional[str] = None, port: Optional[int] = None, share_on_network: bool = False,
            auth: Optional[tuple[str, str]] = None, no_auth: bool = False, examples: bool = True,
            block: bool = True, context=None):
@@ -397,6 +412,7 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
     t0 = time.perf_counter()
+    keep_big_buffers_mmapped()
     from .context import AppContext
     from .ui import CSS, build_ui
 
