@@ -28,6 +28,8 @@ SHRINK = 0.9          # texel density factor per attempt when the charts did not
 METHODS = ("kiln", "xatlas")
 SPLIT_ROUNDS = 8      # halvings of a folding chart before its faces are laid out one by one
 OVERLAP_ROUNDS = 4    # re-packs after splitting charts that overlap themselves
+DETACH_ROUNDS = 3     # then re-packs after giving still-overlapping faces charts of their own
+STRETCH_LIMIT = 1.5     # charts whose area distortion is worse are halved too
 MAX_CHART_FACES = 8000  # larger charts are halved before flattening (see _unwrap_kiln)
 
 
@@ -91,7 +93,7 @@ def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int):
         charts = split_charts(graph, charts, big, centroids)
     corner_uv = np.zeros((len(f), 3, 2))
     charts = _flatten_charts(v, f, graph, charts, centroids, corner_uv, np.ones(len(f), bool))
-    for round_ in range(OVERLAP_ROUNDS + 2):
+    for round_ in range(OVERLAP_ROUNDS + DETACH_ROUNDS + 1):
         corner, cv_vertex, cv_chart = chart_vertices(f, charts, len(v))
         uv = np.zeros((cv_vertex.size, 2))
         uv[corner.ravel()] = corner_uv.reshape(-1, 2)
@@ -103,7 +105,7 @@ def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int):
                                   f"texture with a {gutter}-texel gutter ({e}); lower bake.gutter "
                                   "or raise bake.texture_size") from None
         uvs = placed.texels / texture_size
-        if round_ == OVERLAP_ROUNDS + 1:
+        if round_ == OVERLAP_ROUNDS + DETACH_ROUNDS:
             break
         # Charts cannot overlap each other (their padded boxes are disjoint), but a
         # chart can overlap itself: where its border curls round, or around a spiky
@@ -142,11 +144,14 @@ def _flatten_charts(v, f, graph, charts, centroids, corner_uv, todo, split_first
         d1, d2 = cuv[:, 1] - cuv[:, 0], cuv[:, 2] - cuv[:, 0]
         signed = d1[:, 0] * d2[:, 1] - d1[:, 1] * d2[:, 0]
         folded = ~np.isfinite(cuv).all(axis=(1, 2)) | ((signed <= 0) & (graph.areas[sel] > tiny))
+        folded |= _wound(cuv, fl.corner, fl.cv_vertex.size)
         bad = np.unique(charts[sel][folded])
+        if round_ < SPLIT_ROUNDS:
+            bad = np.union1d(bad, _stretched(np.abs(signed), graph.areas[sel], charts[sel]))
         if bad.size == 0:
             break
         todo = np.isin(charts, bad)
-        if round_ == SPLIT_ROUNDS:
+        if round_ == SPLIT_ROUNDS and folded.any():
             # last resort: the folded faces become charts of their own, the rest of
             # their charts keep their (unfolded) layout, split into connected pieces
             lone = sel[folded]
@@ -157,6 +162,35 @@ def _flatten_charts(v, f, graph, charts, centroids, corner_uv, todo, split_first
             break
         charts = split_charts(graph, charts, bad, centroids)
     return charts
+
+
+def _stretched(uv_area: np.ndarray, area: np.ndarray, charts: np.ndarray) -> np.ndarray:
+    """Charts whose LSCM map distorts area badly (area-weighted mean of max(r, 1/r) above
+    STRETCH_LIMIT, r = a face's share of its chart's UV area / of its surface area):
+    LSCM keeps angles, not areas, and a bumpy chart gets texels very unevenly."""
+    ids, c = np.unique(charts, return_inverse=True)
+    uv_tot = np.bincount(c, uv_area)
+    tot = np.bincount(c, area)
+    ok = area > 0
+    r = np.ones_like(area)
+    r[ok] = (uv_area[ok] / np.maximum(uv_tot[c[ok]], 1e-300)) / (area[ok] / tot[c[ok]])
+    r = np.clip(r, 1e-6, 1e6)
+    score = np.bincount(c, area * np.maximum(r, 1.0 / r)) / np.maximum(tot, 1e-300)
+    return ids[score > STRETCH_LIMIT]
+
+
+def _wound(cuv: np.ndarray, corner: np.ndarray, n: int) -> np.ndarray:
+    """(F,) faces around a vertex whose UV corner angles add up to more than a full
+    turn: their fan overlaps itself although no triangle is flipped (spiky vertices
+    of noisy scans do this)."""
+    ang = np.zeros(corner.shape)
+    for k in range(3):
+        a = cuv[:, (k + 1) % 3] - cuv[:, k]
+        b = cuv[:, (k + 2) % 3] - cuv[:, k]
+        ang[:, k] = np.abs(np.arctan2(a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0], (a * b).sum(1)))
+    total = np.bincount(corner.ravel(), ang.ravel(), minlength=n)
+    over = total > 2 * np.pi + 1e-6
+    return over[corner].any(axis=1)
 
 
 def _unwrap_xatlas(mesh: Mesh, texture_size: int, gutter: int):
