@@ -5,12 +5,15 @@ stays within its bound and goes back down afterwards."""
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-
-from flood import run_flood  # noqa: E402
+# loaded by path: putting bench/ on sys.path would let bench/app.py shadow the app package
+_spec = importlib.util.spec_from_file_location(
+    "kiln_bench_flood", Path(__file__).resolve().parent.parent / "bench" / "flood.py")
+_flood = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_flood)
+run_flood = _flood.run_flood
 
 
 def test_a_flood_of_tabs_and_uploads_is_refused_politely_within_a_memory_bound():
