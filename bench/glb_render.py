@@ -229,8 +229,12 @@ class GLBRenderer:
                       content_type=CONTENT_TYPES.get(f.suffix, "application/octet-stream"))
 
     def render(self, glb: str | Path | bytes, cameras: Sequence[CameraSpec],
-               background: tuple[int, int, int] = (255, 0, 255)) -> list[tuple[np.ndarray, np.ndarray]]:
+               background: tuple[int, int, int] = (255, 0, 255),
+               mipmaps: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
         """Render ``glb`` from each camera.
+
+        ``mipmaps``: sample textures as GLTFLoader sets them up (trilinear mipmaps, what a
+        user's viewer shows); False = plain bilinear without mipmaps (a diagnostic).
 
         Returns per camera (rgb (H, W, 3) uint8 with ``background`` where nothing is drawn,
         covered (H, W) bool: the object's exact coverage from a second, white-on-black pass).
@@ -247,7 +251,7 @@ class GLBRenderer:
             specs.append({"width": int(c.width), "height": int(c.height),
                           "projection": P.ravel().tolist(), "view": V.ravel().tolist()})
         req = {"glb": f"{ORIGIN}/glb/{key}", "background": [int(v) for v in background],
-               "cameras": specs}
+               "cameras": specs, "mipmaps": bool(mipmaps)}
         try:
             res = self._page.evaluate("(req) => window.kilnRender(req)", req)
         except Exception as e:

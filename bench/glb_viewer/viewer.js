@@ -1,7 +1,7 @@
 // Renders a GLB from given cameras with three.js and returns the pixels.
 //
-// window.kilnRender({glb: url, background: [r, g, b] (0..255), cameras: [{width, height,
-//   projection: 16 numbers, view: 16 numbers}]}) -> [{rgb: PNG data URL, mask: PNG data URL}]
+// window.kilnRender({glb: url, background: [r, g, b] (0..255), mipmaps: bool, cameras: [{width,
+//   height, projection: 16 numbers, view: 16 numbers}]}) -> [{rgb: PNG data URL, mask: PNG data URL}]
 // Matrices are OpenGL's (camera looks along -z, y up), row-major; the caller builds them
 // from OpenCV-style K / viewmat. Materials become unlit MeshBasicMaterial with the
 // glTF's baseColor texture (or vertex colours) and no colour-space conversion anywhere,
@@ -21,7 +21,7 @@ renderer.setPixelRatio(1);
 renderer.outputColorSpace = THREE.LinearSRGBColorSpace;
 renderer.toneMapping = THREE.NoToneMapping;
 
-function unlit(scene) {
+function unlit(scene, mipmaps) {
   const colour = new Map();
   const cover = new Map();
   scene.traverse((obj) => {
@@ -31,6 +31,10 @@ function unlit(scene) {
     const map = src.map || null;
     if (map) {
       map.colorSpace = THREE.NoColorSpace;
+      if (!mipmaps) {   // diagnostic: plain bilinear, as Kiln's own renderer samples
+        map.generateMipmaps = false;
+        map.minFilter = THREE.LinearFilter;
+      }
       map.needsUpdate = true;
     }
     colour.set(obj, new THREE.MeshBasicMaterial({
@@ -61,7 +65,8 @@ window.kilnRender = async function (request) {
   const gltf = await new GLTFLoader().loadAsync(request.glb);
   const scene = gltf.scene;
   scene.updateMatrixWorld(true);
-  const mats = unlit(scene);
+  // default: what GLTFLoader and so most viewers do (trilinear mipmaps unless the glTF says otherwise)
+  const mats = unlit(scene, request.mipmaps !== false);
   const bg = new THREE.Color(request.background[0] / 255, request.background[1] / 255,
                              request.background[2] / 255);
   const out = [];
