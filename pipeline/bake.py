@@ -56,6 +56,7 @@ PSNR_CAP_DB = 100.0            # identical images would give inf, which JSON can
 FAST_CHUNK = 1 << 20           # texels per vectorised block in the fast bake
 SAMPLE_CHUNK = 1 << 22         # lookups per block in sample_texture
 MAX_OPT_PIXELS = 8_000_000     # opt fits a seeded random subset of the target pixels beyond this
+OPT_PIXELS_PER_TEXEL = 4.0     # opt solves for at most one texel per this many target pixels
 
 
 # --------------------------------------------------------------------------- public API
@@ -77,7 +78,8 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
            own pixels, blended into the multi-view bake (``pipeline.photo_projection``)
     Returns (Texture, stats). Texture.image (S, S, 3) uint8 with S =
     settings.texture_size, Texture.seen (S, S) bool. stats (JSON-friendly):
-    ``bake_mode``, ``bake_psnr_db`` (masked PSNR of the final uint8 texture
+    ``bake_mode``, ``bake_l1`` (mean absolute error on the same pixels: what opt minimises),
+    ``bake_psnr_db`` (masked PSNR of the final uint8 texture
     rendered from the views' cameras, over pixels the mesh covers with
     alpha > ALPHA_MIN), ``bake_fast_psnr_db`` (opt only: the same measure for
     the fast result opt starts from, before quantisation and inpainting), ``texels_seen_fraction`` (seen / chart texels),
@@ -119,6 +121,7 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
     sample_chunk = max(1 << 12, int(SAMPLE_CHUNK * chunk_scale))
     max_opt_pixels = max(1, int(MAX_OPT_PIXELS * chunk_scale))
     face_ids = np.ascontiguousarray(np.asarray(uv_raster.tri_id[0])[chart], np.int32)
+    bary = np.ascontiguousarray(np.asarray(uv_raster.bary[0])[chart], np.float32)
     positions = np.asarray(rz.interpolate(uv_raster, mesh, mesh.vertices), np.float32)[0][chart]
     # welded across UV seams, so view weights (and the photo's) do not jump at a seam
     normals = rz.interpolate(uv_raster, mesh, vertex_normals(mesh.vertices, mesh.faces))[0][chart]
@@ -145,11 +148,18 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
             gen = torch.Generator().manual_seed(int(seed))
             pick = torch.randperm(len(pixel_uv), generator=gen)[:max_opt_pixels].sort().values.numpy()
             opt_uv, opt_target = pixel_uv[pick], target[pick]
-        image, touched, fast_psnr = _optimise(
-            init, chart, opt_uv, opt_target, settings, dev,
-            lambda f, m: report(0.2 + 0.7 * f, m))
+        opt_size = _opt_texture_size(size, int(chart.sum()), len(opt_uv))
+        step_report = lambda f, m: report(0.2 + 0.65 * f, m)   # noqa: E731
+        if opt_size == size:
+            image, touched, fast_psnr = _optimise(init, chart, opt_uv, opt_target, settings, dev,
+                                                  step_report)
+        else:
+            image, touched, fast_psnr = _optimise_coarse(
+                init, opt_size, mesh, raster_backend, where, opt_uv, opt_target, settings, dev,
+                step_report, sample_chunk)
         seen |= touched
         stats["bake_fast_psnr_db"] = round(fast_psnr, 3)
+        stats["bake_opt_texture_size"] = opt_size
         timings["opt"] = time.perf_counter() - t0
 
     use_photo = bool(getattr(settings, "photo_projection", False)) and photo is not None \
@@ -157,7 +167,7 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
     if use_photo:
         t0 = time.perf_counter()
         report(0.85, "projecting the photo")
-        stats.update(_blend_photo(image, seen, chart, mesh, face_ids, positions, normals, photo,
+        stats.update(_blend_photo(image, seen, chart, mesh, face_ids, bary, positions, normals, photo,
                                   source_camera, size, raster_backend, dev))
         timings["photo"] = time.perf_counter() - t0
     stats["photo_projection"] = use_photo
@@ -170,10 +180,12 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
     t0 = time.perf_counter()
     rendered = sample_texture(final, pixel_uv, dev, chunk=sample_chunk)
     psnr = masked_psnr(rendered, target, np.ones(len(target), bool))
+    l1 = float(np.abs(rendered - target).mean())
     timings["psnr"] = time.perf_counter() - t0
 
     stats.update({
         "bake_psnr_db": round(psnr, 3),
+        "bake_l1": round(l1, 5),
         "texels_seen_fraction": round(float(seen[chart].mean()), 4),
         "texels_chart_fraction": round(float(chart.mean()), 4),
         "bake_pixels": int(len(target)),
@@ -356,20 +368,22 @@ def _project_view(p, n, viewmat, K, center, depth, rgba):
 # --------------------------------------------------------------------------- photo
 
 def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, mesh: Mesh,
-                 face_ids: np.ndarray, positions: np.ndarray, normals: np.ndarray,
+                 face_ids: np.ndarray, bary: np.ndarray, positions: np.ndarray, normals: np.ndarray,
                  photo: ImageInput, camera: SourceCamera, size: int, raster_backend: str,
                  dev) -> dict:
     """Blend the photo's colours into ``image`` (S, S, 3) in place, where its camera sees the
     surface: weight * photo + (1 - weight) * multi-view. Texels no view saw but the photo
-    did take the photo's colour whole (better than inpainting). Updates ``seen``. Returns stats."""
+    did blend with their nearest seen texel. Updates ``seen``. Returns stats."""
     from .photo_projection import project_photo, suggested_texture_size
 
-    proj = project_photo(mesh, face_ids, positions, normals, photo, camera, size,
+    proj = project_photo(mesh, face_ids, bary, positions, normals, photo, camera, size,
                          raster_backend, str(dev))
-    was_seen = seen[chart]
-    w = np.where(was_seen, proj.weight, (proj.weight > 0).astype(np.float32))[:, None]
-    image[chart] = image[chart] * (1.0 - w) + proj.colors * w
-    seen[chart] = was_seen | (proj.weight > 0)
+    # texels no view saw blend with their nearest seen neighbour's colour, as inpainting would
+    # give them, so they ramp like the rest instead of jumping to the photo's colour
+    base = _nearest_fill(image, seen)[chart] if seen.any() else image[chart]
+    w = proj.weight[:, None]
+    image[chart] = base * (1.0 - w) + proj.colors * w
+    seen[chart] = seen[chart] | (proj.weight > 0)
     front = proj.weight > 0.5
     stats = {"photo_texels_fraction": round(float(front.mean()), 4),
              "photo_pixels_per_texel": round(float(np.median(proj.density[front])), 3)
@@ -386,8 +400,50 @@ def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, mesh: M
 
 # --------------------------------------------------------------------------- opt mode
 
+def _opt_texture_size(size: int, chart_texels: int, pixels: int) -> int:
+    """The texture size whose chart texels the target pixels determine: at most one texel per
+    OPT_PIXELS_PER_TEXEL pixels. Beyond that the fit is underdetermined and Adam's
+    per-texel normalised steps random-walk the free texels into a salt-and-pepper speckle."""
+    opt = size
+    while opt > MIN_TEXTURE_SIZE and chart_texels * (opt / size) ** 2 * OPT_PIXELS_PER_TEXEL > pixels:
+        opt //= 2
+    return opt
+
+
+def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_backend: str,
+                     where: dict, pixel_uv: np.ndarray, target: np.ndarray,
+                     settings: BakeSettings, dev, progress: ProgressFn, sample_chunk: int
+                     ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Optimise a correction at ``opt_size`` (what the views can determine) and add it,
+    upsampled, to the full-resolution ``init`` (S, S, 3), which keeps the detail the
+    back-projection found. Returns what ``_optimise`` returns, at full resolution."""
+    import cv2
+    import torch
+
+    from . import rasterize as rz
+
+    size = init.shape[0]
+    chart_o = np.asarray(rz.rasterize_uv(mesh, opt_size, raster_backend, **where).tri_id[0]) >= 0
+    if not chart_o.any():       # charts thinner than a coarse texel: nothing to correct at this scale
+        chart_o = np.ones((opt_size, opt_size), bool)
+    # fit the correction to what the full-resolution init still gets wrong
+    fast_pred = sample_texture(init, pixel_uv, dev, chunk=sample_chunk)
+    residual = (target - fast_pred).astype(np.float32)
+    zero = np.zeros((opt_size, opt_size, 3), np.float32)
+    delta, _, _ = _optimise(zero, chart_o, pixel_uv, residual, settings, dev, progress,
+                            bounds=(-1.0, 1.0))
+    # gutter texels take their chart's correction, so upsampling at chart edges reads no zeros
+    up = cv2.resize(_nearest_fill(delta, chart_o), (size, size), interpolation=cv2.INTER_LINEAR)
+    image = np.clip(init + up, 0.0, 1.0).astype(np.float32)
+    fast_psnr = -10.0 * math.log10(max(float(((fast_pred - target) ** 2).mean()), 1e-10))
+    idx, w = bilinear_taps(torch.as_tensor(pixel_uv, device=dev), size)
+    touched = torch.zeros(size * size, dtype=torch.bool, device=dev)
+    touched[idx.reshape(-1)[w.reshape(-1) > 0]] = True
+    return image, touched.reshape(size, size).cpu().numpy(), fast_psnr
+
+
 def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target: np.ndarray,
-              settings: BakeSettings, dev, progress: ProgressFn
+              settings: BakeSettings, dev, progress: ProgressFn, bounds: tuple = (0.0, 1.0)
               ) -> tuple[np.ndarray, np.ndarray, float]:
     """Adam on the texture against the compact list of target pixels.
 
@@ -441,7 +497,7 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
                 gflat[shift:] += s_
                 gflat[:-shift] -= s_
         adam.step(grad, lr)
-        tex.clamp_(0.0, 1.0)
+        tex.clamp_(*bounds)
         if report_now:
             progress((step + 1) / steps, f"step {step + 1}/{steps}, L1 {l1:.4f}")
 

@@ -42,7 +42,10 @@ COS_FULL = 0.5               # cos 60 deg: full photo weight up to here
 COS_ZERO = 0.15              # cos 81 deg: no photo weight beyond here
 FEATHER_FRACTION = 0.02      # occlusion-edge feather, as a fraction of the object's size in photo pixels
 MIN_FEATHER_PIXELS = 3.0
-MASK_FEATHER_PIXELS = 1.5    # the mask's own edge: a short ramp, the geometry's silhouette should sit on it
+ANGLE_RAMP_WIDTH = 0.04      # the view-angle ramp spans at least this fraction of the object on its surface
+MASK_FEATHER_PIXELS = 1.5    # the mask's own edge: a ramp at least this wide ...
+MASK_FEATHER_SHARE = 1.0     # ... and this share of the occlusion feather: where the mesh's silhouette
+                             # overshoots the mask, the hand-over must not be a cliff
 OCCLUSION_SLOPE = 8.0        # depth steps larger than this many pixel footprints are occlusion edges
 DEPTH_REL_TOL = 0.004        # visibility tolerance, as in the multi-view bake ...
 DEPTH_SLOPE_PIXELS = 1.5     # ... plus this many pixel footprints stretched by the surface slope
@@ -67,13 +70,14 @@ class PhotoProjection:
     density: np.ndarray
 
 
-def project_photo(mesh: Mesh, face_ids: np.ndarray, positions: np.ndarray, normals: np.ndarray,
-                  photo: ImageInput, camera: SourceCamera, texture_size: int,
+def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions: np.ndarray,
+                  normals: np.ndarray, photo: ImageInput, camera: SourceCamera, texture_size: int,
                   raster_backend: str, device: str = "cpu") -> PhotoProjection:
     """Colours and weights from the photo for N texels on ``mesh``'s surface.
 
     mesh:      the UV-mapped mesh (vertices (V, 3) float32, faces (F, 3) int32, uvs (V, 2))
     face_ids:  (N,) int32, the face each texel lies on
+    bary:      (N, 3) float32, the texel's barycentric weights in that face
     positions: (N, 3) float32, the texels' surface points (world)
     normals:   (N, 3) float32, unit surface normals there (welded across UV seams)
     photo:     the original photo, rgb (H, W, 3) uint8, mask (H, W) bool
@@ -84,6 +88,7 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, positions: np.ndarray, norma
     from . import rasterize as rz
 
     n = _check_inputs(mesh, face_ids, positions, normals, photo, camera)
+    check_array("texel barycentrics", bary, dtype=np.float32, shape=(n, 3))
     dev = torch.device(device)
     crop, cam = _crop_and_scale(photo, camera, texture_size)
     out_colors = np.zeros((n, 3), np.float32)
@@ -103,6 +108,8 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, positions: np.ndarray, norma
     # the crop may be a downscaled photo: its pixels are coarser by this factor (by area)
     crop_scale = (cam.width * cam.height) / float(camera.width * camera.height)
     levels = 0.5 * np.log2(np.maximum(density * crop_scale, 1.0))
+    vertex_angle = _surface_angle_weight(mesh, camera)
+    angle = np.einsum("nk,nk->n", bary, vertex_angle[mesh.faces[face_ids]]).astype(np.float32)
 
     R = torch.as_tensor(cam.viewmat[:3, :3], dtype=torch.float32, device=dev)
     t = torch.as_tensor(cam.viewmat[:3, 3], dtype=torch.float32, device=dev)
@@ -117,14 +124,15 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, positions: np.ndarray, norma
         p = torch.as_tensor(positions[sl], device=dev)
         nrm = torch.nn.functional.normalize(torch.as_tensor(normals[sl], device=dev), dim=1)
         c, w = _project_chunk(p, nrm, R, t, K, center, ortho, footprint, depth_t, edges_t, pyr,
-                              torch.as_tensor(levels[sl], device=dev), cam.width, cam.height)
+                              torch.as_tensor(levels[sl], device=dev),
+                              torch.as_tensor(angle[sl], device=dev), cam.width, cam.height)
         out_colors[sl] = c.cpu().numpy()
         out_weight[sl] = w.cpu().numpy()
     return PhotoProjection(out_colors, out_weight, density)
 
 
 def _project_chunk(p, nrm, R, t, K, center, ortho: bool, footprint: float, depth, edges, pyr,
-                   levels, width: int, height: int):
+                   levels, angle, width: int, height: int):
     """(colors (N, 3), weight (N,)) for one block of texels."""
     import torch
 
@@ -152,7 +160,6 @@ def _project_chunk(p, nrm, R, t, K, center, ortho: bool, footprint: float, depth
     tol = DEPTH_REL_TOL * z.abs() + DEPTH_SLOPE_PIXELS * pixel * tan
     visible = inside & (d > 0) & ((z - d).abs() <= tol)
 
-    angle = _smoothstep(COS_ZERO, COS_FULL, cos)
     grid = torch.stack([2.0 * px / width - 1.0, 2.0 * py / height - 1.0], 1)[None, None]
     edge_w = torch.nn.functional.grid_sample(edges[None, None], grid, mode="bilinear",
                                              padding_mode="border", align_corners=False)[0, 0, 0]
@@ -197,6 +204,55 @@ def _bilinear(image, grid):
 def _smoothstep(lo: float, hi: float, x):
     s = ((x - lo) / (hi - lo)).clamp(0.0, 1.0)
     return s * s * (3.0 - 2.0 * s)
+
+
+def _surface_angle_weight(mesh: Mesh, camera: SourceCamera) -> np.ndarray:
+    """(V,) float32 view-angle weight per vertex, smoothed over the surface.
+
+    Vertices whose (welded) normal is more grazing than COS_ZERO get 0; the weight then
+    rises with the geodesic distance from them (Dijkstra over mesh edges) to 1 at
+    ANGLE_RAMP_WIDTH of the object's size, so the photo/multi-view hand-over spans that
+    much surface whatever the shape. With a ramp in cos alone, an object whose
+    silhouette rim turns sharply (the built-in backend's) changed over within a couple
+    of texels, which showed as a seam. A second, steeper ramp in cos keeps the weight
+    low where the surface itself is still grazing.
+    """
+    import scipy.sparse as sp
+    from scipy.sparse import csgraph
+
+    from .geometry import vertex_normals
+
+    v = mesh.vertices.astype(np.float64)
+    _, weld = np.unique(v, axis=0, return_inverse=True)
+    weld = weld.reshape(-1)
+    nw = int(weld.max()) + 1
+    first = np.zeros(nw, np.int64)
+    first[weld] = np.arange(len(weld))
+    pos = v[first]
+    nrm = vertex_normals(v, mesh.faces)[first]
+    if camera.projection == "orthographic":
+        to_cam = np.broadcast_to(-camera.viewmat[2, :3].astype(np.float64), pos.shape)
+    else:
+        R, t = camera.viewmat[:3, :3].astype(np.float64), camera.viewmat[:3, 3].astype(np.float64)
+        to_cam = -(R.T @ t) - pos
+        to_cam = to_cam / np.maximum(np.linalg.norm(to_cam, axis=1, keepdims=True), 1e-12)
+    cos = (nrm * to_cam).sum(1)
+    f = weld[mesh.faces]
+    rows = np.concatenate([f[:, 0], f[:, 1], f[:, 2]])
+    cols = np.concatenate([f[:, 1], f[:, 2], f[:, 0]])
+    length = np.linalg.norm(pos[rows] - pos[cols], axis=1) + 1e-12
+    graph = sp.csr_matrix((length, (rows, cols)), shape=(nw, nw))
+    grazing = np.flatnonzero(cos < COS_ZERO)
+    extent = float(np.ptp(pos, axis=0).max()) or 1.0
+    ramp = ANGLE_RAMP_WIDTH * extent
+    if len(grazing) == 0:
+        dist = np.full(nw, np.inf)
+    else:
+        dist = csgraph.dijkstra(graph, directed=False, indices=grazing, min_only=True,
+                                limit=ramp * 1.01)
+    w = np.minimum(_smooth_np(np.where(np.isfinite(dist), dist, ramp) / ramp),
+                   _smooth_np((cos - COS_ZERO) / (COS_FULL - COS_ZERO) * 4.0))
+    return w[weld].astype(np.float32)
 
 
 # --------------------------------------------------------------------------- photo side
@@ -288,7 +344,7 @@ def _occlusion_weight(depth: np.ndarray, covered: np.ndarray, mask: np.ndarray,
     if mask.any() and not mask.all():
         # inside the mask: distance to the nearest background pixel
         dist = ndimage.distance_transform_edt(mask)
-        w = np.minimum(w, _smooth_np((dist - 0.5) / MASK_FEATHER_PIXELS))
+        w = np.minimum(w, _smooth_np((dist - 0.5) / max(MASK_FEATHER_PIXELS, MASK_FEATHER_SHARE * feather)))
     return w.astype(np.float32)
 
 

@@ -419,13 +419,16 @@ def test_pipeline_bake_matches_gaussian_views():
     mesh = mesh_ops.clean_mesh(recon.mesh, s.mesh.min_component_fraction, s.mesh.fill_holes)
     mesh = mesh_ops.simplify_mesh(mesh, s.mesh.simplify_ratio)
     mesh = uv.unwrap(mesh, s.bake.texture_size, s.bake.gutter, s.mesh.max_faces_for_uv)
-    results = {}
+    results, l1 = {}, {}
     for mode in ("fast", "opt"):
         texture, stats = bake.bake_texture(mesh, views, s.override({"bake.mode": mode}).bake,
                                            RASTER, "cpu", seed=0)
         results[mode] = stats["bake_psnr_db"]
+        l1[mode] = stats["bake_l1"]
         assert stats["texels_seen_fraction"] > 0.95
-    print("bake PSNR against the Gaussian views:", results)
+    print("bake PSNR against the Gaussian views:", results, "L1:", l1)
     assert results["opt"] >= 28.0
     assert results["fast"] >= 24.0
-    assert results["opt"] > results["fast"]
+    # opt minimises L1 at the resolution the views determine; it used to "win" on PSNR by
+    # fitting noise into underdetermined texels (the speckle test below)
+    assert l1["opt"] < l1["fast"]
