@@ -240,7 +240,7 @@ def test_a_long_native_call_holding_the_gil_is_not_taken_for_a_frozen_worker(env
     stall = 1.0
     settings = small_settings(worker__stall_timeout_s=stall, worker__heartbeat_s=0.1,
                               mesh__simplify_ratio=0.0, bake__texture_size=2048, bake__gutter=1,
-                              bake__mode="fast", views__count=1)
+                              bake__mode="fast", views__count=1, bake__unwrap="xatlas")
     job = sup.submit(*image(seed=32, size=256), settings, session="busy-native")
     silences, stop = [], threading.Event()
 
