@@ -295,7 +295,8 @@ def ui_overrides(bake: bool, simplify_ratio: float, texture_size: Any, views: An
     return {
         "bake.enabled": bool(bake),
         "mesh.simplify_ratio": simplify_ratio,
-        "bake.texture_size": int(texture_size) if texture_size not in (None, "") else None,
+        "bake.texture_size": (texture_size if str(texture_size) == "auto" else int(texture_size))
+        if texture_size not in (None, "") else None,
         "views.count": views,
         "bake.mode": bake_mode,
         "seed": seed,

@@ -139,7 +139,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                         ply = gr.Checkbox(label="Also export Gaussians (.ply)", value=s.export.gaussians_ply,
                                           elem_id="kiln-ply")
                     with gr.Row():
-                        tex_choices = sorted(set(TEXTURE_SIZES) | {s.bake.texture_size})
+                        tex_choices = ["auto"] + sorted((set(TEXTURE_SIZES) | {s.bake.texture_size}) - {"auto"})
                         texture = gr.Dropdown(label="Texture size", choices=tex_choices,
                                               value=s.bake.texture_size, elem_id="kiln-texture")
                         mode = gr.Radio(label="Bake mode", choices=["fast", "opt"], value=s.bake.mode,

@@ -242,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     bake.add_argument("--bake", dest="bake", action="store_true", default=None, help="bake a texture (default)")
     bake.add_argument("--no-bake", dest="bake", action="store_false", help="export vertex colours instead of a texture")
     r.add_argument("--simplify-ratio", type=float, help="fraction of faces removed, 0-0.999 (default 0.95)")
-    r.add_argument("--texture-size", type=int, help="texture size in texels, power of two 256-4096 (default 1024)")
+    r.add_argument("--texture-size", help="texture size in texels, power of two 256-4096, or auto: "
+                   "sized so the photo's detail fits (default 1024)")
     r.add_argument("--views", type=int, help="number of bake views, 1-64 (default 16)")
     r.add_argument("--bake-mode", choices=["fast", "opt"], help="texture bake mode (default opt)")
     r.add_argument("--seed", type=int, help="random seed (default 0)")

@@ -65,7 +65,9 @@ class MeshSettings:
 class BakeSettings:
     enabled: bool = True
     mode: str = field(default="opt", metadata=_choice("fast", "opt"))
-    texture_size: int = field(default=1024, metadata={**_num(256, 4096), "power_of_two": True})
+    # "auto": sized after the mesh step so the photo's front gets about a texel per photo pixel
+    texture_size: int | str = field(default=1024, metadata={**_num(256, 4096), "power_of_two": True,
+                                                             "auto": True})
     steps: int = field(default=120, metadata=_num(1, 5000))
     lr: float = field(default=0.03, metadata=_num(1e-4, 1.0))
     tv_weight: float = field(default=0.02, metadata=_num(0.0, 10.0))
@@ -159,6 +161,10 @@ class Settings:
 
 def _coerce(key: str, f: dataclasses.Field, value: Any) -> Any:
     typ = f.type if isinstance(f.type, str) else f.type.__name__
+    if f.metadata.get("auto"):
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        typ = typ.replace(" | str", "")
     if typ == "bool":
         if isinstance(value, bool):
             return value
@@ -194,6 +200,8 @@ def _coerce(key: str, f: dataclasses.Field, value: Any) -> Any:
 
 def _check(key: str, f: dataclasses.Field, value: Any) -> None:
     meta = f.metadata
+    if meta.get("auto") and value == "auto":
+        return
     if "range" in meta:
         lo, hi = meta["range"]
         if not (lo <= value <= hi):
@@ -262,7 +270,7 @@ def describe() -> list[tuple[str, Any, str]]:
                 continue
             meta = f.metadata
             if "range" in meta:
-                allowed = f"{meta['range'][0]}..{meta['range'][1]}"
+                allowed = f"{meta['range'][0]}..{meta['range'][1]}" + (" or auto" if meta.get("auto") else "")
             elif "choices" in meta:
                 allowed = "|".join(meta["choices"])
             else:

@@ -403,3 +403,34 @@ def suggested_texture_size(density: np.ndarray, weight: np.ndarray, size: int) -
     if need <= 2.0:          # within a factor of sqrt(2) per side: not worth a warning
         return None
     return int(2 ** math.ceil(math.log2(size * math.sqrt(need))))
+
+
+AUTO_SIZES = (512, 4096)     # the range ``bake.texture_size: auto`` chooses from
+AUTO_UTILISATION = 0.6       # share of the atlas the charts fill (measured: 0.6-0.75)
+
+
+def texture_size_for_photo(mesh: Mesh, camera: SourceCamera, default: int = 1024) -> int:
+    """The power-of-two texture size that gives the surface the photo sees about one texel
+    per photo pixel, in AUTO_SIZES; ``default`` when the camera sees no face.
+
+    Texels per unit of surface must match the photo's densest well-seen part (the 90th
+    percentile, by area, of photo pixels per unit area over faces turned to the camera),
+    spread over the whole surface at AUTO_UTILISATION. A size within a factor 1.25 per
+    side of the need is taken as enough, so a slight shortfall does not double the size.
+    """
+    v = mesh.vertices.astype(np.float64)
+    f = mesh.faces
+    px, _ = camera.project(v)
+    a, b = px[f[:, 1]] - px[f[:, 0]], px[f[:, 2]] - px[f[:, 0]]
+    photo_area = np.maximum(-(a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]) * 0.5, 0.0)
+    world_area = 0.5 * np.linalg.norm(np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]]), axis=1)
+    front = (photo_area > 0) & (world_area > 0)
+    if not front.any():
+        return default
+    density = photo_area[front] / world_area[front]
+    order = np.argsort(density)
+    cdf = np.cumsum(world_area[front][order])
+    p90 = density[order][min(np.searchsorted(cdf, 0.9 * cdf[-1]), len(order) - 1)]
+    need = math.sqrt(p90 * float(world_area.sum()) / AUTO_UTILISATION)
+    size = 2 ** math.ceil(math.log2(max(need / 1.25, 1.0)))
+    return int(min(max(size, AUTO_SIZES[0]), AUTO_SIZES[1]))

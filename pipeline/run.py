@@ -126,6 +126,9 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     texture = None
     if settings.bake.enabled:
         t0 = stage("uv")
+        if settings.bake.texture_size == "auto":
+            settings = settings.override({"bake.texture_size": _auto_texture_size(mesh, recon)})
+            stats["texture_size_auto"] = settings.bake.texture_size
         mesh = uv.unwrap(mesh, texture_size=settings.bake.texture_size,
                          gutter=settings.bake.gutter, max_faces=m.max_faces_for_uv,
                          method=settings.bake.unwrap)
@@ -146,6 +149,16 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     stats["glb_bytes"] = glb_path.stat().st_size
     return PipelineResult(glb_path=glb_path, ply_path=ply_path, timings=timings, stats=stats,
                           reconstruction_cached=cached)
+
+
+def _auto_texture_size(mesh, recon: Reconstruction) -> int:
+    """``bake.texture_size: auto``: from the photo's detail when the backend reported its
+    camera, else Kiln's default size."""
+    from .photo_projection import texture_size_for_photo
+
+    if recon.source_camera is None:
+        return 1024
+    return texture_size_for_photo(mesh, recon.source_camera)
 
 
 def _reconstruct_cached(image: ImageInput, settings: Settings, cache_dir: Path | None,

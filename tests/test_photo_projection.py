@@ -256,3 +256,27 @@ def test_opt_bake_leaves_no_speckle_in_texels_the_views_do_not_determine(blob, m
     monkeypatch.setattr(bake, "OPT_PIXELS_PER_TEXEL", 0.0)
     old_tex, _ = bake.bake_texture(mesh, views, opt, RASTER, "cpu", 0)
     assert speckle(old_tex, mesh) > base + 3.0, (speckle(old_tex, mesh), base)
+
+
+# --------------------------------------------------------------------------- texture size: auto
+
+def test_auto_texture_size_follows_the_photo(blob):
+    from pipeline.photo_projection import texture_size_for_photo
+
+    _, _, recon, mesh = blob
+    small = texture_size_for_photo(mesh, recon.source_camera)
+    assert small == 512                                      # a 256 px photo needs little
+    larger = texture_size_for_photo(mesh, recon.source_camera.scaled(4.0))
+    assert larger >= 4 * small // 2 and larger <= 4096
+    assert texture_size_for_photo(mesh, recon.source_camera.scaled(40.0)) == 4096   # capped
+
+
+def test_texture_size_setting_takes_auto():
+    from kiln.settings import SettingsError
+
+    assert load(overrides={"bake.texture_size": "auto"}).bake.texture_size == "auto"
+    assert load(overrides={"bake.texture_size": "2048"}).bake.texture_size == 2048
+    with pytest.raises(SettingsError, match="texture_size"):
+        load(overrides={"bake.texture_size": "big"})
+    with pytest.raises(SettingsError, match="power of two"):
+        load(overrides={"bake.texture_size": 1000})
