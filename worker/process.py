@@ -145,8 +145,9 @@ def _probe_all(cfg: dict, send: Sender, env_notes: dict) -> dict:
 
 
 # Libraries the stages import lazily (inside functions, to keep the app and CLI fast).
-# A worker imports them before it says "ready", so the first job after a (re)start
-# does not pay ~1.5 s of imports.
+# A worker imports them right after it says "ready", before it reads its first
+# message, so the first job after a (re)start does not pay ~1.5 s of imports in the
+# middle of a stage, and "ready" (which the supervisor waits for) does not wait for them.
 _STAGE_LIBRARIES = ("trimesh", "trimesh.exchange.gltf", "scipy.ndimage", "scipy.sparse.linalg",
                     "scipy.sparse.csgraph", "scipy.spatial", "scipy.spatial.transform",
                     "skimage.measure", "cv2", "xatlas", "pyfqmr", "plyfile", "PIL.PngImagePlugin")
@@ -162,13 +163,20 @@ def _startup_fault(cfg: dict, step: str) -> None:
         faults.fire(kind)
 
 
-def _warm_imports(cfg: dict) -> None:
+def _import_pipeline(cfg: dict) -> None:
+    """The pipeline's own modules (light: they import their libraries lazily). Before
+    "ready", so a broken pipeline is reported in the capabilities."""
     import importlib
 
     _startup_fault(cfg, "imports")
 
     for mod in ("run", "reconstruct", "render_views", "mesh_ops", "uv", "rasterize", "bake", "export", "cache"):
         importlib.import_module(f"pipeline.{mod}")
+
+
+def _warm_imports() -> None:
+    import importlib
+
     for lib in _STAGE_LIBRARIES:
         try:
             importlib.import_module(lib)
@@ -195,12 +203,16 @@ def worker_main(cfg: dict, inbox, outbox) -> None:
     t0 = time.perf_counter()
     caps = _probe_all(cfg, send, env_notes)
     try:
-        _warm_imports(cfg)
+        _import_pipeline(cfg)
     except Exception as e:  # jobs will fail with the same error, and say so
         caps["pipeline_error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()
-    send({"type": "ready", "pid": os.getpid(), "caps": caps,
-          "startup_s": round(time.perf_counter() - t0, 3)})
+    startup_s = round(time.perf_counter() - t0, 3)
+    send({"type": "ready", "pid": os.getpid(), "caps": caps, "startup_s": startup_s})
+    t1 = time.perf_counter()
+    _warm_imports()
+    print(f"ready after {startup_s} s; stage libraries imported in {time.perf_counter() - t1:.3f} s",
+          flush=True)
     while True:
         msg = inbox.get()
         if msg.get("type") == "stop":
