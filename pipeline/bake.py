@@ -191,7 +191,7 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
         "bake_pixels": int(len(target)),
         "bake_timings": {k: round(v, 3) for k, v in timings.items()},
     })
-    report(1.0, f"baked, PSNR {psnr:.1f} dB")
+    report(1.0, "; ".join([f"baked, PSNR {psnr:.1f} dB"] + stats.get("warnings", [])))
     return Texture(image=final, seen=seen), stats
 
 
