@@ -186,6 +186,21 @@ def connected(graph: FaceGraph, charts: np.ndarray) -> np.ndarray:
     return connected_components(graph.adjacency(same), directed=False)[1].astype(np.int64)
 
 
+def chart_length(graph: FaceGraph, charts: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """(C,) length of every chart along its main axis, from the area-weighted spread of
+    its face centres (a uniform strip of length L has variance L^2 / 12 along it)."""
+    n = int(charts.max()) + 1
+    w = graph.areas + 1e-30
+    wsum = np.bincount(charts, w, minlength=n)
+    mean = np.stack([np.bincount(charts, w * centroids[:, k], minlength=n) for k in range(3)], 1)
+    mean /= np.maximum(wsum, 1e-300)[:, None]
+    d = centroids - mean[charts]
+    cov = np.zeros((n, 3, 3))
+    np.add.at(cov, charts, w[:, None, None] * d[:, :, None] * d[:, None, :])
+    cov /= np.maximum(wsum, 1e-300)[:, None, None]
+    return np.sqrt(12.0 * np.maximum(np.linalg.eigvalsh(cov)[:, -1], 0.0))
+
+
 def split_charts(graph: FaceGraph, charts: np.ndarray, bad: np.ndarray,
                  centroids: np.ndarray) -> np.ndarray:
     """Cut each chart listed in ``bad`` in two across its longest extent (a plane

@@ -31,6 +31,8 @@ OVERLAP_ROUNDS = 4    # re-packs after splitting charts that overlap themselves
 DETACH_ROUNDS = 3     # then re-packs after giving still-overlapping faces charts of their own
 STRETCH_LIMIT = 1.5     # charts whose area distortion is worse are halved too
 MAX_CHART_FACES = 8000  # larger charts are halved before flattening (see _unwrap_kiln)
+LONG_CHART = 0.5        # charts longer than this * sqrt(surface area) and ...
+THIN_CHART = 8.0        # ... with length^2 > this * their area are halved before flattening
 
 
 def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
@@ -72,7 +74,7 @@ def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
 
 def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int):
     """(vertex map (V',), faces (F, 3), uvs (V', 2) float64) from Kiln's own unwrap."""
-    from .charts import connected, face_graph, segment, split_charts
+    from .charts import chart_length, connected, face_graph, segment, split_charts
     from .lscm import chart_vertices, triangle_local
     from .pack import PackError, pack
     from .uv_metrics import coverage
@@ -86,8 +88,22 @@ def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int):
     centroids = v[f].mean(1)
     # Factorisation fill-in grows faster than linearly with a chart's size; bounded
     # charts keep the LSCM solve linear in the face count.
+    # Long thin charts (a handle, a leg) would set the texel density of the whole atlas:
+    # a chart longer than the atlas side at the density the area allows. Halve those too.
+    # (Only where the chart is made of much shorter triangles: halving a strip of
+    # slivers that run its whole length would not shorten it.)
+    long_limit = LONG_CHART * np.sqrt(graph.areas.sum())
+    tri = v[f]
+    edge = np.linalg.norm(tri - np.roll(tri, 1, axis=1), axis=2).max(axis=1)
     for _ in range(32):
-        big = np.flatnonzero(np.bincount(charts) > MAX_CHART_FACES)
+        count = np.bincount(charts)
+        length = chart_length(graph, charts, centroids)
+        area = np.bincount(charts, graph.areas)
+        longest_edge = np.zeros(count.size)
+        np.maximum.at(longest_edge, charts, edge)
+        thin = ((length > long_limit) & (length ** 2 > THIN_CHART * area)
+                & (longest_edge < 0.25 * length))
+        big = np.flatnonzero((count > MAX_CHART_FACES) | thin)
         if big.size == 0:
             break
         charts = split_charts(graph, charts, big, centroids)

@@ -213,3 +213,27 @@ def test_uv_metrics_see_overlaps_and_distortion():
     assert set(coverage(folded, f, 64).overlapping_faces()) == {0, 1}
     stretched = iso * [1.0, 0.5]
     assert distortion(v, f, stretched)["angle"] == pytest.approx(2.0)
+
+
+def blob_with_handle() -> Mesh:
+    """A ball with a long thin rod: the rod's charts would fix the atlas' texel density."""
+    rod = trimesh.creation.cylinder(radius=0.02, height=1.0, sections=24)
+    for _ in range(3):
+        rod = rod.subdivide()
+    m = trimesh.util.concatenate([rod, trimesh.creation.icosphere(3, radius=0.15)])
+    return Mesh(m.vertices.astype(np.float32), m.faces.astype(np.int32))
+
+
+def test_long_thin_parts_are_cut_so_they_do_not_shrink_the_atlas(monkeypatch):
+    import pipeline.uv as uv_mod
+    from pipeline.uv_metrics import coverage
+
+    mesh = blob_with_handle()
+    out = unwrap(mesh, texture_size=512, gutter=2, max_faces=100_000)
+    count, label = rasterize_charts(out, 512)
+    assert count.max() == 1 and min_chart_distance(label) >= 5
+    util = (count > 0).mean()
+    monkeypatch.setattr(uv_mod, "LONG_CHART", 1e9)       # the rod left whole
+    rod_whole = unwrap(mesh, 512, 2, 100_000)
+    whole = coverage(rod_whole.uvs, rod_whole.faces, 512)
+    assert util > 0.5 and util > whole.utilisation + 0.15, (util, whole.utilisation)
