@@ -40,8 +40,6 @@ sys.path.insert(0, str(ROOT))
 
 def _toy_mesh(faces: int, cache: dict):
     """The example toy reconstructed and simplified to about ``faces`` faces."""
-    import numpy as np
-
     from kiln.examples import draw_object
     from kiln.settings import ReconstructSettings
     from pipeline.mesh_ops import clean_mesh, simplify_mesh

@@ -74,7 +74,7 @@ def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
 
 def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int):
     """(vertex map (V',), faces (F, 3), uvs (V', 2) float64) from Kiln's own unwrap."""
-    from .charts import chart_length, connected, face_graph, segment, split_charts
+    from .charts import connected, face_graph, segment
     from .lscm import chart_vertices, triangle_local
     from .pack import PackError, pack
     from .uv_metrics import coverage
@@ -86,27 +86,7 @@ def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int):
         raise StageInputError("the mesh has no surface area; nothing to unwrap")
     charts = segment(graph)
     centroids = v[f].mean(1)
-    # Factorisation fill-in grows faster than linearly with a chart's size; bounded
-    # charts keep the LSCM solve linear in the face count.
-    # Long thin charts (a handle, a leg) would set the texel density of the whole atlas:
-    # a chart longer than the atlas side at the density the area allows. Halve those too.
-    # (Only where the chart is made of much shorter triangles: halving a strip of
-    # slivers that run its whole length would not shorten it.)
-    long_limit = LONG_CHART * np.sqrt(graph.areas.sum())
-    tri = v[f]
-    edge = np.linalg.norm(tri - np.roll(tri, 1, axis=1), axis=2).max(axis=1)
-    for _ in range(32):
-        count = np.bincount(charts)
-        length = chart_length(graph, charts, centroids)
-        area = np.bincount(charts, graph.areas)
-        longest_edge = np.zeros(count.size)
-        np.maximum.at(longest_edge, charts, edge)
-        thin = ((length > long_limit) & (length ** 2 > THIN_CHART * area)
-                & (longest_edge < 0.25 * length))
-        big = np.flatnonzero((count > MAX_CHART_FACES) | thin)
-        if big.size == 0:
-            break
-        charts = split_charts(graph, charts, big, centroids)
+    charts = _bound_charts(v, f, graph, charts, centroids)
     corner_uv = np.zeros((len(f), 3, 2))
     charts = _flatten_charts(v, f, graph, charts, centroids, corner_uv, np.ones(len(f), bool))
     for round_ in range(OVERLAP_ROUNDS + DETACH_ROUNDS + 1):
@@ -139,6 +119,36 @@ def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int):
             corner_uv[over] = triangle_local(v, f[over])
             charts = connected(graph, charts)
     return cv_vertex, corner, uvs
+
+
+def _bound_charts(v, f, graph, charts, centroids):
+    """Halve charts with more than MAX_CHART_FACES faces, and long thin ones, until none is left.
+
+    Factorisation fill-in grows faster than linearly with a chart's size; bounded
+    charts keep the LSCM solve linear in the face count. Long thin charts (a handle, a
+    leg) would set the texel density of the whole atlas: a chart longer than the atlas
+    side at the density the area allows. Those are halved only where they are made of
+    much shorter triangles: halving a strip of slivers that run its whole length would
+    not shorten it.
+    """
+    from .charts import chart_length, split_charts
+
+    long_limit = LONG_CHART * np.sqrt(graph.areas.sum())
+    tri = v[f]
+    edge = np.linalg.norm(tri - np.roll(tri, 1, axis=1), axis=2).max(axis=1)
+    for _ in range(32):
+        count = np.bincount(charts)
+        length = chart_length(graph, charts, centroids)
+        area = np.bincount(charts, graph.areas)
+        longest_edge = np.zeros(count.size)
+        np.maximum.at(longest_edge, charts, edge)
+        thin = ((length > long_limit) & (length ** 2 > THIN_CHART * area)
+                & (longest_edge < 0.25 * length))
+        big = np.flatnonzero((count > MAX_CHART_FACES) | thin)
+        if big.size == 0:
+            break
+        charts = split_charts(graph, charts, big, centroids)
+    return charts
 
 
 def _flatten_charts(v, f, graph, charts, centroids, corner_uv, todo, split_first=False):

@@ -237,3 +237,9 @@ def test_long_thin_parts_are_cut_so_they_do_not_shrink_the_atlas(monkeypatch):
     rod_whole = unwrap(mesh, 512, 2, 100_000)
     whole = coverage(rod_whole.uvs, rod_whole.faces, 512)
     assert util > 0.5 and util > whole.utilisation + 0.15, (util, whole.utilisation)
+
+
+def test_kiln_unwrap_refuses_a_mesh_without_area():
+    flat = Mesh(np.zeros((3, 3), np.float32), np.array([[0, 1, 2]], np.int32))
+    with pytest.raises(StageInputError, match="no surface area"):
+        unwrap(flat, texture_size=256, gutter=2, max_faces=100)

@@ -59,9 +59,9 @@ def test_rerun_with_only_postprocessing_changes_skips_reconstruction_and_views(t
 
 
 def test_cache_hit_bakes_the_same_texture_as_the_first_run(tmp_path):
-    from pipeline.run import run_pipeline
-    from PIL import Image
     import trimesh
+
+    from pipeline.run import run_pipeline
 
     img, s = _input(seed=4), small_settings(**{"bake.mode": "fast"})
     a = run_pipeline(img, s, tmp_path / "a", cache_dir=tmp_path / "cache")
