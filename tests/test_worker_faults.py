@@ -232,36 +232,39 @@ def test_a_worker_stopped_mid_bake_is_caught_by_its_cpu_time_and_the_job_retried
     assert "in fire" in sup.log(job)
 
 
-def test_a_long_native_call_holding_the_gil_is_not_taken_for_a_frozen_worker(env):
-    # xatlas unwrapping ~20k faces holds the GIL for seconds: no heartbeats, no events,
-    # but CPU time grows. With a 1 s stall window it must run to the end, untouched.
-    sup = env.sup
-    pid0 = worker_pid(sup)
+def test_a_long_native_call_holding_the_gil_is_not_taken_for_a_frozen_worker(tmp_path):
+    # xatlas unwrapping ~20k faces runs for seconds without a progress event, but CPU time
+    # grows. With a 1 s stall window it must run to the end, untouched. The worker's
+    # heartbeats are 30 s apart here, so the supervisor hears nothing during the unwrap
+    # whether or not xatlas lets the heartbeat thread run: the CPU check alone must save it.
     stall = 1.0
-    settings = small_settings(worker__stall_timeout_s=stall, worker__heartbeat_s=0.1,
-                              mesh__simplify_ratio=0.0, bake__texture_size=2048, bake__gutter=1,
-                              bake__mode="fast", views__count=1, bake__unwrap="xatlas")
-    job = sup.submit(*image(seed=32, size=256), settings, session="busy-native")
-    silences, stop = [], threading.Event()
+    base = small_settings(worker__stall_timeout_s=stall, worker__heartbeat_s=30.0)
+    settings = base.override({"mesh.simplify_ratio": 0.0, "bake.texture_size": 2048,
+                              "bake.gutter": 1, "bake.mode": "fast", "views.count": 1,
+                              "bake.unwrap": "xatlas"})
+    with CudaTripwire(), Supervisor(base, tmp_path / "jobs", None) as sup:
+        pid0 = worker_pid(sup)
+        job = sup.submit(*image(seed=32, size=256), settings, session="busy-native")
+        silences, stop = [], threading.Event()
 
-    def sample():   # how long the worker has been silent, as the supervisor sees it
-        while not stop.is_set():
-            w = sup.workers()[0]
-            if w["job"] == job and sup.status(job).stage == "uv":
-                silences.append(w["heartbeat_age_s"] or 0.0)
-            stop.wait(0.05)
+        def sample():   # how long the worker has been silent, as the supervisor sees it
+            while not stop.is_set():
+                w = sup.workers()[0]
+                if w["job"] == job and sup.status(job).stage == "uv":
+                    silences.append(w["heartbeat_age_s"] or 0.0)
+                stop.wait(0.05)
 
-    t = threading.Thread(target=sample)
-    t.start()
-    try:
-        st = sup.wait(job, timeout=JOB_TIMEOUT)
-    finally:
-        stop.set()
-        t.join()
-    assert st.state == "done", st.error
-    assert st.attempts == 1 and worker_pid(sup) == pid0
-    # the test means something only if the worker really went silent for longer than the window
-    assert max(silences) > stall + 0.5, max(silences)
+        t = threading.Thread(target=sample)
+        t.start()
+        try:
+            st = sup.wait(job, timeout=JOB_TIMEOUT)
+        finally:
+            stop.set()
+            t.join()
+        assert st.state == "done", st.error
+        assert st.attempts == 1 and worker_pid(sup) == pid0
+        # the test means something only if the worker really went silent for longer than the window
+        assert max(silences) > stall + 0.5, max(silences)
 
 
 def test_cancel_queued_and_running_jobs(env):

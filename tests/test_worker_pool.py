@@ -156,9 +156,11 @@ def test_a_probe_that_crashed_once_is_probed_again_and_keeps_its_backend(tmp_pat
 def test_shutdown_keeps_what_already_happened(tmp_path):
     # Shutdown comes before the dispatcher has read what the workers did last: a result
     # already reported still makes its job done, a cancel already under way still cancels.
-    sup = Supervisor(small_settings(worker__count=2), tmp_path / "jobs", None).start()
+    # the slow job hangs in its bake until stopped: "slow" must not depend on how fast a bake is
+    sup = Supervisor(small_settings(worker__count=2), tmp_path / "jobs", None,
+                     faults=FaultPlan(["hang@bake:session=slow"])).start()
     quick = sup.submit(*image(), small_settings(bake__enabled=False))
-    slow = sup.submit(*image(seed=2), small_settings(bake__steps=3000))
+    slow = sup.submit(*image(seed=2), small_settings(), session="slow")
     for ev in sup.follow(quick, timeout=60):
         if ev.stage == "mesh":
             break
