@@ -32,11 +32,17 @@ import numpy as np
 
 from kiln.settings import Settings, SettingsError
 
-from .segment import SEG_MAX_SIDE, Click, image_key
+from .segment import SEG_MAX_SIDE, Box, Click, has_prompt, image_key
 
 log = logging.getLogger(__name__)
 
 MIN_MASK_PIXELS = 64
+# a mask under this share of the image is most likely a mis-click: warned about on the page
+TINY_MASK_SHARE = 0.005
+# ... and under this share (or MIN_MASK_PIXELS of the working copy) refused before a job starts
+SPECK_MASK_SHARE = 0.0005
+# pieces (8-connected) of at least 0.1 % of the image past which the selection is called scattered
+MANY_PIECES = 4
 WAITING_FOR_POOL = "Waiting for the worker pool to start…"
 NO_HISTORY = "No results yet in this session."
 
@@ -87,12 +93,23 @@ class WorkImage:
 
 @dataclass(frozen=True)
 class SessionState:
-    """Per-tab state. clicks are (x, y, label) in ``image.work`` pixels; mask (h, w) bool."""
+    """Per-tab state. clicks are (x, y, label) and box (x0, y0, x1, y1) in ``image.work``
+    pixels; mask (h, w) bool. ``mask_file``: an uploaded mask file the mask was read from
+    (read again at full size for a job), ``mask_note`` how it was read. ``show_mask``:
+    off shows the photo alone."""
 
     image: Optional[WorkImage] = None
     clicks: tuple[Click, ...] = ()
     mask: Optional[np.ndarray] = None
     use_alpha: bool = False
+    box: Optional[Box] = None
+    mask_file: Optional[str] = None
+    mask_note: str = ""
+    show_mask: bool = True
+
+
+# the small SessionState fields a session store keeps beside image, clicks, mask and use_alpha
+STATE_EXTRA_FIELDS = ("box", "mask_file", "mask_note", "show_mask")
 
 
 # -- sessions -----------------------------------------------------------------
@@ -184,8 +201,45 @@ def set_use_alpha(state: SessionState, on: bool) -> SessionState:
     if img is None or not img.has_alpha:
         return replace(state, use_alpha=False)
     if on:
-        return replace(state, use_alpha=True, mask=img.work_alpha >= 128)
-    return replace(state, use_alpha=False, mask=None if not state.clicks else state.mask)
+        return replace(state, use_alpha=True, mask=img.work_alpha >= 128, mask_file=None, mask_note="")
+    prompted = has_prompt(state.clicks, state.box) and state.mask_file is None
+    return replace(state, use_alpha=False, mask=state.mask if prompted else None,
+                   mask_file=None, mask_note="")
+
+
+def set_mask_file(state: SessionState, path: str | Path, app_settings, name: str = "") -> SessionState:
+    """Use an uploaded mask file as the mask (``kiln.maskfile``'s rule: a non-constant alpha,
+    else the grey level). It must have the image's full size. UIError naming the problem."""
+    import cv2
+
+    from kiln.imageio import ImageError, upload_limit_bytes
+    from kiln.maskfile import load_mask
+
+    img = _require_image(state)
+    name = name or Path(path).name
+    try:
+        reading = load_mask(path, app_settings.max_pixels,
+                            max_bytes=upload_limit_bytes(app_settings.max_pixels, app_settings.max_upload_mb))
+    except (ImageError, OSError) as e:
+        raise UIError(f"mask file {name}: {e}") from None
+    H, W = img.size
+    mh, mw = reading.mask.shape
+    if (mh, mw) != (H, W):
+        raise UIError(f"mask file {name} is {mw}x{mh} pixels but the image is {W}x{H}; "
+                      "a mask must have the image's size")
+    if not reading.mask.any():
+        raise UIError(f"mask file {name} marks nothing as the object ({reading.describe(name)})")
+    if reading.mask.all():
+        raise UIError(f"mask file {name} marks the whole image as the object ({reading.describe(name)})")
+    h, w = img.work.shape[:2]
+    work = reading.mask if (h, w) == (H, W) else cv2.resize(
+        reading.mask.astype(np.uint8) * 255, (w, h), interpolation=cv2.INTER_AREA) >= 128
+    return replace(state, mask=np.ascontiguousarray(work), mask_file=str(path),
+                   mask_note=reading.describe(name), use_alpha=False, clicks=(), box=None)
+
+
+def set_show_mask(state: SessionState, on: bool) -> SessionState:
+    return replace(state, show_mask=bool(on))
 
 
 # -- clicks -----------------------------------------------------------------
@@ -196,12 +250,20 @@ def _require_image(state: SessionState) -> WorkImage:
     return state.image
 
 
-def _resegment(state: SessionState, clicks: tuple[Click, ...], segmenter) -> SessionState:
+def _resegment(state: SessionState, clicks: tuple[Click, ...], segmenter,
+               box: Optional[Box] = None) -> SessionState:
     img = _require_image(state)
-    if not any(c[2] == 1 for c in clicks):
-        return replace(state, clicks=clicks, mask=None, use_alpha=False)
-    mask = segmenter.segment(img.work, list(clicks))
-    return replace(state, clicks=clicks, mask=np.asarray(mask, bool), use_alpha=False)
+    fresh = dict(clicks=clicks, box=box, use_alpha=False, mask_file=None, mask_note="")
+    if not has_prompt(clicks, box):
+        return replace(state, mask=None, **fresh)
+    mask = segmenter.segment(img.work, list(clicks), box) if box is not None else \
+        segmenter.segment(img.work, list(clicks))
+    return replace(state, mask=np.asarray(mask, bool), **fresh)
+
+
+def _prompting(state: SessionState) -> bool:
+    """True when clicks and the box decide the mask (not the alpha, not a mask file)."""
+    return not state.use_alpha and state.mask_file is None
 
 
 def add_click(state: SessionState, x: float, y: float, background: bool, segmenter) -> SessionState:
@@ -216,18 +278,37 @@ def add_click(state: SessionState, x: float, y: float, background: bool, segment
     x = float(min(max(x, 0), w - 1))
     y = float(min(max(y, 0), h - 1))
     click = (x, y, 0 if background else 1)
-    prior = () if state.use_alpha else state.clicks
-    return _resegment(state, prior + (click,), segmenter)
+    prompting = _prompting(state)
+    prior = state.clicks if prompting else ()
+    return _resegment(state, prior + (click,), segmenter, state.box if prompting else None)
+
+
+def set_box(state: SessionState, x0: float, y0: float, x1: float, y1: float, segmenter) -> SessionState:
+    """Use the rectangle dragged from (x0, y0) to (x1, y1) (work-image pixels, any corner
+    order) as the box around the object and re-segment; the clicks stay."""
+    img = _require_image(state)
+    h, w = img.work.shape[:2]
+    xs = sorted(min(max(float(v), 0.0), w - 1.0) for v in (x0, x1))
+    ys = sorted(min(max(float(v), 0.0), h - 1.0) for v in (y0, y1))
+    if xs[1] - xs[0] < 4 or ys[1] - ys[0] < 4:
+        raise UIError("the box is too small; drag a rectangle around the whole object")
+    prior = state.clicks if _prompting(state) else ()
+    return _resegment(state, prior, segmenter, (xs[0], ys[0], xs[1], ys[1]))
 
 
 def undo_click(state: SessionState, segmenter) -> SessionState:
-    if not state.clicks:
+    """Take back the last click, or the box when no click is left."""
+    if not _prompting(state):
         return state
-    return _resegment(state, state.clicks[:-1], segmenter)
+    if state.clicks:
+        return _resegment(state, state.clicks[:-1], segmenter, state.box)
+    if state.box is not None:
+        return _resegment(state, (), segmenter, None)
+    return state
 
 
 def clear_clicks(state: SessionState) -> SessionState:
-    return replace(state, clicks=(), mask=None, use_alpha=False)
+    return replace(state, clicks=(), box=None, mask=None, use_alpha=False, mask_file=None, mask_note="")
 
 
 def prepare_segmenter(state: SessionState, segmenter) -> None:
@@ -238,30 +319,44 @@ def prepare_segmenter(state: SessionState, segmenter) -> None:
 
 # -- display ----------------------------------------------------------------
 
-OBJECT_TINT = (40, 140, 255)
+BACKGROUND_DIM = 0.4   # what remains of the background's brightness around a selection
 
 
 def render_overlay(state: SessionState) -> Optional[np.ndarray]:
-    """(h, w, 3) uint8: the work image, object tinted and outlined, background dimmed,
-    object clicks as green dots and background clicks as red dots. None without image."""
+    """(h, w, 3) uint8: the work image with the selection shown without recolouring the
+    object: its pixels stay as in the photo, the background is dimmed and the edge is drawn
+    as a dark line with a light one inside it (visible on dark and light backgrounds alike).
+    The box is drawn the same way, object clicks as green dots and background clicks as red
+    ones. ``state.show_mask`` off: the photo alone. None without an image."""
     import cv2
 
     img = state.image
     if img is None:
         return None
     work = img.work
+    if not state.show_mask:
+        return work.copy()
     if state.mask is not None and state.mask.any():
         m = state.mask
         # OpenCV's saturating uint8 arithmetic: this runs on every click, float math is 10x slower
-        tint = np.empty_like(work)
-        tint[:] = OBJECT_TINT
-        tinted = cv2.addWeighted(work, 0.55, tint, 0.45, 0.0)
-        out = cv2.convertScaleAbs(work, alpha=0.45)
-        np.copyto(out, tinted, where=m[:, :, None])
-        contours, _ = cv2.findContours(m.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
-        cv2.drawContours(out, contours, -1, (255, 255, 255), max(1, max(m.shape) // 400), cv2.LINE_AA)
+        out = cv2.convertScaleAbs(work, alpha=BACKGROUND_DIM)
+        np.copyto(out, work, where=m[:, :, None])
+        contours, _ = cv2.findContours(m.astype(np.uint8), cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
+        t = max(1, max(m.shape) // 500)
+        # the line lies on the background side of the edge: only pixels outside the mask change
+        edge = np.zeros(m.shape, np.uint8)
+        cv2.drawContours(edge, contours, -1, 1, 3 * t + 1)
+        cv2.drawContours(edge, contours, -1, 2, t + 1)
+        outside = ~m
+        out[(edge == 1) & outside] = (0, 0, 0)
+        out[(edge == 2) & outside] = (255, 255, 255)
     else:
         out = work.copy()
+    if state.box is not None:
+        x0, y0, x1, y1 = (int(round(v)) for v in state.box)
+        t = max(1, max(out.shape[:2]) // 400)
+        cv2.rectangle(out, (x0, y0), (x1, y1), (0, 0, 0), 3 * t)
+        cv2.rectangle(out, (x0, y0), (x1, y1), (255, 210, 0), t)
     r = max(4, max(out.shape[:2]) // 90)
     for x, y, lab in state.clicks:
         colour = (40, 220, 60) if lab == 1 else (230, 40, 40)
@@ -271,6 +366,40 @@ def render_overlay(state: SessionState) -> Optional[np.ndarray]:
     return out
 
 
+@dataclass(frozen=True)
+class MaskCheck:
+    """What a person should know about a mask: its share of the image (0..1), its pieces
+    (8-connected, at least 0.1 % of the image each), and whether it is a speck."""
+
+    share: float
+    pieces: int
+    speck: bool
+
+    @property
+    def warnings(self) -> list[str]:
+        out = []
+        if self.share < TINY_MASK_SHARE:
+            out.append(f"the selection is tiny ({100 * self.share:.2f} % of the image): "
+                       "drag a box around the whole object or click on more of it")
+        if self.pieces > MANY_PIECES:
+            out.append(f"the selection is in {self.pieces} pieces: add background clicks on the "
+                       "stray ones, or drag a box around the object")
+        return out
+
+
+def check_mask(mask: np.ndarray) -> MaskCheck:
+    """``MaskCheck`` of an (h, w) bool mask."""
+    import cv2
+
+    n = int(mask.sum())
+    share = n / max(1, mask.size)
+    pieces = 0
+    if n:
+        count, _, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+        pieces = int((stats[1:, cv2.CC_STAT_AREA] >= max(1, 0.001 * mask.size)).sum())
+    return MaskCheck(share=share, pieces=pieces, speck=n < MIN_MASK_PIXELS or share < SPECK_MASK_SHARE)
+
+
 def mask_summary(state: SessionState) -> str:
     img = state.image
     if img is None:
@@ -278,13 +407,24 @@ def mask_summary(state: SessionState) -> str:
     h, w = img.size
     head = f"**{html.escape(img.name)}** — {w}x{h}"
     if state.mask is None or not state.mask.any():
-        hint = ("click the object to select it" if not state.clicks
-                else "no object found at the clicks; click on the object itself")
+        hint = ("click the object or drag a box around it" if not state.clicks and state.box is None
+                else "no object found there; click on the object itself or drag a box around it")
         return f"{head}. {hint}."
-    share = 100.0 * state.mask.mean()
-    src = "image transparency" if state.use_alpha else \
-        f"{sum(c[2] == 1 for c in state.clicks)} object / {sum(c[2] == 0 for c in state.clicks)} background clicks"
-    return f"{head}. Mask: {share:.1f}% of the image, from {src}."
+    mc = check_mask(state.mask)
+    if state.use_alpha:
+        src = "image transparency"
+    elif state.mask_file:
+        src = "mask file"
+    else:
+        n_obj = sum(c[2] == 1 for c in state.clicks)
+        n_bg = sum(c[2] == 0 for c in state.clicks)
+        src = f"{n_obj} object / {n_bg} background clicks" + (" and a box" if state.box else "")
+    text = f"{head}. Mask: {100 * mc.share:.1f}% of the image, from {src}."
+    if state.mask_note:
+        text += f"  \n{_md_text(public_text(state.mask_note))}"
+    for warning in mc.warnings:
+        text += f"  \n⚠ {_md_text(warning[:1].upper() + warning[1:])}."
+    return text
 
 
 # -- settings and jobs ------------------------------------------------------
@@ -304,12 +444,29 @@ def ui_overrides(bake: bool, simplify_ratio: float, texture_size: Any, views: An
     }
 
 
+# the form's labels for the setting keys it sets, so an error names the box to fix
+FIELD_LABELS = {"bake.enabled": "Bake texture", "mesh.simplify_ratio": "Simplify ratio",
+                "bake.texture_size": "Texture size", "views.count": "Bake views",
+                "bake.mode": "Bake mode", "seed": "Seed", "export.gaussians_ply": "Also export Gaussians"}
+_SETTING_RE = re.compile(r"setting '([\w.]+)'(?: = )?")
+
+
+def field_error(message: str) -> str:
+    """A settings error as the form names it: "setting 'seed' = -1 is out of range; …" ->
+    "Seed: -1 is out of range; …"."""
+    m = _SETTING_RE.match(message)
+    if m is None or m.group(1) not in FIELD_LABELS:
+        return message
+    return f"{FIELD_LABELS[m.group(1)]}: {message[m.end():]}"
+
+
 def job_settings(base: Settings, overrides: dict) -> Settings:
-    """``base`` with the form's overrides; out-of-range values become a ``UIError``."""
+    """``base`` with the form's overrides; an invalid value becomes a ``UIError`` naming
+    its field."""
     try:
         return base.override(overrides)
     except SettingsError as e:
-        raise UIError(str(e)) from None
+        raise UIError(field_error(str(e))) from None
 
 
 def full_mask(state: SessionState, alpha: Optional[np.ndarray] = None) -> np.ndarray:
@@ -322,6 +479,8 @@ def full_mask(state: SessionState, alpha: Optional[np.ndarray] = None) -> np.nda
         if alpha is None:
             alpha = img.full()[1]
         return alpha >= 128
+    if state.mask_file:
+        return _full_mask_file(state)
     if state.mask is None:
         raise UIError("select the object first: click on it (or use the image's transparency)")
     H, W = img.size
@@ -329,6 +488,21 @@ def full_mask(state: SessionState, alpha: Optional[np.ndarray] = None) -> np.nda
         return state.mask.copy()
     up = cv2.resize(state.mask.astype(np.float32), (W, H), interpolation=cv2.INTER_LINEAR)
     return up >= 0.5
+
+
+def _full_mask_file(state: SessionState) -> np.ndarray:
+    from kiln.imageio import ImageError
+    from kiln.maskfile import load_mask
+
+    H, W = state.image.size
+    try:
+        # its limits were checked when it was uploaded
+        mask = load_mask(state.mask_file, max_pixels=max(1, H * W)).mask
+    except (ImageError, OSError):
+        raise UIError("the mask file can no longer be read; upload it again") from None
+    if mask.shape != (H, W):
+        raise UIError("the mask file no longer matches the image; upload it again")
+    return mask
 
 
 def job_inputs(state: SessionState) -> tuple[np.ndarray, np.ndarray]:
@@ -360,6 +534,10 @@ def check_job_request(state: SessionState, base: Settings, *form) -> Settings:
         raise UIError("the mask is empty; click on the object to select it")
     if mask.all():
         raise UIError("the mask covers the whole image; add a background click outside the object")
+    mc = check_mask(mask)
+    if mc.speck:
+        raise UIError(f"the selection is only a speck ({100 * mc.share:.2f} % of the image); "
+                      "drag a box around the whole object or click on more of it")
     return job_settings(base, ui_overrides(*form))
 
 
@@ -383,8 +561,10 @@ def stage_label(stage: Optional[str]) -> str:
     return STAGE_LABELS.get(stage, stage.replace("_", " ").capitalize())
 
 
-def progress_html(st: Any = None, note: str = "") -> str:
+def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0) -> str:
     """A progress bar for a job status (``worker.jobstore.JobStatus``) or a note.
+    ``waited_s``: how long the press waited in the page's queue before the job was
+    submitted; "Done in" counts it (the person waited for it too).
 
     The outer element carries data-state / data-stage so scripts and tests can read it.
     """
@@ -405,14 +585,23 @@ def progress_html(st: Any = None, note: str = "") -> str:
             text += f" — {detail}"
     elif state == "done":
         pct = 100.0
-        total = (st.timings or {}).get("total_s")
-        text = "Done" + (f" in {total:.1f} s" if isinstance(total, (int, float)) else "")
+        timings = st.timings or {}
+        total = timings.get("total_s")
+        if isinstance(total, (int, float)):
+            queued = float(timings.get("queued_s") or 0.0) + max(0.0, waited_s)
+            text = f"Done in {total + max(0.0, waited_s):.1f} s"
+            if queued >= 0.5:
+                text += f" ({queued:.1f} s of it waiting for a worker)"
+        else:
+            text = "Done"
         if (st.stats or {}).get("reconstruction_cached"):
             text += " (reconstruction reused from cache)"
         if note:
             text += f"; {note}"
     elif state == "cancelled":
-        text = "Cancelled."
+        # the supervisor says why: "cancelled by user", "cancelled before it started", …
+        why = (st.error or "").strip() or "cancelled"
+        text = why[:1].upper() + why[1:] if why.lower().startswith("cancel") else f"Cancelled: {why}"
     else:
         text = "Failed: " + (st.error or st.message or "unknown reason")
     return (f'<div id="kiln-progress" data-state="{html.escape(state)}" '
@@ -569,6 +758,84 @@ def _md_text(text: str) -> str:
     return re.sub(r"([\\`*_\[\]|])", r"\\\1", html.escape(text))
 
 
+@dataclass(frozen=True)
+class JobInfo:
+    """What the page remembers of a job it submitted: the image's name and a thumbnail
+    (a data: URI of a small JPEG)."""
+
+    image_name: str
+    thumbnail: str = ""
+
+
+def thumbnail_uri(rgb: np.ndarray, side: int = 72) -> str:
+    """A data: URI of a JPEG of (h, w, 3) uint8 ``rgb`` with its longest side ``side``."""
+    import base64
+
+    import cv2
+
+    small = _downscale(rgb, side)
+    ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(small[:, :, ::-1]), [cv2.IMWRITE_JPEG_QUALITY, 80])
+    return "data:image/jpeg;base64," + base64.b64encode(buf.tobytes()).decode() if ok else ""
+
+
+_STEM_BAD_RE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def result_stems(statuses: Sequence[Any], infos: dict) -> dict[str, str]:
+    """job id -> '<image-name>-<n>' for done jobs whose image the page knows: n counts the
+    session's done results of that image, oldest first, so names stay put as more come."""
+    out, seen = {}, {}
+    for st in sorted(statuses, key=lambda s: (s.created, s.id)):
+        info = infos.get(st.id)
+        if st.state != "done" or info is None:
+            continue
+        stem = _STEM_BAD_RE.sub("_", Path(info.image_name).stem).strip("._") or "model"
+        seen[stem] = seen.get(stem, 0) + 1
+        out[st.id] = f"{stem[:60]}-{seen[stem]}"
+    return out
+
+
+def download_name(stem: Optional[str], path: Path) -> str:
+    """The name a browser saves a published result as: '<image-name>-<n>.glb', else its own."""
+    return f"{stem}{path.suffix}" if stem else path.name
+
+
+def _why(st: Any) -> str:
+    reason = public_text(st.error or st.message or "")
+    if st.state == "cancelled":
+        return reason or "cancelled"
+    return f"failed: {reason or 'unknown reason'}"
+
+
+def history_html(statuses: Sequence[Any], summaries: Optional[dict] = None,
+                 infos: Optional[dict] = None) -> str:
+    """The session's jobs, newest first, as HTML: thumbnail, image name, time, job id, state
+    (a cancelled or failed job says why), settings, and the name its GLB downloads as.
+    ``summaries``: job id -> settings text; ``infos``: job id -> ``JobInfo``."""
+    if not statuses:
+        return f'<div class="kiln-history-empty">{NO_HISTORY}</div>'
+    infos = infos or {}
+    stems = result_stems(statuses, infos)
+    rows = []
+    for st in sorted(statuses, key=lambda s: (s.created, s.id), reverse=True):
+        info = infos.get(st.id)
+        when = time.strftime("%H:%M:%S", time.localtime(st.created)) if st.created else "--:--:--"
+        state = st.state if st.state in ("done", "queued", "running") else _why(st)
+        if st.state == "done":
+            total = (st.timings or {}).get("total_s")
+            state += f" in {total:.1f} s" if isinstance(total, (int, float)) else ""
+        thumb = (f'<img class="kiln-thumb" alt="" src="{html.escape(info.thumbnail)}">'
+                 if info is not None and info.thumbnail else '<span class="kiln-thumb"></span>')
+        name = html.escape(info.image_name) if info is not None else "(image not known)"
+        summary = (summaries or {}).get(st.id, "")
+        file_note = f" · <code>{html.escape(stems[st.id])}.glb</code>" if st.id in stems else ""
+        rows.append(f'<li class="kiln-job kiln-{html.escape(st.state)}" data-job="{html.escape(st.id)}">'
+                    f'{thumb}<div><b>{name}</b> · {when} · <code>{html.escape(st.id)}</code><br>'
+                    f'{html.escape(state)}{" · " + html.escape(summary) if summary else ""}{file_note}'
+                    f'</div></li>')
+    return '<ul class="kiln-history-list">' + "".join(rows) + "</ul>"
+
+
 def history_markdown(statuses: Sequence[Any], summaries: Optional[dict] = None) -> str:
     """A Markdown list of a session's jobs, newest first; ``summaries``: job id -> settings text.
     (A list, not a table: in the narrow column a table wrapped its words mid-way.)"""
@@ -577,34 +844,55 @@ def history_markdown(statuses: Sequence[Any], summaries: Optional[dict] = None) 
     rows = []
     for st in sorted(statuses, key=lambda s: (s.created, s.id), reverse=True):
         when = time.strftime("%H:%M:%S", time.localtime(st.created)) if st.created else "--:--:--"
-        state = st.state if st.state != "failed" else f"failed: {public_text(st.error or st.message)}"
+        state = st.state if st.state in ("done", "queued", "running") else _why(st)
         summary = (summaries or {}).get(st.id, "")
         rows.append(f"- **{when}** `{st.id}` — {_md_text(state)}" + (f" — {_md_text(summary)}" if summary else ""))
     return "\n".join(rows)
 
 
-def history_files(session: str, statuses: Sequence[Any], publisher: ResultPublisher) -> list[str]:
-    """Paths of every downloadable output of the session's done jobs, newest first."""
-    files: list[str] = []
+def history_files(session: str, statuses: Sequence[Any], publisher: ResultPublisher,
+                  infos: Optional[dict] = None) -> list[tuple[str, str]]:
+    """(path, download name) of every downloadable output of the session's done jobs, newest first."""
+    stems = result_stems(statuses, infos or {})
+    files: list[tuple[str, str]] = []
     for st in sorted(statuses, key=lambda s: (s.created, s.id), reverse=True):
         if st.state == "done" and st.session == session:
-            files += [str(p) for _, p in sorted(publisher.publish(session, st).items())]
+            files += [(str(p), download_name(stems.get(st.id), p))
+                      for _, p in sorted(publisher.publish(session, st).items())]
     return files
 
 
 def status_line(caps: Optional[dict], segmenter_text: str, running: int, waiting: int,
                 workers_note: str = "") -> str:
-    """One line: device, backends, queue, segmenter."""
+    """The status line: one sentence in plain words (what to expect, what to do), with the
+    technical detail (device, backends, queue, segmenter and why) in a fold one click away."""
     if not caps:
         dev = workers_note or "workers starting…"
         backends = "…"
+        plain = [workers_note[:1].upper() + workers_note[1:] if workers_note else "Workers starting…"]
     else:
         dev = caps.get("device") or "cpu"
         dev = "CPU" if dev == "cpu" else dev
         names = [n for n in ("gsplat", "nvdiffrast", "moderngl") if caps.get(n)]
         backends = ", ".join(names + ["cpu renderer"])
-    return (f"**Device:** {html.escape(str(dev))} · **Backends:** {html.escape(backends)} · "
-            f"**Jobs:** {running} running, {waiting} waiting · **Segmentation:** {html.escape(segmenter_text)}")
+        plain = ["CPU only: a model takes a minute or more" if dev == "CPU"
+                 else f"GPU ready ({dev}): a model takes seconds to a minute"]
+    if segmenter_text.startswith("SAM2"):
+        plain.append("selection by SAM2: a click or a box usually selects the whole object")
+    elif "loading" in segmenter_text:
+        plain.append("SAM2 is loading, GrabCut selects meanwhile: drag a box around the object")
+    elif "SAM2" in segmenter_text:
+        plain.append("SAM2 not available, using GrabCut: drag a box around the object, "
+                     "then click more points")
+    else:
+        plain.append("selection by GrabCut: drag a box around the object, then click more points")
+    if running or waiting:
+        plain.append(f"{running} job{'s' if running != 1 else ''} running, {waiting} waiting")
+    detail = (f"**Device:** {html.escape(str(dev))} · **Backends:** {html.escape(backends)} · "
+              f"**Jobs:** {running} running, {waiting} waiting · "
+              f"**Segmentation:** {html.escape(segmenter_text)}")
+    return (f'<span class="kiln-plain">{html.escape("; ".join(plain))}.</span>\n'
+            f'<details class="kiln-details"><summary>Details</summary>\n\n{detail}\n\n</details>')
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Click-to-segment on the app's CPU: SAM2 when a checkpoint loads, GrabCut otherwise.
 
-Both segmenters take an (H, W, 3) uint8 image and a list of clicks
+Both segmenters take an (H, W, 3) uint8 image, a list of clicks
 ``(x, y, label)`` in that image's pixel coordinates (label 1 = object,
-0 = background) and return an (H, W) bool mask. The app hands them its
+0 = background) and an optional box ``(x0, y0, x1, y1)`` around the object
+(GrabCut's native input, SAM2's box prompt), and return an (H, W) bool mask. The app hands them its
 "working" image (longest side <= ``SEG_MAX_SIDE``), so a click costs the same
 whatever the upload's size; the mask is scaled to full size only on Generate.
 
@@ -18,7 +19,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 SEG_MAX_SIDE = 1024
 Click = tuple[float, float, int]   # (x, y, label); label 1 = object, 0 = background
+Box = tuple[float, float, float, float]   # (x0, y0, x1, y1), x0 < x1, y0 < y1, image pixels
 
 
 def image_key(rgb: np.ndarray) -> str:
@@ -41,14 +43,19 @@ def _split(clicks: Sequence[Click]) -> tuple[np.ndarray, np.ndarray]:
     return pts, labels
 
 
-def keep_clicked_components(mask: np.ndarray, clicks: Sequence[Click]) -> np.ndarray:
+def keep_clicked_components(mask: np.ndarray, clicks: Sequence[Click],
+                            box: Optional[Box] = None) -> np.ndarray:
     """Drop blobs no object click landed in; (H, W) bool -> (H, W) bool.
 
     Both segmenters sometimes add islands of similar colour far from the
-    object; the user only ever asked for the parts they clicked.
+    object; the user only ever asked for the parts they clicked. With a box,
+    nothing outside it is kept (the box says where the object is), and without
+    object clicks every blob inside it is.
     """
     import cv2
 
+    if box is not None:
+        mask = mask & box_mask(mask.shape, box)
     fg = [(int(round(x)), int(round(y))) for x, y, lab in clicks if lab == 1]
     if not fg or not mask.any():
         return mask
@@ -65,13 +72,29 @@ def keep_clicked_components(mask: np.ndarray, clicks: Sequence[Click]) -> np.nda
     return np.isin(labels, sorted(keep))
 
 
+def box_mask(shape: tuple[int, int], box: Box) -> np.ndarray:
+    """(H, W) bool, True inside ``box`` (edges included)."""
+    h, w = shape[:2]
+    x0, y0, x1, y1 = (int(round(v)) for v in box)
+    out = np.zeros((h, w), bool)
+    out[max(y0, 0):max(min(y1, h - 1), -1) + 1, max(x0, 0):max(min(x1, w - 1), -1) + 1] = True
+    return out
+
+
+def has_prompt(clicks: Sequence[Click], box: Optional[Box]) -> bool:
+    """An object click or a box: enough to ask a segmenter for a mask."""
+    return box is not None or any(c[2] == 1 for c in clicks)
+
+
 class GrabCutSegmenter:
     """OpenCV GrabCut seeded by the clicks, on a copy downscaled to ``max_side``.
 
     Seeds: a small disk at each object click is certain foreground, a box
     around the object clicks (grown by ``grow`` of the image size) is probable
     foreground, the rest is probable background, a thin frame at the border and
-    a disk at each background click are certain background.
+    a disk at each background click are certain background. A drawn box
+    replaces the grown one and, as in GrabCut's own rectangle mode, everything
+    outside it is certain background.
     """
 
     name = "GrabCut"
@@ -84,12 +107,12 @@ class GrabCutSegmenter:
     def prepare(self, rgb: np.ndarray) -> None:
         """Nothing to precompute; present so both segmenters share one interface."""
 
-    def segment(self, rgb: np.ndarray, clicks: Sequence[Click]) -> np.ndarray:
+    def segment(self, rgb: np.ndarray, clicks: Sequence[Click], box: Optional[Box] = None) -> np.ndarray:
         import cv2
 
         h, w = rgb.shape[:2]
         pts, labels = _split(clicks)
-        if not (labels == 1).any():
+        if not has_prompt(clicks, box):
             return np.zeros((h, w), bool)
         scale = min(1.0, self.max_side / max(h, w))
         sw, sh = max(8, round(w * scale)), max(8, round(h * scale))
@@ -97,18 +120,24 @@ class GrabCutSegmenter:
         sx, sy = sw / w, sh / h
         spts = pts * np.array([sx, sy], np.float32)
 
-        seeds = np.full((sh, sw), cv2.GC_PR_BGD, np.uint8)
-        fg = spts[labels == 1]
         side = max(sh, sw)
-        pad = self.grow * side
-        x0, y0 = np.floor(fg.min(0) - pad).astype(int)
-        x1, y1 = np.ceil(fg.max(0) + pad).astype(int)
-        seeds[max(y0, 0):max(y1, 0) + 1, max(x0, 0):max(x1, 0) + 1] = cv2.GC_PR_FGD
-        frame = max(1, side // 100)
-        seeds[:frame] = cv2.GC_BGD
-        seeds[-frame:] = cv2.GC_BGD
-        seeds[:, :frame] = cv2.GC_BGD
-        seeds[:, -frame:] = cv2.GC_BGD
+        sbox = None
+        if box is not None:
+            sbox = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+            seeds = np.full((sh, sw), cv2.GC_BGD, np.uint8)
+            seeds[box_mask((sh, sw), sbox)] = cv2.GC_PR_FGD
+        else:
+            seeds = np.full((sh, sw), cv2.GC_PR_BGD, np.uint8)
+            fg = spts[labels == 1]
+            pad = self.grow * side
+            x0, y0 = np.floor(fg.min(0) - pad).astype(int)
+            x1, y1 = np.ceil(fg.max(0) + pad).astype(int)
+            seeds[max(y0, 0):max(y1, 0) + 1, max(x0, 0):max(x1, 0) + 1] = cv2.GC_PR_FGD
+            frame = max(1, side // 100)
+            seeds[:frame] = cv2.GC_BGD
+            seeds[-frame:] = cv2.GC_BGD
+            seeds[:, :frame] = cv2.GC_BGD
+            seeds[:, -frame:] = cv2.GC_BGD
         r = max(2, side // 80)
         for (x, y), lab in zip(spts, labels):
             cv2.circle(seeds, (int(round(x)), int(round(y))), r,
@@ -125,7 +154,7 @@ class GrabCutSegmenter:
             log.info("grabCut failed (%s); using the seed region", e)
         small_mask = (seeds == cv2.GC_FGD) | (seeds == cv2.GC_PR_FGD)
         small_clicks = [(x, y, int(lab)) for (x, y), lab in zip(spts, labels)]
-        small_mask = keep_clicked_components(small_mask, small_clicks)
+        small_mask = keep_clicked_components(small_mask, small_clicks, sbox)
         if scale >= 1:
             return small_mask
         up = cv2.resize(small_mask.astype(np.uint8) * 255, (w, h), interpolation=cv2.INTER_LINEAR)
@@ -200,12 +229,12 @@ class Sam2Segmenter:
         """Start computing the embedding of (H, W, 3) uint8 ``rgb`` in the background."""
         self._future(image_key(rgb), rgb)
 
-    def segment(self, rgb: np.ndarray, clicks: Sequence[Click]) -> np.ndarray:
+    def segment(self, rgb: np.ndarray, clicks: Sequence[Click], box: Optional[Box] = None) -> np.ndarray:
         import torch
 
         h, w = rgb.shape[:2]
         pts, labels = _split(clicks)
-        if not (labels == 1).any():
+        if not has_prompt(clicks, box):
             return np.zeros((h, w), bool)
         features, hw = self._future(image_key(rgb), rgb).result()
         with self._decode_lock:
@@ -214,10 +243,13 @@ class Sam2Segmenter:
             p._is_image_set, p._is_batch = True, False
             with torch.inference_mode():
                 # one click is ambiguous (part / whole object): ask for three and take the best
-                masks, scores, _ = p.predict(point_coords=pts, point_labels=labels,
-                                             multimask_output=len(clicks) == 1)
+                masks, scores, _ = p.predict(
+                    point_coords=pts if len(clicks) else None,
+                    point_labels=labels if len(clicks) else None,
+                    box=None if box is None else np.asarray(box, np.float32),
+                    multimask_output=len(clicks) == 1 and box is None)
         best = masks[int(np.argmax(scores))] > 0
-        return keep_clicked_components(best, clicks)
+        return keep_clicked_components(best, clicks, box)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from .handlers import SessionState, UIError, WorkImage
+from .handlers import STATE_EXTRA_FIELDS, SessionState, UIError, WorkImage
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,11 @@ class _Record:
     has_mask: bool
     bytes: int
     touched: float
+    extra: Optional[dict] = None   # SessionState's small fields (handlers.STATE_EXTRA_FIELDS)
+
+
+def _extra(state: SessionState) -> dict:
+    return {k: getattr(state, k) for k in STATE_EXTRA_FIELDS}
 
 
 def _light(img: WorkImage) -> WorkImage:
@@ -146,7 +151,8 @@ class SessionStore:
             log.exception("session files in %s unreadable", rec.dir)
             return SessionState()
         img = replace(rec.image, work=work, work_alpha=work_alpha)
-        return SessionState(image=img, clicks=rec.clicks, mask=mask, use_alpha=rec.use_alpha)
+        return SessionState(image=img, clicks=rec.clicks, mask=mask, use_alpha=rec.use_alpha,
+                            **(rec.extra or {}))
 
     def put(self, session: str, client: str, state: SessionState) -> None:
         """Keep ``state`` for ``session``. A new image is checked against the limits
@@ -167,6 +173,7 @@ class SessionStore:
             _save(rec.dir / "mask.npy", np.asarray(state.mask, bool))
         with self._lock:
             rec.clicks, rec.use_alpha, rec.has_mask = state.clicks, state.use_alpha, state.mask is not None
+            rec.extra = _extra(state)
             rec.touched = now
 
     def _new_image(self, session: str, client: str, state: SessionState, now: float) -> None:
@@ -190,7 +197,7 @@ class SessionStore:
             raise
         rec = _Record(dir=d, client=client, image=_light(replace(img, source=src)), clicks=state.clicks,
                       use_alpha=state.use_alpha, has_mask=state.mask is not None,
-                      bytes=size + WORK_BYTES_MAX // 5, touched=now)   # room for a mask written later
+                      bytes=size + WORK_BYTES_MAX // 5, touched=now, extra=_extra(state))   # room for a mask written later
         with self._lock:
             try:
                 self._check(session, client, rec.bytes)   # again: others may have come meanwhile

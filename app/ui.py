@@ -28,8 +28,95 @@ CSS = """
 #kiln-progress .kiln-fill.kiln-done { background: #2e9d4e; }
 #kiln-progress .kiln-fill.kiln-failed, #kiln-progress .kiln-fill.kiln-cancelled { background: #c0392b; }
 #kiln-progress .kiln-note { margin-top: 4px; font-size: 0.95em; }
-#kiln-canvas img { cursor: crosshair; }
+#kiln-canvas img { cursor: crosshair; user-select: none; -webkit-user-drag: none; }
+.kiln-hidden { display: none !important; }
+#kiln-box-drag { position: fixed; border: 2px dashed #ffd200; outline: 1px solid #000;
+                 pointer-events: none; z-index: 1000; }
+#kiln-status details summary { cursor: pointer; display: inline; font-size: 0.9em; }
+#kiln-status details { display: inline; margin-left: .5em; }
+#kiln-status details[open] { display: block; margin-left: 0; }
+.kiln-history-list { list-style: none; padding: 0; margin: 0; }
+.kiln-job { display: flex; gap: .6em; align-items: flex-start; margin: .35em 0; }
+.kiln-thumb { width: 56px; height: 56px; object-fit: contain; flex: none; background: var(--neutral-100); }
+.kiln-job.kiln-failed, .kiln-job.kiln-cancelled { color: #a33; }
 """
+
+# Dragging on the image draws a box (sent to the server through a hidden textbox and
+# button); a plain click stays a click. Installed once per page by demo.load. A drag's own
+# click event is swallowed, so Gradio's select does not add a point where the drag ended.
+BOX_JS = """
+() => {
+  if (window.__kilnBox) return; window.__kilnBox = true;
+  let start = null, suppress = false, rect = null;
+  const MIN = 6;
+  const target = (e) => e.target && e.target.closest ? e.target.closest('#kiln-canvas img') : null;
+  const toPx = (img, cx, cy) => {
+    const r = img.getBoundingClientRect(), nw = img.naturalWidth, nh = img.naturalHeight;
+    const s = Math.min(r.width / nw, r.height / nh);
+    const ox = r.left + (r.width - nw * s) / 2, oy = r.top + (r.height - nh * s) / 2;
+    return [(cx - ox) / s, (cy - oy) / s];
+  };
+  const drawRect = (x0, y0, x1, y1) => {
+    if (!rect) { rect = document.createElement('div'); rect.id = 'kiln-box-drag'; document.body.appendChild(rect); }
+    Object.assign(rect.style, {left: Math.min(x0, x1) + 'px', top: Math.min(y0, y1) + 'px',
+      width: Math.abs(x1 - x0) + 'px', height: Math.abs(y1 - y0) + 'px', display: 'block'});
+  };
+  const hideRect = () => { if (rect) rect.style.display = 'none'; };
+  document.addEventListener('mousedown', (e) => {
+    const img = target(e);
+    if (!img || e.button !== 0) return;
+    e.preventDefault();
+    start = {img, x: e.clientX, y: e.clientY};
+  }, true);
+  document.addEventListener('mousemove', (e) => {
+    if (!start) return;
+    if (Math.hypot(e.clientX - start.x, e.clientY - start.y) < MIN) { hideRect(); return; }
+    drawRect(start.x, start.y, e.clientX, e.clientY);
+  }, true);
+  document.addEventListener('mouseup', (e) => {
+    if (!start) return;
+    const s = start; start = null; hideRect();
+    if (Math.hypot(e.clientX - s.x, e.clientY - s.y) < MIN) return;
+    suppress = true; setTimeout(() => { suppress = false; }, 400);
+    const [x0, y0] = toPx(s.img, s.x, s.y), [x1, y1] = toPx(s.img, e.clientX, e.clientY);
+    const box = document.querySelector('#kiln-box-input textarea, #kiln-box-input input');
+    const btn = document.querySelector('#kiln-box-btn');
+    if (!box || !btn) return;
+    const proto = box.tagName === 'TEXTAREA' ? HTMLTextAreaElement.prototype : HTMLInputElement.prototype;
+    Object.getOwnPropertyDescriptor(proto, 'value').set.call(box,
+      [x0, y0, x1, y1].map((v) => v.toFixed(1)).join(','));
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+    setTimeout(() => btn.click(), 50);
+  }, true);
+  document.addEventListener('click', (e) => {
+    if (suppress && target(e)) { suppress = false; e.stopPropagation(); e.preventDefault(); }
+  }, true);
+}
+"""
+
+
+class NamedDownloadButton(gr.DownloadButton):
+    """A download button whose value may be ``(path, download name)``: the browser saves the
+    file under that name while the URL keeps the published name the server's guard knows."""
+
+    def postprocess(self, value):
+        if isinstance(value, (tuple, list)) and len(value) == 2:
+            from gradio.data_classes import FileData
+
+            return FileData(path=str(value[0]), orig_name=str(value[1]))
+        return super().postprocess(value)
+
+
+class NamedFiles(gr.File):
+    """A file list whose value is ``[(path, download name), …]`` (see NamedDownloadButton)."""
+
+    def postprocess(self, value):
+        if isinstance(value, list) and value and isinstance(value[0], (tuple, list)):
+            from gradio.data_classes import FileData, ListFiles
+
+            return ListFiles(root=[FileData(path=str(p), orig_name=str(n), size=Path(p).stat().st_size)
+                                   for p, n in value])
+        return super().postprocess(value)
 
 TEXTURE_SIZES = [256, 512, 1024, 2048]
 GPU_GROUP = "gpu"
@@ -80,14 +167,20 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
         alpha_vis = gr.update(visible=bool(st.image and st.image.has_alpha), value=st.use_alpha)
         return H.render_overlay(st), H.mask_summary(st), alpha_vis
 
+    def busy(session: str) -> bool:
+        """This tab has a Generate waiting or a job running."""
+        return bool(ctx.active.get(session)) or session in ctx.active.pending
+
     def on_upload(path, request: gr.Request):
-        """-> (canvas, mask info, alpha checkbox, file box). A refused file is
-        taken out of the file box so the drop zone is back, and the reason stays shown."""
+        """-> (canvas, mask info, alpha checkbox, file box, progress, mask file box). A refused
+        file is taken out of the file box so the drop zone is back, and the reason stays shown.
+        A new image clears the last job's text (unless this tab's job still runs) and the mask file."""
         session, client = session_of(request), client_of(request)
+        fresh = gr.skip() if busy(session) else H.progress_html()
         with ctx.sessions.edit(session, client) as (_, save):
             if not path:
                 save(H.SessionState())
-                return (*view(H.SessionState()), gr.skip())
+                return (*view(H.SessionState()), gr.skip(), fresh, None)
             try:
                 ctx.sessions.admit(session, client, Path(path).stat().st_size)
                 with ctx.decodes:   # a 40 MP decode takes ~160 MB for a moment
@@ -98,9 +191,9 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                 gr.Warning(text)
                 save(H.SessionState())
                 return (None, f"**Cannot use this file:** {html.escape(text)}",
-                        gr.update(visible=False, value=False), None)
+                        gr.update(visible=False, value=False), None, fresh, None)
         H.prepare_segmenter(st, ctx.segmenter)
-        return (*view(st), gr.skip())
+        return (*view(st), gr.skip(), fresh, None)
 
     # every click writes an overlay JPEG into Gradio's folder: sweep hourly, keep a day
     with gr.Blocks(title="Kiln — photo to 3D", delete_cache=(3600, 86400)) as demo:
@@ -111,18 +204,29 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             with gr.Column(scale=1):
                 upload = gr.File(label=f"Image (PNG, JPEG, WebP, TIFF…; {upload_limits})", file_types=["image"],
                                  file_count="single", type="filepath", elem_id="kiln-upload", height=110)
-                canvas = gr.Image(label="Click the object (green = object, red = background)",
+                canvas = gr.Image(label="Click the object or drag a box around it "
+                                        "(green = object, red = background)",
                                   interactive=False, type="numpy", format="jpeg", elem_id="kiln-canvas",
                                   buttons=["fullscreen"], height=460)
                 mask_md = gr.Markdown(H.mask_summary(H.SessionState()), elem_id="kiln-mask-info")
                 with gr.Row():
                     background = gr.Checkbox(label="Background clicks", value=False, elem_id="kiln-bg")
+                    show_mask = gr.Checkbox(label="Show selection", value=True, elem_id="kiln-show-mask",
+                                            info="off: the photo alone")
                     use_alpha = gr.Checkbox(label="Use transparency as mask", value=False, visible=False,
                                             elem_id="kiln-alpha")
                 with gr.Row():
-                    undo_btn = gr.Button("Undo click", size="sm", elem_id="kiln-undo")
-                    clear_btn = gr.Button("Clear clicks", size="sm", elem_id="kiln-clear")
-                upload_outputs = [canvas, mask_md, use_alpha, upload]
+                    undo_btn = gr.Button("Undo", size="sm", elem_id="kiln-undo")
+                    clear_btn = gr.Button("Clear selection", size="sm", elem_id="kiln-clear")
+                mask_file = gr.File(label="Or a mask file (same size as the image; alpha or white = object)",
+                                    file_types=["image"], file_count="single", type="filepath",
+                                    elem_id="kiln-mask-file", height=90)
+                # the drag-a-box script (BOX_JS) writes "x0,y0,x1,y1" here and presses the button
+                box_input = gr.Textbox(elem_id="kiln-box-input", elem_classes=["kiln-hidden"],
+                                       show_label=False, container=False)
+                box_btn = gr.Button("box", elem_id="kiln-box-btn", elem_classes=["kiln-hidden"])
+                progress = gr.HTML(H.progress_html(), elem_id="kiln-progress-box", render=False)
+                upload_outputs = [canvas, mask_md, use_alpha, upload, progress, mask_file]
                 if examples:
                     captions = dict(EXAMPLES)
                     gr.Examples(examples=[[str(p)] for p in examples], inputs=[upload],
@@ -141,9 +245,11 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                     with gr.Row():
                         tex_choices = ["auto"] + sorted((set(TEXTURE_SIZES) | {s.bake.texture_size}) - {"auto"})
                         texture = gr.Dropdown(label="Texture size", choices=tex_choices,
-                                              value=s.bake.texture_size, elem_id="kiln-texture")
+                                              value=s.bake.texture_size, elem_id="kiln-texture",
+                                              interactive=s.bake.enabled)
                         mode = gr.Radio(label="Bake mode", choices=["fast", "opt"], value=s.bake.mode,
-                                        elem_id="kiln-mode", info="fast: back-projection; opt: optimised")
+                                        elem_id="kiln-mode", info="fast: back-projection; opt: optimised",
+                                        interactive=s.bake.enabled)
                     views = gr.Slider(label="Bake views", minimum=1, maximum=64, step=1,
                                       value=s.views.count, elem_id="kiln-views")
                     simplify = gr.Slider(label="Simplify ratio (fraction of faces removed)", minimum=0.0,
@@ -152,17 +258,17 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                     seed = gr.Number(label="Seed", value=s.seed, precision=0, minimum=0, elem_id="kiln-seed")
                 with gr.Row():
                     generate_btn = gr.Button("Generate", variant="primary", elem_id="kiln-generate")
-                    cancel_btn = gr.Button("Cancel", variant="stop", elem_id="kiln-cancel")
-                progress = gr.HTML(H.progress_html(), elem_id="kiln-progress-box")
+                    cancel_btn = gr.Button("Cancel", variant="stop", elem_id="kiln-cancel", interactive=False)
+                progress.render()
                 model = gr.Model3D(label="Result", elem_id="kiln-model", height=420,
                                    clear_color=(0.93, 0.93, 0.95, 1.0))
                 with gr.Row():
-                    glb_btn = gr.DownloadButton("Download GLB", visible=False, elem_id="kiln-dl-glb")
-                    ply_btn = gr.DownloadButton("Download Gaussians (.ply)", visible=False, elem_id="kiln-dl-ply")
+                    glb_btn = NamedDownloadButton("Download GLB", visible=False, elem_id="kiln-dl-glb")
+                    ply_btn = NamedDownloadButton("Download Gaussians (.ply)", visible=False, elem_id="kiln-dl-ply")
                 with gr.Accordion("History (this session)", open=False):
-                    history_md = gr.Markdown(H.history_markdown([]), elem_id="kiln-history")
-                    history_files = gr.File(label="Earlier results", file_count="multiple",
-                                            interactive=False, elem_id="kiln-history-files")
+                    history_md = gr.HTML(H.history_html([]), elem_id="kiln-history")
+                    history_files = NamedFiles(label="Earlier results", file_count="multiple",
+                                               interactive=False, elem_id="kiln-history-files")
 
         timer = gr.Timer(2.0)
         settings_inputs = [bake, simplify, texture, views, mode, seed, ply]
@@ -191,6 +297,33 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
         def on_alpha(on, request: gr.Request):
             return edit_session(request, lambda st: H.set_use_alpha(st, bool(on)))
 
+        def on_show_mask(on, request: gr.Request):
+            return edit_session(request, lambda st: H.set_show_mask(st, bool(on)))
+
+        def on_box(text, request: gr.Request):
+            try:
+                x0, y0, x1, y1 = (float(v) for v in str(text).split(","))
+            except ValueError:
+                return (gr.skip(),) * 3
+            return edit_session(request, lambda st: H.set_box(st, x0, y0, x1, y1, ctx.segmenter))
+
+        def on_mask_file(path, request: gr.Request):
+            """-> (canvas, mask info, alpha checkbox, mask file box); a refused file leaves the
+            box empty and says why under the image."""
+            if not path:
+                return (*edit_session(request, H.clear_clicks), gr.skip())
+            with ctx.sessions.edit(session_of(request), client_of(request)) as (st, save):
+                try:
+                    with ctx.decodes:   # the mask file is decoded at full size
+                        st = H.set_mask_file(st, path, s.app, name=Path(path).name)
+                    save(st)
+                except H.UIError as e:
+                    text = H.public_text(str(e))
+                    gr.Warning(text)
+                    canvas_v, _, alpha_v = view(st)
+                    return canvas_v, f"**Cannot use this mask:** {html.escape(text)}", alpha_v, None
+            return (*view(st), gr.skip())
+
         def on_upload_cleared(request: gr.Request):
             ctx.sessions.drop(session_of(request))
             return view(H.SessionState())
@@ -204,19 +337,37 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
         undo_btn.click(on_undo, None, seg_outputs, **seg_kw)
         clear_btn.click(on_clear, None, seg_outputs, **seg_kw)
         use_alpha.input(on_alpha, [use_alpha], seg_outputs, **seg_kw)
+        show_mask.input(on_show_mask, [show_mask], seg_outputs, **seg_kw)
+        box_btn.click(on_box, [box_input], seg_outputs, **seg_kw)
+        mask_file.upload(on_mask_file, [mask_file], seg_outputs + [mask_file], **seg_kw)
+        mask_file.clear(on_mask_file, [mask_file], seg_outputs + [mask_file], **seg_kw)
+        demo.load(None, None, None, js=BOX_JS)
+        # texture size and bake mode mean nothing without baking
+        bake.change(lambda on: (gr.update(interactive=bool(on)),) * 2, [bake], [texture, mode],
+                    queue=False, show_progress="hidden")
 
         # -- jobs ------------------------------------------------------------
         # Gradio 6.31's Model3D never mounts its viewer when a generator sets its value, so
         # run_job streams only the progress bar and leaves the outcome (bar, files, history)
         # in ctx.outcomes (by session name, not in a gr.State) for one plain .then() handler.
-        result_outputs = [progress, model, glb_btn, ply_btn, history_md, history_files]
+        idle_buttons = (gr.update(value="Generate", interactive=True), gr.update(interactive=False))
+        result_outputs = [progress, model, glb_btn, ply_btn, history_md, history_files,
+                          generate_btn, cancel_btn]
+        job_info: dict[str, H.JobInfo] = {}     # job id -> image name and thumbnail
+        pressed_at: dict[str, float] = {}       # session -> when its Generate was pressed
 
         def history(session: str):
             if ctx.sup is None:
-                return H.history_markdown([]), []
+                return H.history_html([]), []
             statuses = ctx.sup.jobs(session)
-            return (H.history_markdown(statuses, ctx.summaries),
-                    H.history_files(session, statuses, ctx.publisher) or None)
+            return (H.history_html(statuses, ctx.summaries, job_info),
+                    H.history_files(session, statuses, ctx.publisher, job_info) or None)
+
+        def download_value(session: str, job_id: str, path: str):
+            """(path, '<image-name>-<n>.<ext>') for a download button."""
+            statuses = ctx.sup.jobs(session) if ctx.sup is not None else []
+            stem = H.result_stems(statuses, job_info).get(job_id)
+            return path, H.download_name(stem, Path(path))
 
         def check_before_queue(bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on,
                                request: gr.Request):
@@ -238,11 +389,13 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                 raise refusal(f"The job queue is full ({waiting} waiting); try again in a few minutes.")
             ctx.active.set_pending(session, True)
             ctx.outcomes.pop(session, None)   # a run_job cancelled early must not re-show the last one
+            pressed_at[session] = time.time()
             note = "Starting…"
             if running + waiting >= ctx.workers:
                 note = "Waiting for a free worker" + (f" ({waiting} other jobs waiting)…" if waiting else "…")
             hidden = gr.update(visible=False)
-            return H.progress_html(note=note), None, hidden, hidden
+            return (H.progress_html(note=note), None, hidden, hidden,
+                    gr.update(value="Running…", interactive=False), gr.update(interactive=True))
 
         def run_job(bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on, request: gr.Request):
             """Yields the progress bar; leaves the outcome in ctx.outcomes for show_outcome."""
@@ -250,13 +403,20 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             last = None
             try:
                 # pending (for Cancel) until follow_job submits the job, e.g. while the pool starts
+                st_now = ctx.sessions.get(session)
+                info = None
+                if st_now.image is not None:
+                    info = H.JobInfo(st_now.image.name, H.thumbnail_uri(st_now.image.work))
                 with ctx.decodes:   # the full-size image is decoded again for the job
-                    request_ = H.job_request(ctx.sessions.get(session), s, bake_on, ratio, tex,
+                    request_ = H.job_request(st_now, s, bake_on, ratio, tex,
                                              n_views, bake_mode, seed_v, ply_on)
+                del st_now
                 # follow_job lets go of the full-size arrays once the job store has them
                 steps = H.follow_job(ctx, session, *request_)
                 del request_
                 for note, last in steps:
+                    if last is not None and info is not None and last.id not in job_info:
+                        job_info[last.id] = info
                     if last is None:
                         yield H.progress_html(note=note)
                     elif not last.terminal:
@@ -277,24 +437,30 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                     log.exception("publishing %s failed", last.id)
                     note = f"the result could not be prepared for download: {H.public_text(str(e))}"
             hist_md, hist_files = history(session)
-            ctx.outcomes[session] = {"progress": H.progress_html(last, note=note),
-                                     "history": (hist_md, hist_files),
+            # the wait in Gradio's queue before the job was submitted counts in "Done in"
+            waited = max(0.0, (last.created or 0.0) - pressed_at.pop(session, last.created or 0.0))
+            ctx.outcomes[session] = {"progress": H.progress_html(last, note=note, waited_s=waited),
+                                     "history": (hist_md, hist_files), "job": last.id,
                                      **{kind: str(path) for kind, path in files.items()}}
             yield gr.skip()
 
         def show_outcome(request: gr.Request):
-            out = ctx.outcomes.pop(session_of(request), None)
+            session = session_of(request)
+            out = ctx.outcomes.pop(session, None)
             if not out:
-                return (gr.skip(),) * len(result_outputs)
+                return (gr.skip(),) * (len(result_outputs) - 2) + idle_buttons
             glb, plyf = out.get("glb"), out.get("ply")
             hist_md, hist_files = out.get("history", (gr.skip(), gr.skip()))
+            job = out.get("job", "")
             return (out["progress"], glb or gr.skip(),
-                    gr.update(value=glb, visible=True) if glb else gr.update(visible=False),
-                    gr.update(value=plyf, visible=True) if plyf else gr.update(visible=False),
-                    hist_md, hist_files)
+                    gr.update(value=download_value(session, job, glb), visible=True) if glb
+                    else gr.update(visible=False),
+                    gr.update(value=download_value(session, job, plyf), visible=True) if plyf
+                    else gr.update(visible=False),
+                    hist_md, hist_files, *idle_buttons)
 
         gen_event = generate_btn.click(
-            check_before_queue, settings_inputs, [progress, model, glb_btn, ply_btn],
+            check_before_queue, settings_inputs, [progress, model, glb_btn, ply_btn, generate_btn, cancel_btn],
             concurrency_id="check", concurrency_limit=None, show_progress="hidden",
         ).success(
             run_job, settings_inputs, [progress],
@@ -305,11 +471,12 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
         def on_cancel(request: gr.Request):
             session = session_of(request)
             job_ids = ctx.active.get(session)
+            pressed_at.pop(session, None)
             if not job_ids or ctx.sup is None:
                 if ctx.active.take_pending(session):
                     # the Generate still waiting in Gradio's queue is dropped by `cancels=` below
-                    return H.progress_html(note="Cancelled before it started.")
-                return H.progress_html(note="Nothing to cancel.")
+                    return H.progress_html(note="Cancelled before it started."), *idle_buttons
+                return H.progress_html(note="Nothing to cancel."), *idle_buttons
             for job_id in job_ids:
                 ctx.sup.cancel(job_id)
             deadline = time.monotonic() + 8
@@ -317,9 +484,10 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             while not st.terminal and time.monotonic() < deadline:
                 time.sleep(0.1)
                 st = ctx.sup.status(job_ids[-1])
-            return H.progress_html(st)
+            return H.progress_html(st), *idle_buttons
 
-        cancel_btn.click(on_cancel, None, [progress], cancels=[gen_event], queue=False)
+        cancel_btn.click(on_cancel, None, [progress, generate_btn, cancel_btn], cancels=[gen_event],
+                         queue=False)
 
         # -- status line, history on load ------------------------------------
         def on_status():

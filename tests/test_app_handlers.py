@@ -4,6 +4,7 @@ errors shown to the person, results only for their own session, safe server flag
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 import logging
 import time
 
@@ -12,12 +13,14 @@ import pytest
 from PIL import Image
 
 from app import handlers as H
-from app.segment import GrabCutSegmenter, image_key, keep_clicked_components
+from app.segment import GrabCutSegmenter, box_mask, image_key, keep_clicked_components
 from kiln.settings import AppSettings, Settings
 from synthetic import make_object_image
 from worker.jobstore import JobStatus
 
 APP = AppSettings()
+# the form's values in ui_overrides' order: bake, simplify, texture, views, mode, seed, ply
+FORM = (False, 0.95, 512, 8, "fast", 0, False)
 
 
 def _png(arr: np.ndarray, mode: str | None = None) -> bytes:
@@ -160,10 +163,20 @@ def test_overlay_shows_mask_and_clicks(seg, blob):
     st = H.add_click(st, 10, 10, True, seg)
     ov = H.render_overlay(st)
     assert ov.shape == rgb.shape and ov.dtype == np.uint8
-    # background dimmed, object tinted towards blue, click dots drawn in green / red
-    assert ov[30, 240].sum() < rgb[30, 240].sum()
-    inside = st.mask & (np.hypot(*np.mgrid[0:256, 0:256] - 128) > 30)
-    assert (ov[inside][:, 2].astype(int) - rgb[inside][:, 2]).mean() > 5
+    # the object keeps the photo's colours exactly (away from the click dots), the
+    # background is dimmed, the edge is drawn outside the object, dots green / red
+    assert ov[30, 240].sum() < 0.5 * rgb[30, 240].sum()
+    away = np.hypot(*np.mgrid[0:256, 0:256] - 128) > 20
+    away &= np.hypot(*np.mgrid[0:256, 0:256] - 10) > 20
+    assert np.array_equal(ov[st.mask & away], rgb[st.mask & away])
+    import cv2
+    def grown(r):
+        return cv2.dilate(st.mask.astype(np.uint8), np.ones((2 * r + 1, 2 * r + 1), np.uint8)).astype(bool)
+    # a light line right at the edge with a dark one around it: the edge reads on any background
+    light, dark = ov[grown(1) & ~st.mask & away], ov[grown(2) & ~grown(1) & away]
+    assert (light.min(1) > 225).mean() > 0.8 and (dark.max(1) < 30).mean() > 0.6
+    photo_alone = H.render_overlay(H.set_show_mask(st, False))
+    assert np.array_equal(photo_alone, st.image.work)
     g = ov[128, 128]
     assert g[1] > 150 and g[0] < 120
     r = ov[10, 10]
@@ -190,17 +203,16 @@ def test_settings_from_the_form():
     # everything else stays as configured
     assert s.reconstruct == base.reconstruct and s.worker == base.worker
     assert "vertex colours" in H.settings_summary(s) and "+ply" in H.settings_summary(s)
-    with pytest.raises(H.UIError, match="mesh.simplify_ratio"):
+    with pytest.raises(H.UIError, match="^Simplify ratio: 1.5 is out of range"):
         H.job_settings(base, H.ui_overrides(True, 1.5, 1024, 16, "opt", 0, False))
-    with pytest.raises(H.UIError, match="bake.texture_size.*power of two"):
+    with pytest.raises(H.UIError, match="^Texture size: .*power of two"):
         H.job_settings(base, H.ui_overrides(True, 0.9, 768, 16, "opt", 0, False))
-    with pytest.raises(H.UIError, match="seed"):
+    with pytest.raises(H.UIError, match="^Seed: "):
         H.job_settings(base, H.ui_overrides(True, 0.9, 1024, 16, "opt", -4, False))
 
 
 def test_job_inputs_refuse_empty_and_full_masks(blob):
     st = H.load_upload(_png(blob[0]), APP)
-    from dataclasses import replace
     tiny = np.zeros((256, 256), bool)
     tiny[0, :5] = True
     with pytest.raises(H.UIError, match="only 5 pixels"):
@@ -222,6 +234,11 @@ def test_progress_html_names_stage_and_escapes_reasons():
     done = JobStatus(id="x", session="web-a", state="done", progress=1.0, timings={"total_s": 12.3},
                      stats={"reconstruction_cached": True})
     assert "Done in 12.3 s" in H.progress_html(done) and "reused from cache" in H.progress_html(done)
+    # the wait in the page's queue and the job store's queue both count
+    waited = replace(done, timings={"total_s": 12.3, "queued_s": 2.0})
+    assert "Done in 15.3 s (5.0 s of it waiting for a worker)" in H.progress_html(waited, waited_s=3.0)
+    cancelled = JobStatus(id="c", session="web-a", state="cancelled", error="cancelled by user")
+    assert "Cancelled by user" in H.progress_html(cancelled)
     assert 'data-state="idle"' in H.progress_html()
 
 
@@ -439,8 +456,17 @@ def test_results_are_published_per_session_outside_the_job_store(tmp_path):
     with pytest.raises(H.UIError, match="another session"):
         pub.publish("web-a", b)
     hist_a = H.history_files("web-a", [a, b], pub)
-    assert hist_a == [str(fa["glb"]), str(fa["ply"])]
-    assert all("bbbbbb" not in p for p in hist_a)
+    assert [p for p, _ in hist_a] == [str(fa["glb"]), str(fa["ply"])]
+    assert all("bbbbbb" not in p for p, _ in hist_a)
+    # with the image's name known, results download as <image-name>-<n>.<ext>
+    a2 = replace(a, id="20260101-000002-dddddd", created=a.created + 5)
+    infos = {a.id: H.JobInfo("My photo.png", "data:image/jpeg;base64,xx"),
+             a2.id: H.JobInfo("My photo.png")}
+    assert H.result_stems([a2, a], infos) == {a.id: "My_photo-1", a2.id: "My_photo-2"}
+    assert [n for _, n in H.history_files("web-a", [a], pub, infos)] == ["My_photo-1.glb", "My_photo-1.ply"]
+    page = H.history_html([a, a2], {a.id: "vertex colours"}, infos)
+    assert page.index("dddddd") < page.index("aaaaaa") and "My photo.png" in page
+    assert 'src="data:image/jpeg;base64,xx"' in page and "My_photo-2.glb" in page
     failed = JobStatus(id="20260101-000001-cccccc", session="web-a", state="failed", error="boom | bad",
                        created=time.time() + 1)
     md = H.history_markdown([a, failed], {a.id: "texture 512px fast"})
@@ -460,7 +486,11 @@ def test_status_line():
     line = H.status_line(caps, "GrabCut — no SAM2 checkpoint", running=1, waiting=2)
     assert "CPU" in line and "moderngl" in line and "gsplat" not in line
     assert "1 running, 2 waiting" in line and "GrabCut — no SAM2 checkpoint" in line
-    assert "workers starting" in H.status_line({}, "GrabCut", 0, 0)
+    assert "workers starting" in H.status_line({}, "GrabCut", 0, 0).lower()
+    # plain words first, the technical detail folded away
+    plain, detail = line.split("<details", 1)
+    assert "CPU only" in plain and "using GrabCut: drag a box" in plain and "moderngl" not in plain
+    assert "Backends" in detail
 
 
 def test_active_jobs_per_session():
@@ -730,3 +760,89 @@ def test_served_app_guards_files_and_uploads_frees_workers_and_stays_off_cuda(tm
     assert out["sup_error"] is None and out["caps"]["device"] == "cpu"
     assert out["pipeline_modules"] == [], "the app process imported pipeline/"
     assert out["cuda_initialized"] is False
+
+
+def test_box_prompt_selects_the_object_and_keeps_clicks(seg, blob):
+    rgb, gt = blob
+    st = H.load_upload(_png(rgb), APP)
+    ys, xs = np.nonzero(gt)
+    st = H.set_box(st, xs.max() + 6, ys.max() + 6, xs.min() - 6, ys.min() - 6, seg)   # any corner order
+    assert st.box[0] < st.box[2] and st.box[1] < st.box[3] and st.clicks == ()
+    iou = (st.mask & gt).sum() / (st.mask | gt).sum()
+    assert iou > 0.8, iou
+    assert not (st.mask & ~box_mask(st.mask.shape, st.box)).any(), "nothing outside the box"
+    st = H.add_click(st, 5, 5, True, seg)       # a click keeps the box
+    assert st.box is not None and len(st.clicks) == 1
+    st = H.undo_click(st, seg)
+    assert st.box is not None and st.clicks == ()
+    st = H.undo_click(st, seg)
+    assert st.box is None and st.mask is None
+    with pytest.raises(H.UIError, match="too small"):
+        H.set_box(st, 10, 10, 12, 12, seg)
+    assert "and a box" in H.mask_summary(H.set_box(st, xs.min(), ys.min(), xs.max(), ys.max(), seg))
+
+
+def test_tiny_and_scattered_masks_warned_and_specks_refused(blob):
+    rgb, _ = blob
+    st = H.load_upload(_png(rgb), APP)
+    tiny = np.zeros((256, 256), bool)
+    tiny[100:106, 100:106] = True           # 36 px: 0.05 % -> a speck
+    st_tiny = replace(st, mask=tiny, clicks=((102.0, 102.0, 1),))
+    assert "tiny" in H.mask_summary(st_tiny)
+    with pytest.raises(H.UIError, match="speck"):
+        H.check_job_request(st_tiny, Settings(), *FORM)
+    small = np.zeros((256, 256), bool)
+    small[100:112, 100:112] = True          # 144 px: 0.22 % -> warned, allowed
+    st_small = replace(st, mask=small, clicks=((105.0, 105.0, 1),))
+    assert "tiny" in H.mask_summary(st_small)
+    H.check_job_request(st_small, Settings(), *FORM)
+    pieces = np.zeros((256, 256), bool)
+    for i in range(6):
+        pieces[20 + 35 * i:40 + 35 * i, 20:60] = True
+    assert "6 pieces" in H.mask_summary(replace(st, mask=pieces, clicks=((30.0, 30.0, 1),)))
+    assert "⚠" not in H.mask_summary(replace(st, mask=np.pad(np.ones((100, 100), bool), 78),
+                                             clicks=((128.0, 128.0, 1),)))
+
+
+def test_validation_errors_name_the_field(blob):
+    rgb, gt = blob
+    st = replace(H.load_upload(_png(rgb), APP), mask=gt)
+    form = list(FORM)
+    form[5] = -1    # seed
+    with pytest.raises(H.UIError, match=r"^Seed: -1 is out of range"):
+        H.check_job_request(st, Settings(), *form)
+    form = list(FORM)
+    form[3] = 0     # views
+    with pytest.raises(H.UIError, match=r"^Bake views: 0 is out of range"):
+        H.check_job_request(st, Settings(), *form)
+
+
+def test_mask_file_on_the_page(tmp_path, blob):
+    """An RGBA mask file whose alpha marks the object and whose colour is noise is read by
+    its alpha; a wrong size, an empty or full mask are refused naming the file."""
+    rgb, gt = blob
+    st = H.load_upload(_png(rgb), APP, name="photo.png")
+    rng = np.random.default_rng(0)
+    rgba = np.dstack([rng.integers(0, 256, (256, 256, 3), dtype=np.uint8), gt.astype(np.uint8) * 255])
+    path = tmp_path / "m.png"
+    Image.fromarray(rgba, "RGBA").save(path)
+    st2 = H.set_mask_file(st, path, APP, name="m.png")
+    assert np.array_equal(st2.mask, gt) and st2.mask_file == str(path)
+    assert "m.png: read by its alpha channel" in H.mask_summary(st2) and "from mask file" in H.mask_summary(st2)
+    rgb_full, mask_full = H.job_inputs(st2)
+    assert np.array_equal(mask_full, gt)
+    wrong = tmp_path / "wrong.png"
+    Image.fromarray(np.zeros((100, 80), np.uint8)).save(wrong)
+    with pytest.raises(H.UIError, match=r"wrong.png is 80x100 pixels but the image is 256x256"):
+        H.set_mask_file(st, wrong, APP)
+    empty = tmp_path / "empty.png"
+    Image.fromarray(np.zeros((256, 256), np.uint8)).save(empty)
+    with pytest.raises(H.UIError, match="empty.png marks nothing"):
+        H.set_mask_file(st, empty, APP)
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(H.UIError, match="mask file bad.png"):
+        H.set_mask_file(st, bad, APP)
+    # a click goes back to prompting; the alpha-mode switch leaves the file too
+    st3 = H.add_click(st2, 128, 128, True, GrabCutSegmenter())
+    assert st3.mask_file is None and st3.mask_note == ""
