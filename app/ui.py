@@ -255,7 +255,8 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                     simplify = gr.Slider(label="Simplify ratio (fraction of faces removed)", minimum=0.0,
                                          maximum=0.99, step=0.005, value=s.mesh.simplify_ratio,
                                          elem_id="kiln-simplify")
-                    seed = gr.Number(label="Seed", value=s.seed, precision=0, minimum=0, elem_id="kiln-seed")
+                    # no minimum here: Gradio's own refusal would not name the box; job_settings does
+                    seed = gr.Number(label="Seed", value=s.seed, precision=0, elem_id="kiln-seed")
                 with gr.Row():
                     generate_btn = gr.Button("Generate", variant="primary", elem_id="kiln-generate")
                     cancel_btn = gr.Button("Cancel", variant="stop", elem_id="kiln-cancel", interactive=False)

@@ -238,7 +238,15 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
     ctx_b, b = _open(browser, url)
     try:
         # the status line comes from the workers' capability report
+        a.wait_for_function("() => document.querySelector('#kiln-status').innerText.includes('CPU only')")
+        # plain words first; the technical detail one click away
+        assert "Backends" not in a.inner_text("#kiln-status")
+        a.click("#kiln-status summary")
         a.wait_for_function("() => document.querySelector('#kiln-status').innerText.includes('Backends')")
+        # idle: Generate enabled, Cancel not; no baking -> no texture size / bake mode
+        assert a.locator("#kiln-generate").is_enabled() and a.locator("#kiln-cancel").is_disabled()
+        assert a.locator("#kiln-texture input").is_disabled()
+        assert a.locator("#kiln-mode input").first.is_disabled()
 
         # -- A: Generate before an upload says why nothing happens ----------------
         a.click("#kiln-generate")
@@ -251,9 +259,26 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         shown = _shown_image(a).astype(int)
         assert shown.shape == rgb_a.shape
         inside = gt_a & (np.hypot(*np.mgrid[0:320, 0:320] - 160) > 20)    # away from the click dot
-        assert (shown[inside][:, 2] - rgb_a[inside][:, 2]).mean() > 10, "object not tinted"
+        import cv2
+        core = cv2.erode(gt_a.astype(np.uint8), np.ones((9, 9), np.uint8)).astype(bool) & inside
+        # the object keeps its colours (JPEG noise only); the background is dimmed
+        assert np.abs(shown[core] - rgb_a[core]).mean() < 4, "object recoloured"
+        assert np.abs(shown[core].mean(0) - rgb_a[core].mean(0)).max() < 2, "object tinted"
         assert shown[~gt_a].mean() < 0.6 * rgb_a[~gt_a].mean(), "background not dimmed"
         a.screenshot(path=str(ARTIFACTS / "a1_mask.png"), full_page=True)
+        # "Show selection" off: the photo alone; on again: the selection
+        a.locator("#kiln-show-mask input").uncheck()
+        a.wait_for_function("() => true")
+        deadline = time.monotonic() + 10
+        while np.abs(_shown_image(a).astype(int) - rgb_a).mean() > 6:
+            assert time.monotonic() < deadline, "photo alone not shown"
+            a.wait_for_timeout(200)
+        a.screenshot(path=str(ARTIFACTS / "a1b_photo_alone.png"), full_page=True)
+        a.locator("#kiln-show-mask input").check()
+        deadline = time.monotonic() + 10
+        while _shown_image(a)[~gt_a].mean() > 0.6 * rgb_a[~gt_a].mean():
+            assert time.monotonic() < deadline, "selection not shown again"
+            a.wait_for_timeout(200)
 
         # -- B meanwhile: a broken file is refused with the reason, then its own image
         bad = tmp_path / "broken.png"
@@ -282,6 +307,11 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         b.click("#kiln-generate")
         running = _wait_state(b, ("running", "done", "failed"))
         assert running[0] == "running", running
+        # while its job runs: Generate says Running… and is disabled, Cancel is enabled
+        assert b.locator("#kiln-generate").is_disabled() and "Running" in b.inner_text("#kiln-generate")
+        assert b.locator("#kiln-cancel").is_enabled()
+        assert b.locator("#kiln-texture input").is_enabled()    # baking on
+        b.screenshot(path=str(ARTIFACTS / "b1b_running.png"), full_page=True)
         # while B's job runs, A can still segment: clear and click the same spot again
         # (same clicks -> same mask, so A's next job can reuse its reconstruction)
         mask_before = _shown_image(a)
@@ -293,6 +323,9 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         b.click("#kiln-cancel")
         cancelled = _wait_state(b, ("cancelled", "failed", "done"), timeout=30)
         assert cancelled[0] == "cancelled", cancelled
+        assert "Cancelled by user" in cancelled[2], cancelled
+        b.wait_for_function("() => !document.querySelector('#kiln-generate').disabled")
+        assert b.locator("#kiln-cancel").is_disabled() and "Generate" in b.inner_text("#kiln-generate")
         b.screenshot(path=str(ARTIFACTS / "b2_cancelled.png"), full_page=True)
 
         # -- A: toggle texture baking on, generate again: reconstruction is reused --
@@ -352,8 +385,79 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         job_glb = next((work / "var" / "jobs").glob(f"*/{st2[1]}/outputs/*.glb"))
         resp = a.request.get(url + "gradio_api/file=" + str(job_glb))
         assert resp.status in (403, 404), f"job store file was served: {resp.status}"
+        # -- history entries name the image; the GLB downloads as <image-name>-<n>.glb
+        assert "object_a.png" in a.inner_text("#kiln-history")
+        assert a.locator("#kiln-history img.kiln-thumb").count() >= 2
+        with a.expect_download() as dl:
+            a.click("#kiln-dl-glb")
+        assert dl.value.suggested_filename == "object_a-2.glb", dl.value.suggested_filename
     finally:
         for c in (ctx_a, ctx_b):
             c.close()
         if log_path.exists():
             shutil.copy(log_path, ARTIFACTS / "server.log.txt")
+
+
+def test_box_prompt_and_mask_file(server, browser, tmp_path):
+    """Dragging a rectangle selects the object (a drag adds no click); a new upload clears
+    the last error; an RGBA mask file is read by its alpha."""
+    from synthetic import make_object_image
+
+    url, _, _ = server
+    rgb, gt = make_object_image(320, "ellipse", seed=4)
+    img = _write_png(tmp_path / "boxed.png", rgb)
+    ctx, page = _open(browser, url)
+    try:
+        _upload(page, img)
+        ys, xs = np.nonzero(gt)
+        box = page.locator("#kiln-canvas img").bounding_box()
+        sx, sy = box["width"] / 320, box["height"] / 320
+        # the displayed image is square here, so the element's box is the image
+        x0, y0 = box["x"] + (xs.min() - 8) * sx, box["y"] + (ys.min() - 8) * sy
+        x1, y1 = box["x"] + (xs.max() + 8) * sx, box["y"] + (ys.max() + 8) * sy
+        page.mouse.move(x0, y0)
+        page.mouse.down()
+        page.mouse.move((x0 + x1) / 2, (y0 + y1) / 2, steps=5)
+        page.mouse.move(x1, y1, steps=5)
+        page.screenshot(path=str(ARTIFACTS / "c0_dragging.png"), full_page=True)
+        page.mouse.up()
+        page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('and a box')")
+        info = page.inner_text("#kiln-mask-info")
+        assert "0 object / 0 background clicks and a box" in info, info
+        shown = _shown_image(page).astype(int)
+        core = gt.copy()
+        core[:, :] &= np.hypot(*np.mgrid[0:320, 0:320] - 160) < 40
+        assert np.abs(shown[core] - rgb[core]).mean() < 4, "object recoloured"
+        assert shown[~gt].mean() < 0.6 * rgb[~gt].mean(), "background not dimmed"
+        page.screenshot(path=str(ARTIFACTS / "c1_box.png"), full_page=True)
+        # a click afterwards is a click, and keeps the box
+        _click_image(page, 0.5, 0.5, "1 object / 0 background clicks and a box")
+
+        # a bad setting is refused naming its field
+        page.locator("#kiln-seed input").fill("-3")
+        page.locator("#kiln-seed input").press("Tab")
+        page.click("#kiln-generate")
+        _wait_toast(page, "Seed:")
+        page.locator("#kiln-seed input").fill("0")
+        page.locator("#kiln-seed input").press("Tab")
+
+        # a mask of the wrong size is refused naming the file
+        wrong = tmp_path / "wrong_size.png"
+        Image.fromarray(np.zeros((50, 60), np.uint8)).save(wrong)
+        page.set_input_files("#kiln-mask-file input[type=file]", str(wrong))
+        page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('Cannot use this mask')")
+        assert "wrong_size.png is 60x50 pixels" in page.inner_text("#kiln-mask-info")
+        page.screenshot(path=str(ARTIFACTS / "c2_mask_refused.png"), full_page=True)
+        # the refused file left the box: the drop zone is back
+        page.wait_for_selector("#kiln-mask-file input[type=file]", state="attached")
+        # an RGBA mask file: alpha = object, colour channels noise
+        rng = np.random.default_rng(1)
+        rgba = np.dstack([rng.integers(0, 256, (320, 320, 3), dtype=np.uint8), gt.astype(np.uint8) * 255])
+        mpath = tmp_path / "rgba_mask.png"
+        Image.fromarray(rgba, "RGBA").save(mpath)
+        page.set_input_files("#kiln-mask-file input[type=file]", str(mpath))
+        page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('alpha channel')")
+        assert "from mask file" in page.inner_text("#kiln-mask-info")
+        page.screenshot(path=str(ARTIFACTS / "c3_mask_file.png"), full_page=True)
+    finally:
+        ctx.close()
