@@ -38,6 +38,10 @@ PLAN = FaultPlan([
     "segv@mesh:attempt=1:session=flaky",
     "segv@reconstruct:session=poison",
     "freeze@bake:attempt=1:session=freeze-bake",
+    # sessions whose job must still be in its bake when the test acts on it, however fast
+    # the bake is: it sleeps there until its worker is killed or cancelled
+    "hang@bake:session=victim",
+    "hang@bake:session=cancel-running",
 ])
 
 JOB_TIMEOUT = 120
@@ -192,7 +196,7 @@ def wait_for_stage(sup, job_id, stage, timeout=JOB_TIMEOUT):
 
 def test_worker_killed_from_outside_mid_job(env):
     sup = env.sup
-    victim = sup.submit(*image(), no_retry(bake__steps=2000), session="victim")
+    victim = sup.submit(*image(), no_retry(), session="victim")
     wait_for_stage(sup, victim, "bake")
     pid = sup.workers()[0]["pid"]
     os.kill(pid, signal.SIGKILL)
@@ -270,7 +274,7 @@ def test_a_long_native_call_holding_the_gil_is_not_taken_for_a_frozen_worker(tmp
 def test_cancel_queued_and_running_jobs(env):
     sup = env.sup
     pid0 = worker_pid(sup)
-    running = sup.submit(*image(), small_settings(bake__steps=2000), session="cancel")
+    running = sup.submit(*image(), small_settings(), session="cancel-running")
     waiting = sup.submit(*image(), small_settings(), session="cancel")
     doomed = sup.submit(*image(), small_settings(), session="cancel")
     assert sup.cancel(doomed)

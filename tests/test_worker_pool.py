@@ -63,12 +63,14 @@ def test_one_worker_per_visible_gpu_and_a_crash_stays_in_its_worker(tmp_path, mo
 SERVER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
+    from worker.faults import FaultPlan
     from worker.supervisor import Supervisor
     from worker_helpers import image, small_settings
 
     if __name__ == "__main__":
-        sup = Supervisor(small_settings(), {jobs!r}, None).start()
-        job = sup.submit(*image(), small_settings(bake__steps=3000))
+        # the job sleeps in its bake, so it is surely mid-bake when the server is killed
+        sup = Supervisor(small_settings(), {jobs!r}, None, faults=FaultPlan(["hang@bake"])).start()
+        job = sup.submit(*image(), small_settings())
         for ev in sup.follow(job):
             if ev.stage == "bake":
                 break
@@ -105,8 +107,10 @@ def test_server_killed_mid_job_orphan_worker_exits_and_job_is_recovered(tmp_path
 
 
 def test_shutdown_ends_running_and_queued_jobs_with_a_reason(tmp_path):
-    sup = Supervisor(small_settings(), tmp_path / "jobs", None).start()
-    running = sup.submit(*image(), small_settings(bake__steps=3000))
+    # the running job hangs in render_views, so shutdown always finds it there
+    sup = Supervisor(small_settings(), tmp_path / "jobs", None,
+                     faults=FaultPlan(["hang@render_views:session=running"])).start()
+    running = sup.submit(*image(), small_settings(), session="running")
     queued = sup.submit(*image(), small_settings())
     for ev in sup.follow(running, timeout=60):
         if ev.stage == "render_views":
