@@ -328,7 +328,10 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
         # Gradio 6.31's Model3D never mounts its viewer when a generator sets its value, so
         # run_job streams only the progress bar and leaves the outcome (bar, files, history)
         # in ctx.outcomes (by session name, not in a gr.State) for one plain .then() handler.
-        idle_buttons = (gr.update(value="Generate", interactive=True), gr.update(interactive=False))
+        def idle_buttons():
+            # fresh dicts each time: Gradio consumes an update's keys as it applies it, so a
+            # shared tuple came back without its value and left the button saying "Running…"
+            return (gr.update(value="Generate", interactive=True), gr.update(interactive=False))
         result_outputs = [progress, model, glb_btn, ply_btn, history_md, history_files,
                           generate_btn, cancel_btn]
         job_info: dict[str, H.JobInfo] = {}     # job id -> image name and thumbnail
@@ -427,7 +430,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             session = session_of(request)
             out = ctx.outcomes.pop(session, None)
             if not out:
-                return (gr.skip(),) * (len(result_outputs) - 2) + idle_buttons
+                return (gr.skip(),) * (len(result_outputs) - 2) + idle_buttons()
             glb, plyf = out.get("glb"), out.get("ply")
             hist_md, hist_files = out.get("history", (gr.skip(), gr.skip()))
             job = out.get("job", "")
@@ -436,7 +439,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                     else gr.update(visible=False),
                     gr.update(value=download_value(session, job, plyf), visible=True) if plyf
                     else gr.update(visible=False),
-                    hist_md, hist_files, *idle_buttons)
+                    hist_md, hist_files, *idle_buttons())
 
         gen_event = generate_btn.click(
             check_before_queue, settings_inputs, [progress, model, glb_btn, ply_btn, generate_btn, cancel_btn],
@@ -454,8 +457,8 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             if not job_ids or ctx.sup is None:
                 if ctx.active.take_pending(session):
                     # the Generate still waiting in Gradio's queue is dropped by `cancels=` below
-                    return H.progress_html(note="Cancelled before it started."), *idle_buttons
-                return H.progress_html(note="Nothing to cancel."), *idle_buttons
+                    return H.progress_html(note="Cancelled before it started."), *idle_buttons()
+                return H.progress_html(note="Nothing to cancel."), *idle_buttons()
             for job_id in job_ids:
                 ctx.sup.cancel(job_id)
             deadline = time.monotonic() + 8
@@ -463,7 +466,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             while not st.terminal and time.monotonic() < deadline:
                 time.sleep(0.1)
                 st = ctx.sup.status(job_ids[-1])
-            return H.progress_html(st), *idle_buttons
+            return H.progress_html(st), *idle_buttons()
 
         cancel_btn.click(on_cancel, None, [progress, generate_btn, cancel_btn], cancels=[gen_event],
                          queue=False)
