@@ -27,12 +27,10 @@ __all__ = ["main", "build_parser", "CliError", "JobFailed", "Cancelled", "Progre
 
 
 def _settings_from_args(args) -> settings_mod.Settings:
-    overrides: dict = {}
-    for item in args.set or []:
-        if "=" not in item:
-            raise CliError(f"--set expects KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        overrides[k.strip()] = v.strip()
+    try:
+        overrides: dict = settings_mod.parse_set(args.set)
+    except settings_mod.SettingsError as e:
+        raise CliError(str(e)) from None
     flag_map = {
         "bake.enabled": args.bake,
         "mesh.simplify_ratio": args.simplify_ratio,

@@ -724,15 +724,8 @@ def main(argv=None) -> int:
     if argv[:1] == ["--"]:   # `kiln doctor -- --json`: the CLI may pass the separator along
         argv = argv[1:]
     args = build_parser().parse_args(argv)
-    overrides = {}
-    for item in args.set or []:
-        if "=" not in item:
-            print(f"kiln doctor: --set expects KEY=VALUE, got {item!r}", file=sys.stderr)
-            return 2
-        k, v = item.split("=", 1)
-        overrides[k.strip()] = v.strip()
     try:
-        settings = settings_mod.load(args.config, overrides)
+        settings = settings_mod.load(args.config, settings_mod.parse_set(args.set))
     except settings_mod.SettingsError as e:
         print(f"kiln doctor: {e}", file=sys.stderr)
         return 2

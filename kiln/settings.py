@@ -159,6 +159,18 @@ class Settings:
         return from_dict(data)
 
 
+def parse_set(items) -> dict[str, str]:
+    """``--set KEY=VALUE`` arguments (any iterable of strings, or None) as an overrides dict
+    for ``load``; values stay text, ``load`` converts and checks them by the key's type."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SettingsError(f"--set expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
 def _coerce(key: str, f: dataclasses.Field, value: Any) -> Any:
     typ = f.type if isinstance(f.type, str) else f.type.__name__
     if f.metadata.get("auto"):

@@ -448,15 +448,8 @@ def main(argv=None) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     args = p.parse_args(argv)
-    overrides = {}
-    for item in args.set or []:
-        if "=" not in item:
-            print(f"kiln selftest: --set expects KEY=VALUE, got {item!r}", file=sys.stderr)
-            return 2
-        k, v = item.split("=", 1)
-        overrides[k.strip()] = v.strip()
     try:
-        settings = settings_mod.load(args.config, overrides)
+        settings = settings_mod.load(args.config, settings_mod.parse_set(args.set))
     except settings_mod.SettingsError as e:
         print(f"kiln selftest: {e}", file=sys.stderr)
         return 2
