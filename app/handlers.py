@@ -594,8 +594,11 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0) -> str:
                 text += f" ({queued:.1f} s of it waiting for a worker)"
         else:
             text = "Done"
-        if (st.stats or {}).get("reconstruction_cached"):
-            text += " (reconstruction reused from cache)"
+        stats = st.stats or {}
+        reused = [what for what, key in (("reconstruction", "reconstruction_cached"),
+                                         ("views", "views_cached")) if stats.get(key)]
+        if reused:
+            text += f" ({' and '.join(reused)} reused from cache)"
         if note:
             text += f"; {note}"
     elif state == "cancelled":

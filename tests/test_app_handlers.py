@@ -234,6 +234,8 @@ def test_progress_html_names_stage_and_escapes_reasons():
     done = JobStatus(id="x", session="web-a", state="done", progress=1.0, timings={"total_s": 12.3},
                      stats={"reconstruction_cached": True})
     assert "Done in 12.3 s" in H.progress_html(done) and "reused from cache" in H.progress_html(done)
+    both = replace(done, stats={"reconstruction_cached": True, "views_cached": True})
+    assert "(reconstruction and views reused from cache)" in H.progress_html(both)
     # the wait in the page's queue and the job store's queue both count
     waited = replace(done, timings={"total_s": 12.3, "queued_s": 2.0})
     assert "Done in 15.3 s (5.0 s of it waiting for a worker)" in H.progress_html(waited, waited_s=3.0)
