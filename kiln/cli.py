@@ -123,9 +123,13 @@ def _run_one(runner, item, got, args) -> int:
     total = time.perf_counter() - t0
     extra = {"worker start": startup, "queued": result["queued"]}
     print(timing_table(result["timings"], total, extra), file=sys.stderr)
-    for k in ("faces", "vertices", "bake_psnr_db", "reconstruction_cached"):
-        if k in result.get("stats", {}):
-            print(f"{k}: {result['stats'][k]}", file=sys.stderr)
+    stats = result.get("stats", {})
+    for k in ("faces", "vertices", "bake_psnr_db", "reconstruction_cached", "views_cached",
+              "texture_size_auto", "photo_pixels_per_texel"):
+        if k in stats:
+            print(f"{k}: {stats[k]}", file=sys.stderr)
+    for w in stats.get("warnings", []):
+        print(f"kiln: warning: {w}", file=sys.stderr)
     out = item.output
     if args.report:
         _write_report(args.report, {"timings": result["timings"], "total_s": total,

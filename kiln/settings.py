@@ -184,14 +184,15 @@ def _coerce(key: str, f: dataclasses.Field, value: Any) -> Any:
             return value.lower() in ("true", "yes", "on", "1")
         raise SettingsError(f"setting '{key}' must be true or false, got {value!r}")
     if typ == "int":
+        integer = "an integer or auto" if f.metadata.get("auto") else "an integer"
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise SettingsError(f"setting '{key}' must be an integer, got {value!r}")
+            raise SettingsError(f"setting '{key}' must be {integer}, got {value!r}")
         try:
             num = float(value)
         except ValueError:
-            raise SettingsError(f"setting '{key}' must be an integer, got {value!r}") from None
+            raise SettingsError(f"setting '{key}' must be {integer}, got {value!r}") from None
         if not math.isfinite(num) or num != int(num):
-            raise SettingsError(f"setting '{key}' must be an integer, got {value!r}")
+            raise SettingsError(f"setting '{key}' must be {integer}, got {value!r}")
         return int(num)
     if typ == "float":
         if isinstance(value, bool):
