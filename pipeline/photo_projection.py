@@ -356,16 +356,21 @@ def _smooth_np(x: np.ndarray) -> np.ndarray:
     return s * s * (3.0 - 2.0 * s)
 
 
-def _texel_density(mesh: Mesh, camera: SourceCamera, texture_size: int) -> np.ndarray:
-    """(F,) float32 full-resolution photo pixels per texel, by area, for each face (0 for
-    faces turned away from the camera). Faces with no UV area count as 0."""
-    v = mesh.vertices.astype(np.float64)
+def _photo_face_area(mesh: Mesh, camera: SourceCamera) -> np.ndarray:
+    """(F,) float64 area of each face in photo pixels; 0 for faces turned away."""
     f = mesh.faces
-    px, _ = camera.project(v)
+    px, _ = camera.project(mesh.vertices.astype(np.float64))
     a = px[f[:, 1]] - px[f[:, 0]]
     b = px[f[:, 2]] - px[f[:, 0]]
     # image y points down: a face turned towards the camera has negative signed area here
-    photo_area = np.maximum(-(a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]) * 0.5, 0.0)
+    return np.maximum(-(a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]) * 0.5, 0.0)
+
+
+def _texel_density(mesh: Mesh, camera: SourceCamera, texture_size: int) -> np.ndarray:
+    """(F,) float32 full-resolution photo pixels per texel, by area, for each face (0 for
+    faces turned away from the camera). Faces with no UV area count as 0."""
+    f = mesh.faces
+    photo_area = _photo_face_area(mesh, camera)
     uv = mesh.uvs.astype(np.float64) * texture_size
     ua = uv[f[:, 1]] - uv[f[:, 0]]
     ub = uv[f[:, 2]] - uv[f[:, 0]]
@@ -423,9 +428,7 @@ def texture_size_for_photo(mesh: Mesh, camera: SourceCamera, default: int = 1024
     """
     v = mesh.vertices.astype(np.float64)
     f = mesh.faces
-    px, _ = camera.project(v)
-    a, b = px[f[:, 1]] - px[f[:, 0]], px[f[:, 2]] - px[f[:, 0]]
-    photo_area = np.maximum(-(a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]) * 0.5, 0.0)
+    photo_area = _photo_face_area(mesh, camera)
     world_area = 0.5 * np.linalg.norm(np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]]), axis=1)
     front = (photo_area > 0) & (world_area > 0)
     if not front.any():
