@@ -16,7 +16,8 @@ from typing import Callable, Optional
 
 from kiln.settings import Settings
 
-from .handlers import ActiveJobs, ResultPublisher
+from .jobs import ActiveJobs
+from .results import ResultPublisher
 from .segment import GrabCutSegmenter, SegmenterChoice, choose_segmenter
 from .sessions import SessionLimits, SessionStore
 

@@ -26,6 +26,9 @@ from urllib.parse import parse_qs
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from . import browser as browser_ids
+from .results import RESULT_NAME_RE
+
 log = logging.getLogger("kiln.app")
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -181,7 +184,7 @@ class RequestGuard:
     - Each browser without a valid ``kiln_browser`` cookie gets a random one
       (HttpOnly, SameSite=Lax), also injected into the request itself, so every
       request has a browser; session names are derived from it
-      (``app.handlers.session_name``).
+      (``app.browser.session_name``).
     - A Gradio session hash (a tab) belongs to the first browser that uses it: any
       other browser naming it (query, path, JSON body) is answered 403, so nobody can
       read a tab's event stream, cancel its events, end its session or reach its state.
@@ -204,11 +207,8 @@ class RequestGuard:
     def __init__(self, app, owner_of: Callable[[str], Optional[str]], max_upload_bytes: int,
                  max_body_bytes: int = MAX_BODY_BYTES, upload_bytes_per_hour: Optional[int] = None,
                  tabs: Optional[TabBindings] = None):
-        from . import handlers
-
         self.app = app
         self.owner_of = owner_of
-        self._h = handlers
         self.max_upload_bytes = max_upload_bytes
         self.max_body_bytes = max_body_bytes
         self.quota = UploadQuota(upload_bytes_per_hour) if upload_bytes_per_hour else None
@@ -218,10 +218,9 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        H = self._h
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         cookie_header = headers.get("cookie", "")
-        token = _cookie(cookie_header, H.BROWSER_COOKIE)
+        token = _cookie(cookie_header, browser_ids.BROWSER_COOKIE)
         path = scope.get("path", "")
         is_upload = path.rstrip("/").endswith("/upload")
         limit = self.max_upload_bytes if is_upload else self.max_body_bytes
@@ -233,11 +232,11 @@ class RequestGuard:
             await _refuse(send, 401, "log in first")
             return
         set_cookie = None
-        if H.browser_id(token) is None:
-            token = H.new_browser_token()
-            set_cookie = f"{H.BROWSER_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax".encode("latin-1")
+        if browser_ids.browser_id(token) is None:
+            token = browser_ids.new_browser_token()
+            set_cookie = f"{browser_ids.BROWSER_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax".encode("latin-1")
             # the request itself carries it too: Gradio's handlers see one browser per request
-            jar = f"{cookie_header}; {H.BROWSER_COOKIE}={token}" if cookie_header else f"{H.BROWSER_COOKIE}={token}"
+            jar = f"{cookie_header}; {browser_ids.BROWSER_COOKIE}={token}" if cookie_header else f"{browser_ids.BROWSER_COOKIE}={token}"
             scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers", []) if k.lower() != b"cookie"]
                          + [(b"cookie", jar.encode("latin-1"))])
         if is_upload and self.quota is not None:
@@ -257,7 +256,7 @@ class RequestGuard:
             receive = _replay(body, receive)
         else:
             body = b""
-        browser = H.browser_id(token)
+        browser = browser_ids.browser_id(token)
         if any(not self.tabs.claim(h, browser) for h in _session_hashes(scope, body)):
             await _refuse(send, 403, "this tab belongs to another browser")
             return
@@ -265,7 +264,7 @@ class RequestGuard:
         # older /file/<path>) normalise the path they open ('/.', '//', a trailing '/');
         # case-folded, as a case-insensitive file system would open KILN-<job>.GLB too.
         name = Path(os.path.abspath(path or "/")).name
-        if H.RESULT_NAME_RE.fullmatch(name.lower()) and not H.session_owned_by(self.owner_of(name), token):
+        if RESULT_NAME_RE.fullmatch(name.lower()) and not browser_ids.session_owned_by(self.owner_of(name), token):
             await _refuse(send, 403, "this result belongs to another browser session")
             return
         received = 0

@@ -1,5 +1,5 @@
 """Per-tab session state on disk, keyed by the session name the server derives from the
-browser cookie and the tab (``handlers.session_name``), with limits per client and in total.
+browser cookie and the tab (``browser.session_name``), with limits per client and in total.
 
 Why not Gradio's ``gr.State``: Gradio keys it by the tab's ``session_hash``, a value the
 client chooses, so anyone who learns a tab's hash reads and changes its state. And it
@@ -27,7 +27,8 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from .handlers import STATE_EXTRA_FIELDS, SessionState, UIError, WorkImage
+from .messages import UIError
+from .uploads import STATE_EXTRA_FIELDS, SessionState, WorkImage
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class _Record:
     has_mask: bool
     bytes: int
     touched: float
-    extra: Optional[dict] = None   # SessionState's small fields (handlers.STATE_EXTRA_FIELDS)
+    extra: Optional[dict] = None   # SessionState's small fields (uploads.STATE_EXTRA_FIELDS)
 
 
 def _extra(state: SessionState) -> dict:

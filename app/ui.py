@@ -1,4 +1,5 @@
-"""The Gradio page: layout and wiring. The logic lives in ``app/handlers.py``.
+"""The Gradio page: layout and wiring. The logic lives in plain modules beside it
+(``uploads``, ``selection``, ``form``, ``jobs``, ``statusview``, ``results``, ``history``).
 
 Queues: Generate events of every session share the concurrency group "gpu"
 whose limit is the number of workers, so Gradio's queue *is* the job queue (a
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from . import handlers as H
+from . import browser, form, history, jobs, messages, selection, statusview, uploads
 from .context import AppContext
 from .examples import EXAMPLES
 
@@ -100,10 +101,10 @@ GPU_GROUP = "gpu"
 
 
 def session_of(request: gr.Request | None) -> str:
-    """This browser tab's session name (see ``handlers.session_name``)."""
+    """This browser tab's session name (see ``browser.session_name``)."""
     cookies = getattr(request, "cookies", None) if request is not None else None
-    token = cookies.get(H.BROWSER_COOKIE) if cookies is not None else None
-    return H.session_name(token, getattr(request, "session_hash", None))
+    token = cookies.get(browser.BROWSER_COOKIE) if cookies is not None else None
+    return browser.session_name(token, getattr(request, "session_hash", None))
 
 
 def client_of(request: gr.Request | None) -> str:
@@ -140,9 +141,9 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
     # A tab's state lives in ctx.sessions under the name the server derives from the
     # browser cookie and the tab, never in a gr.State: Gradio keys those by the session
     # hash the client sends, so another client could read or change them.
-    def view(st: H.SessionState):
+    def view(st: uploads.SessionState):
         alpha_vis = gr.update(visible=bool(st.image and st.image.has_alpha), value=st.use_alpha)
-        return H.render_overlay(st), H.mask_summary(st), alpha_vis
+        return selection.render_overlay(st), selection.mask_summary(st), alpha_vis
 
     def busy(session: str) -> bool:
         """This tab has a Generate waiting or a job running."""
@@ -153,23 +154,23 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
         file is taken out of the file box so the drop zone is back, and the reason stays shown.
         A new image clears the last job's text (unless this tab's job still runs) and the mask file."""
         session, client = session_of(request), client_of(request)
-        fresh = gr.skip() if busy(session) else H.progress_html()
+        fresh = gr.skip() if busy(session) else statusview.progress_html()
         with ctx.sessions.edit(session, client) as (_, save):
             if not path:
-                save(H.SessionState())
-                return (*view(H.SessionState()), gr.skip(), fresh, None)
+                save(uploads.SessionState())
+                return (*view(uploads.SessionState()), gr.skip(), fresh, None)
             try:
                 ctx.sessions.admit(session, client, Path(path).stat().st_size)
                 with ctx.decodes:   # a 40 MP decode takes ~160 MB for a moment
-                    st = H.load_upload(path, s.app, name=Path(path).name)
+                    st = uploads.load_upload(path, s.app, name=Path(path).name)
                 save(st)
-            except (H.UIError, OSError) as e:
-                text = H.public_text(str(e))
+            except (messages.UIError, OSError) as e:
+                text = messages.public_text(str(e))
                 gr.Warning(text)
-                save(H.SessionState())
+                save(uploads.SessionState())
                 return (None, f"**Cannot use this file:** {html.escape(text)}",
                         gr.update(visible=False, value=False), None, fresh, None)
-        H.prepare_segmenter(st, ctx.segmenter)
+        selection.prepare_segmenter(st, ctx.segmenter)
         return (*view(st), gr.skip(), fresh, None)
 
     # every click writes an overlay JPEG into Gradio's folder: sweep hourly, keep a day
@@ -185,7 +186,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                                         "(green = object, red = background)",
                                   interactive=False, type="numpy", format="jpeg", elem_id="kiln-canvas",
                                   buttons=["fullscreen"], height=460)
-                mask_md = gr.Markdown(H.mask_summary(H.SessionState()), elem_id="kiln-mask-info")
+                mask_md = gr.Markdown(selection.mask_summary(uploads.SessionState()), elem_id="kiln-mask-info")
                 with gr.Row():
                     background = gr.Checkbox(label="Background clicks", value=False, elem_id="kiln-bg")
                     show_mask = gr.Checkbox(label="Show selection", value=True, elem_id="kiln-show-mask",
@@ -202,7 +203,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                 box_input = gr.Textbox(elem_id="kiln-box-input", elem_classes=["kiln-hidden"],
                                        show_label=False, container=False)
                 box_btn = gr.Button("box", elem_id="kiln-box-btn", elem_classes=["kiln-hidden"])
-                progress = gr.HTML(H.progress_html(), elem_id="kiln-progress-box", render=False)
+                progress = gr.HTML(statusview.progress_html(), elem_id="kiln-progress-box", render=False)
                 upload_outputs = [canvas, mask_md, use_alpha, upload, progress, mask_file]
                 if examples:
                     captions = dict(EXAMPLES)
@@ -244,7 +245,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                     glb_btn = gr.DownloadButton("Download GLB", visible=False, elem_id="kiln-dl-glb")
                     ply_btn = gr.DownloadButton("Download Gaussians (.ply)", visible=False, elem_id="kiln-dl-ply")
                 with gr.Accordion("History (this session)", open=False):
-                    history_md = gr.HTML(H.history_html([]), elem_id="kiln-history")
+                    history_md = gr.HTML(history.history_html([]), elem_id="kiln-history")
                     history_files = gr.File(label="Earlier results", file_count="multiple",
                                             interactive=False, elem_id="kiln-history-files")
 
@@ -257,46 +258,46 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                 try:
                     st = change(st)
                     save(st)
-                except H.UIError as e:
-                    gr.Warning(H.public_text(str(e)))
+                except messages.UIError as e:
+                    gr.Warning(messages.public_text(str(e)))
             return view(st)
 
         def on_click(bg: bool, evt: gr.SelectData, request: gr.Request):
             x, y = evt.index[0], evt.index[1]
-            return edit_session(request, lambda st: H.add_click(st, float(x), float(y), bool(bg),
+            return edit_session(request, lambda st: selection.add_click(st, float(x), float(y), bool(bg),
                                                                 ctx.segmenter))
 
         def on_undo(request: gr.Request):
-            return edit_session(request, lambda st: H.undo_click(st, ctx.segmenter))
+            return edit_session(request, lambda st: selection.undo_click(st, ctx.segmenter))
 
         def on_clear(request: gr.Request):
-            return edit_session(request, H.clear_clicks)
+            return edit_session(request, selection.clear_clicks)
 
         def on_alpha(on, request: gr.Request):
-            return edit_session(request, lambda st: H.set_use_alpha(st, bool(on)))
+            return edit_session(request, lambda st: uploads.set_use_alpha(st, bool(on)))
 
         def on_show_mask(on, request: gr.Request):
-            return edit_session(request, lambda st: H.set_show_mask(st, bool(on)))
+            return edit_session(request, lambda st: uploads.set_show_mask(st, bool(on)))
 
         def on_box(text, request: gr.Request):
             try:
                 x0, y0, x1, y1 = (float(v) for v in str(text).split(","))
             except ValueError:
                 return (gr.skip(),) * 3
-            return edit_session(request, lambda st: H.set_box(st, x0, y0, x1, y1, ctx.segmenter))
+            return edit_session(request, lambda st: selection.set_box(st, x0, y0, x1, y1, ctx.segmenter))
 
         def on_mask_file(path, request: gr.Request):
             """-> (canvas, mask info, alpha checkbox, mask file box); a refused file leaves the
             box empty and says why under the image."""
             if not path:
-                return (*edit_session(request, H.clear_clicks), gr.skip())
+                return (*edit_session(request, selection.clear_clicks), gr.skip())
             with ctx.sessions.edit(session_of(request), client_of(request)) as (st, save):
                 try:
                     with ctx.decodes:   # the mask file is decoded at full size
-                        st = H.set_mask_file(st, path, s.app, name=Path(path).name)
+                        st = uploads.set_mask_file(st, path, s.app, name=Path(path).name)
                     save(st)
-                except H.UIError as e:
-                    text = H.public_text(str(e))
+                except messages.UIError as e:
+                    text = messages.public_text(str(e))
                     gr.Warning(text)
                     canvas_v, _, alpha_v = view(st)
                     return canvas_v, f"**Cannot use this mask:** {html.escape(text)}", alpha_v, None
@@ -304,7 +305,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
 
         def on_upload_cleared(request: gr.Request):
             ctx.sessions.drop(session_of(request))
-            return view(H.SessionState())
+            return view(uploads.SessionState())
 
         seg_outputs = [canvas, mask_md, use_alpha]
         seg_kw = dict(concurrency_id="segment", concurrency_limit=4, show_progress="minimal")
@@ -334,18 +335,18 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             return (gr.update(value="Generate", interactive=True), gr.update(interactive=False))
         result_outputs = [progress, model, glb_btn, ply_btn, history_md, history_files,
                           generate_btn, cancel_btn]
-        job_info: dict[str, H.JobInfo] = {}     # job id -> image name and thumbnail
+        job_info: dict[str, history.JobInfo] = {}     # job id -> image name and thumbnail
         pressed_at: dict[str, float] = {}       # session -> when its Generate was pressed
 
-        def history(session: str):
+        def session_history(session: str):
             if ctx.sup is None:
-                return H.history_html([]), []
+                return history.history_html([]), []
             statuses = ctx.sup.jobs(session)
             # TODO(issue 9 item 7): Gradio 6.31's file components take a path only (a subclass
             # with its own postprocess has no front-end), so downloads keep their published
             # names for now; the history shows '<image>-<n>.glb'
-            files = [p for p, _ in H.history_files(session, statuses, ctx.publisher, job_info)]
-            return H.history_html(statuses, ctx.summaries, job_info), files or None
+            files = [p for p, _ in history.history_files(session, statuses, ctx.publisher, job_info)]
+            return history.history_html(statuses, ctx.summaries, job_info), files or None
 
         def download_value(session: str, job_id: str, path: str):
             """The download button's value (see the TODO in history)."""
@@ -361,11 +362,11 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             if st.image is None:
                 raise refusal("Upload an image first.")
             try:
-                H.check_job_request(st, s, bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on)
-            except H.UIError as e:
-                raise refusal(H.public_text(str(e))) from None
+                form.check_job_request(st, s, bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on)
+            except messages.UIError as e:
+                raise refusal(messages.public_text(str(e))) from None
             if ctx.sup_error:
-                raise refusal(H.public_text(ctx.sup_error))
+                raise refusal(messages.public_text(ctx.sup_error))
             running, waiting = gpu_queue_counts(demo)
             if waiting >= s.worker.max_queue:
                 raise refusal(f"The job queue is full ({waiting} waiting); try again in a few minutes.")
@@ -376,7 +377,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             if running + waiting >= ctx.workers:
                 note = "Waiting for a free worker" + (f" ({waiting} other jobs waiting)…" if waiting else "…")
             hidden = gr.update(visible=False)
-            return (H.progress_html(note=note), None, hidden, hidden,
+            return (statusview.progress_html(note=note), None, hidden, hidden,
                     gr.update(value="Running…", interactive=False), gr.update(interactive=True))
 
         def run_job(bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on, request: gr.Request):
@@ -388,40 +389,40 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                 st_now = ctx.sessions.get(session)
                 info = None
                 if st_now.image is not None:
-                    info = H.JobInfo(st_now.image.name, H.thumbnail_uri(st_now.image.work))
+                    info = history.JobInfo(st_now.image.name, history.thumbnail_uri(st_now.image.work))
                 with ctx.decodes:   # the full-size image is decoded again for the job
-                    request_ = H.job_request(st_now, s, bake_on, ratio, tex,
+                    request_ = form.job_request(st_now, s, bake_on, ratio, tex,
                                              n_views, bake_mode, seed_v, ply_on)
                 del st_now
                 # follow_job lets go of the full-size arrays once the job store has them
-                steps = H.follow_job(ctx, session, *request_)
+                steps = jobs.follow_job(ctx, session, *request_)
                 del request_
                 for note, last in steps:
                     if last is not None and info is not None and last.id not in job_info:
                         job_info[last.id] = info
                     if last is None:
-                        yield H.progress_html(note=note)
+                        yield statusview.progress_html(note=note)
                     elif not last.terminal:
-                        yield H.progress_html(last)
-            except H.UIError as e:
-                note = f"Cannot start: {H.public_text(str(e))}"
+                        yield statusview.progress_html(last)
+            except messages.UIError as e:
+                note = f"Cannot start: {messages.public_text(str(e))}"
             finally:
                 ctx.active.set_pending(session, False)
             if last is None:
-                ctx.outcomes[session] = {"progress": H.progress_html(note=note)}
+                ctx.outcomes[session] = {"progress": statusview.progress_html(note=note)}
                 yield gr.skip()
                 return
             note, files = "", {}
             if last.state == "done":
                 try:
                     files = ctx.publisher.publish(session, last)
-                except (OSError, H.UIError) as e:
+                except (OSError, messages.UIError) as e:
                     log.exception("publishing %s failed", last.id)
-                    note = f"the result could not be prepared for download: {H.public_text(str(e))}"
-            hist_md, hist_files = history(session)
+                    note = f"the result could not be prepared for download: {messages.public_text(str(e))}"
+            hist_md, hist_files = session_history(session)
             # the wait in Gradio's queue before the job was submitted counts in "Done in"
             waited = max(0.0, (last.created or 0.0) - pressed_at.pop(session, last.created or 0.0))
-            ctx.outcomes[session] = {"progress": H.progress_html(last, note=note, waited_s=waited),
+            ctx.outcomes[session] = {"progress": statusview.progress_html(last, note=note, waited_s=waited),
                                      "history": (hist_md, hist_files), "job": last.id,
                                      **{kind: str(path) for kind, path in files.items()}}
             yield gr.skip()
@@ -457,8 +458,8 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             if not job_ids or ctx.sup is None:
                 if ctx.active.take_pending(session):
                     # the Generate still waiting in Gradio's queue is dropped by `cancels=` below
-                    return H.progress_html(note="Cancelled before it started."), *idle_buttons()
-                return H.progress_html(note="Nothing to cancel."), *idle_buttons()
+                    return statusview.progress_html(note="Cancelled before it started."), *idle_buttons()
+                return statusview.progress_html(note="Nothing to cancel."), *idle_buttons()
             for job_id in job_ids:
                 ctx.sup.cancel(job_id)
             deadline = time.monotonic() + 8
@@ -466,7 +467,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             while not st.terminal and time.monotonic() < deadline:
                 time.sleep(0.1)
                 st = ctx.sup.status(job_ids[-1])
-            return H.progress_html(st), *idle_buttons()
+            return statusview.progress_html(st), *idle_buttons()
 
         cancel_btn.click(on_cancel, None, [progress, generate_btn, cancel_btn], cancels=[gen_event],
                          queue=False)
@@ -480,13 +481,13 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                 except Exception:  # noqa: BLE001 - status line only
                     pass
             note = ctx.sup_error or ("" if ctx.sup_ready.is_set() else "workers starting…")
-            return H.public_text(H.status_line(ctx.capabilities(), ctx.segmenter_text, running, waiting,
+            return messages.public_text(statusview.status_line(ctx.capabilities(), ctx.segmenter_text, running, waiting,
                                                note))
 
         timer.tick(on_status, None, [status_md], show_progress="hidden", queue=False)
 
         def on_load(request: gr.Request):
-            hist_md, hist_files = history(session_of(request))
+            hist_md, hist_files = session_history(session_of(request))
             return on_status(), hist_md, hist_files
 
         demo.load(on_load, None, [status_md, history_md, history_files], queue=False)

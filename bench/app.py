@@ -92,22 +92,22 @@ def _click_times(seg, rgb: np.ndarray, n: int) -> tuple[list[float], float]:
     """Seconds per click (handler + overlay + JPEG), after one warm-up click."""
     from PIL import Image
 
-    from app import handlers as H
+    from app import selection, uploads
 
     buf = io.BytesIO()
     Image.fromarray(rgb).save(buf, format="PNG")
-    st = H.load_upload(buf.getvalue(), _app_settings())
-    H.prepare_segmenter(st, seg)
+    st = uploads.load_upload(buf.getvalue(), _app_settings())
+    selection.prepare_segmenter(st, seg)
     t = time.perf_counter()
-    st = H.add_click(st, 512, 384, False, seg)
+    st = selection.add_click(st, 512, 384, False, seg)
     first = time.perf_counter() - t
     rng = np.random.default_rng(0)
     times = []
     for i in range(n):
         x, y = 512 + rng.uniform(-120, 120), 384 + rng.uniform(-120, 120)
         t = time.perf_counter()
-        nxt = H.add_click(H.clear_clicks(st) if i % 3 == 0 else st, x, y, False, seg)
-        ov = H.render_overlay(nxt)
+        nxt = selection.add_click(selection.clear_clicks(st) if i % 3 == 0 else st, x, y, False, seg)
+        ov = selection.render_overlay(nxt)
         out = io.BytesIO()
         Image.fromarray(ov).save(out, format="JPEG")
         times.append(time.perf_counter() - t)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import handlers as H
+from app import browser, form, history, jobs, messages, results, selection, statusview, uploads
 from app.segment import GrabCutSegmenter, box_mask, image_key, keep_clicked_components
 from kiln.settings import AppSettings, Settings
 from synthetic import make_object_image
@@ -46,12 +46,12 @@ def blob():
 
 def test_click_on_object_gives_its_mask(seg, blob):
     rgb, gt = blob
-    st = H.load_upload(_png(rgb), APP, name="blob.png")
+    st = uploads.load_upload(_png(rgb), APP, name="blob.png")
     assert st.image.work.shape == (256, 256, 3) and st.mask is None and not st.use_alpha
-    st = H.add_click(st, 128, 128, background=False, segmenter=seg)
+    st = selection.add_click(st, 128, 128, background=False, segmenter=seg)
     assert st.mask.dtype == bool and st.mask.shape == gt.shape
     assert _iou(st.mask, gt) > 0.9
-    rgb_in, mask_in = H.job_inputs(st)
+    rgb_in, mask_in = form.job_inputs(st)
     assert rgb_in.shape == (256, 256, 3) and mask_in.dtype == bool
     assert np.array_equal(mask_in, st.mask)
 
@@ -66,52 +66,52 @@ def test_same_clicks_same_mask(seg, blob):
 
 def test_background_click_removes_pixels_and_undo_restores(seg, blob):
     rgb, gt = blob
-    st = H.add_click(H.load_upload(_png(rgb), APP), 128, 128, False, seg)
+    st = selection.add_click(uploads.load_upload(_png(rgb), APP), 128, 128, False, seg)
     before = st.mask.copy()
     ys, xs = np.nonzero(gt & before)
     # a point inside the object, away from the object click
     far = np.argmax((xs - 128) ** 2 + (ys - 128) ** 2)
     bx, by = int(xs[far] * 0.7 + 128 * 0.3), int(ys[far] * 0.7 + 128 * 0.3)
     assert before[by, bx]
-    st2 = H.add_click(st, bx, by, background=True, segmenter=seg)
+    st2 = selection.add_click(st, bx, by, background=True, segmenter=seg)
     assert st2.clicks[-1] == (bx, by, 0)
     assert not st2.mask[by, bx], "a background click must leave its pixel out of the mask"
     assert st2.mask.sum() < before.sum()
-    st3 = H.undo_click(st2, seg)
+    st3 = selection.undo_click(st2, seg)
     assert st3.clicks == st.clicks and np.array_equal(st3.mask, before)
-    st4 = H.clear_clicks(st3)
+    st4 = selection.clear_clicks(st3)
     assert st4.clicks == () and st4.mask is None
-    with pytest.raises(H.UIError, match="select the object"):
-        H.job_inputs(st4)
+    with pytest.raises(messages.UIError, match="select the object"):
+        form.job_inputs(st4)
 
 
 def test_only_background_clicks_select_nothing(seg, blob):
-    st = H.add_click(H.load_upload(_png(blob[0]), APP), 5, 5, background=True, segmenter=seg)
+    st = selection.add_click(uploads.load_upload(_png(blob[0]), APP), 5, 5, background=True, segmenter=seg)
     assert st.mask is None and st.clicks == ((5.0, 5.0, 0),)
 
 
 def test_click_without_image_and_outside_image(seg, blob):
-    with pytest.raises(H.UIError, match="upload an image first"):
-        H.add_click(H.SessionState(), 3, 3, False, seg)
-    st = H.load_upload(_png(blob[0]), APP)
-    with pytest.raises(H.UIError, match="outside"):
-        H.add_click(st, 900, 10, False, seg)
+    with pytest.raises(messages.UIError, match="upload an image first"):
+        selection.add_click(uploads.SessionState(), 3, 3, False, seg)
+    st = uploads.load_upload(_png(blob[0]), APP)
+    with pytest.raises(messages.UIError, match="outside"):
+        selection.add_click(st, 900, 10, False, seg)
 
 
 def test_alpha_is_the_mask_until_clicked(seg):
     rgb, gt = make_object_image(200, "ellipse")
     rgba = np.dstack([rgb, gt.astype(np.uint8) * 255])
-    st = H.load_upload(_png(rgba, "RGBA"), APP, name="cut.png")
+    st = uploads.load_upload(_png(rgba, "RGBA"), APP, name="cut.png")
     assert st.use_alpha and st.image.has_alpha
-    assert np.array_equal(H.job_inputs(st)[1], gt)
-    clicked = H.add_click(st, 100, 100, False, seg)
+    assert np.array_equal(form.job_inputs(st)[1], gt)
+    clicked = selection.add_click(st, 100, 100, False, seg)
     assert not clicked.use_alpha and clicked.clicks == ((100.0, 100.0, 1),)
-    back = H.set_use_alpha(clicked, True)
-    assert back.use_alpha and np.array_equal(H.full_mask(back), gt)
-    off = H.set_use_alpha(back, False)
+    back = uploads.set_use_alpha(clicked, True)
+    assert back.use_alpha and np.array_equal(form.full_mask(back), gt)
+    off = uploads.set_use_alpha(back, False)
     assert not off.use_alpha
     # an opaque image offers no alpha mode
-    opaque = H.set_use_alpha(H.load_upload(_png(rgb), APP), True)
+    opaque = uploads.set_use_alpha(uploads.load_upload(_png(rgb), APP), True)
     assert not opaque.use_alpha
 
 
@@ -119,11 +119,11 @@ def test_large_upload_is_segmented_small_and_masked_full_size(seg):
     rgb, gt = make_object_image(512, "ellipse")
     big = np.asarray(Image.fromarray(rgb).resize((2048, 1536), Image.NEAREST))
     gt_big = np.asarray(Image.fromarray(gt).resize((2048, 1536), Image.NEAREST))
-    st = H.load_upload(_png(big), APP)
+    st = uploads.load_upload(_png(big), APP)
     assert st.image.work.shape == (768, 1024, 3) and st.image.size == (1536, 2048)
-    st = H.add_click(st, 512, 384, False, seg)
+    st = selection.add_click(st, 512, 384, False, seg)
     assert st.mask.shape == (768, 1024)
-    rgb_full, mask_full = H.job_inputs(st)
+    rgb_full, mask_full = form.job_inputs(st)
     assert rgb_full.shape == (1536, 2048, 3) and mask_full.shape == (1536, 2048)
     assert _iou(mask_full, gt_big) > 0.9
 
@@ -137,8 +137,8 @@ def test_large_upload_is_segmented_small_and_masked_full_size(seg):
     (_png(np.zeros((8, 40, 3), np.uint8)), APP, "at least 16 pixels"),
 ])
 def test_bad_uploads_are_refused_with_a_reason(payload, settings, match):
-    with pytest.raises(H.UIError, match=match):
-        H.load_upload(payload, settings)
+    with pytest.raises(messages.UIError, match=match):
+        uploads.load_upload(payload, settings)
 
 
 def test_upload_by_path_honours_exif_and_cmyk(tmp_path):
@@ -147,7 +147,7 @@ def test_upload_by_path_honours_exif_and_cmyk(tmp_path):
     exif[0x0112] = 6
     p = tmp_path / "phone.jpg"
     img.save(p, format="JPEG", exif=exif.tobytes())
-    st = H.load_upload(str(p), APP)
+    st = uploads.load_upload(str(p), APP)
     assert st.image.name == "phone.jpg"
     rgb = st.image.full()[0]
     assert st.image.size == (40, 20) and rgb.shape == (40, 20, 3)   # rotated upright
@@ -156,12 +156,12 @@ def test_upload_by_path_honours_exif_and_cmyk(tmp_path):
 
 def test_overlay_shows_mask_and_clicks(seg, blob):
     rgb, _ = blob
-    st = H.load_upload(_png(rgb), APP)
-    plain = H.render_overlay(st)
+    st = uploads.load_upload(_png(rgb), APP)
+    plain = selection.render_overlay(st)
     assert np.array_equal(plain, st.image.work)
-    st = H.add_click(st, 128, 128, False, seg)
-    st = H.add_click(st, 10, 10, True, seg)
-    ov = H.render_overlay(st)
+    st = selection.add_click(st, 128, 128, False, seg)
+    st = selection.add_click(st, 10, 10, True, seg)
+    ov = selection.render_overlay(st)
     assert ov.shape == rgb.shape and ov.dtype == np.uint8
     # the object keeps the photo's colours exactly (away from the click dots), the
     # background is dimmed, the edge is drawn outside the object, dots green / red
@@ -175,14 +175,14 @@ def test_overlay_shows_mask_and_clicks(seg, blob):
     # a light line right at the edge with a dark one around it: the edge reads on any background
     light, dark = ov[grown(1) & ~st.mask & away], ov[grown(2) & ~grown(1) & away]
     assert (light.min(1) > 225).mean() > 0.8 and (dark.max(1) < 30).mean() > 0.6
-    photo_alone = H.render_overlay(H.set_show_mask(st, False))
+    photo_alone = selection.render_overlay(uploads.set_show_mask(st, False))
     assert np.array_equal(photo_alone, st.image.work)
     g = ov[128, 128]
     assert g[1] > 150 and g[0] < 120
     r = ov[10, 10]
     assert r[0] > 150 and r[1] < 120
-    assert H.render_overlay(H.SessionState()) is None
-    assert "Mask:" in H.mask_summary(st) and "1 object / 1 background" in H.mask_summary(st)
+    assert selection.render_overlay(uploads.SessionState()) is None
+    assert "Mask:" in selection.mask_summary(st) and "1 object / 1 background" in selection.mask_summary(st)
 
 
 def test_keep_clicked_components_drops_islands():
@@ -196,63 +196,63 @@ def test_keep_clicked_components_drops_islands():
 
 def test_settings_from_the_form():
     base = Settings()
-    ov = H.ui_overrides(False, 0.97, "512", 8, "fast", 3, True)
-    s = H.job_settings(base, ov)
+    ov = form.ui_overrides(False, 0.97, "512", 8, "fast", 3, True)
+    s = form.job_settings(base, ov)
     assert (s.bake.enabled, s.mesh.simplify_ratio, s.bake.texture_size, s.views.count,
             s.bake.mode, s.seed, s.export.gaussians_ply) == (False, 0.97, 512, 8, "fast", 3, True)
     # everything else stays as configured
     assert s.reconstruct == base.reconstruct and s.worker == base.worker
-    assert "vertex colours" in H.settings_summary(s) and "+ply" in H.settings_summary(s)
-    with pytest.raises(H.UIError, match="^Simplify ratio: 1.5 is out of range"):
-        H.job_settings(base, H.ui_overrides(True, 1.5, 1024, 16, "opt", 0, False))
-    with pytest.raises(H.UIError, match="^Texture size: .*power of two"):
-        H.job_settings(base, H.ui_overrides(True, 0.9, 768, 16, "opt", 0, False))
-    with pytest.raises(H.UIError, match="^Seed: "):
-        H.job_settings(base, H.ui_overrides(True, 0.9, 1024, 16, "opt", -4, False))
+    assert "vertex colours" in jobs.settings_summary(s) and "+ply" in jobs.settings_summary(s)
+    with pytest.raises(messages.UIError, match="^Simplify ratio: 1.5 is out of range"):
+        form.job_settings(base, form.ui_overrides(True, 1.5, 1024, 16, "opt", 0, False))
+    with pytest.raises(messages.UIError, match="^Texture size: .*power of two"):
+        form.job_settings(base, form.ui_overrides(True, 0.9, 768, 16, "opt", 0, False))
+    with pytest.raises(messages.UIError, match="^Seed: "):
+        form.job_settings(base, form.ui_overrides(True, 0.9, 1024, 16, "opt", -4, False))
 
 
 def test_job_inputs_refuse_empty_and_full_masks(blob):
-    st = H.load_upload(_png(blob[0]), APP)
+    st = uploads.load_upload(_png(blob[0]), APP)
     tiny = np.zeros((256, 256), bool)
     tiny[0, :5] = True
-    with pytest.raises(H.UIError, match="only 5 pixels"):
-        H.job_inputs(replace(st, mask=tiny, clicks=((1, 0, 1),)))
-    with pytest.raises(H.UIError, match="whole image"):
-        H.job_inputs(replace(st, mask=np.ones((256, 256), bool), clicks=((1, 0, 1),)))
+    with pytest.raises(messages.UIError, match="only 5 pixels"):
+        form.job_inputs(replace(st, mask=tiny, clicks=((1, 0, 1),)))
+    with pytest.raises(messages.UIError, match="whole image"):
+        form.job_inputs(replace(st, mask=np.ones((256, 256), bool), clicks=((1, 0, 1),)))
 
 
 def test_progress_html_names_stage_and_escapes_reasons():
     st = JobStatus(id="20260101-000000-abcdef", session="web-a", state="running", stage="bake",
                    progress=0.42, message="step 10/40", seq=5)
-    out = H.progress_html(st)
+    out = statusview.progress_html(st)
     assert 'data-state="running"' in out and 'data-stage="bake"' in out
     assert "Baking texture" in out and "42%" in out and "width:42.0%" in out
     failed = JobStatus(id="x", session="web-a", state="failed", stage="rasterize",
                        error="worker crashed with SIGSEGV during stage 'rasterize' <script>")
-    out = H.progress_html(failed)
+    out = statusview.progress_html(failed)
     assert "Failed: worker crashed with SIGSEGV" in out and "<script>" not in out and "&lt;script&gt;" in out
     done = JobStatus(id="x", session="web-a", state="done", progress=1.0, timings={"total_s": 12.3},
                      stats={"reconstruction_cached": True})
-    assert "Done in 12.3 s" in H.progress_html(done) and "reused from cache" in H.progress_html(done)
+    assert "Done in 12.3 s" in statusview.progress_html(done) and "reused from cache" in statusview.progress_html(done)
     both = replace(done, stats={"reconstruction_cached": True, "views_cached": True})
-    assert "(reconstruction and views reused from cache)" in H.progress_html(both)
+    assert "(reconstruction and views reused from cache)" in statusview.progress_html(both)
     # the wait in the page's queue and the job store's queue both count
     waited = replace(done, timings={"total_s": 12.3, "queued_s": 2.0})
-    assert "Done in 15.3 s (5.0 s of it waiting for a worker)" in H.progress_html(waited, waited_s=3.0)
+    assert "Done in 15.3 s (5.0 s of it waiting for a worker)" in statusview.progress_html(waited, waited_s=3.0)
     cancelled = JobStatus(id="c", session="web-a", state="cancelled", error="cancelled by user")
-    assert "Cancelled by user" in H.progress_html(cancelled)
-    assert 'data-state="idle"' in H.progress_html()
+    assert "Cancelled by user" in statusview.progress_html(cancelled)
+    assert 'data-state="idle"' in statusview.progress_html()
 
 
 def test_progress_text_before_the_first_stage_and_without_repeating_the_stage():
     starting = JobStatus(id="j", session="web-a", state="running", stage=None, message="running on worker 0")
-    assert "Starting — 0% — running on worker 0" in H.progress_html(starting)
+    assert "Starting — 0% — running on worker 0" in statusview.progress_html(starting)
     views = JobStatus(id="j", session="web-a", state="running", stage="render_views", progress=0.3,
                       message="render_views: view 7/48")
-    assert "Rendering views — 30% — view 7/48" in H.progress_html(views)
+    assert "Rendering views — 30% — view 7/48" in statusview.progress_html(views)
     retry = JobStatus(id="j", session="web-a", state="queued",
                       message="worker crashed with SIGSEGV during stage 'bake'; retrying with safe backends")
-    assert "Worker crashed with SIGSEGV" in H.progress_html(retry)
+    assert "Worker crashed with SIGSEGV" in statusview.progress_html(retry)
 
 
 class _Pool:
@@ -265,7 +265,7 @@ class _Pool:
         self.sup_ready = threading.Event()
         if ready:
             self.sup_ready.set()
-        self.active = H.ActiveJobs()
+        self.active = jobs.ActiveJobs()
         self.summaries = {}
 
 
@@ -300,11 +300,11 @@ def test_follow_job_waits_for_the_pool_then_follows_to_the_end(blob):
 
     rgb, mask = blob
     ctx = _Pool(_Sup(), ready=False)
-    steps = H.follow_job(ctx, "web-a", rgb, mask, Settings(), poll_s=0)
-    assert next(steps) == (H.WAITING_FOR_POOL, None)   # Generate pressed while workers start
+    steps = jobs.follow_job(ctx, "web-a", rgb, mask, Settings(), poll_s=0)
+    assert next(steps) == (jobs.WAITING_FOR_POOL, None)   # Generate pressed while workers start
     threading.Timer(0.3, ctx.sup_ready.set).start()
     got = list(steps)
-    assert all(note == H.WAITING_FOR_POOL for note, st in got if st is None)
+    assert all(note == jobs.WAITING_FOR_POOL for note, st in got if st is None)
     states = [st.state for _, st in got if st is not None]
     assert states == ["running"] * 3 + ["done"]
     assert ctx.sup.submitted == [("job0", "web-a")] and ctx.sup.cancelled == []
@@ -315,7 +315,7 @@ def test_follow_job_closed_early_cancels_the_job(blob):
     """The tab went away (or Cancel stopped the event): the worker must be freed."""
     rgb, mask = blob
     ctx = _Pool(_Sup(steps=100))
-    steps = H.follow_job(ctx, "web-a", rgb, mask, Settings(), poll_s=0)
+    steps = jobs.follow_job(ctx, "web-a", rgb, mask, Settings(), poll_s=0)
     next(steps)
     assert ctx.active.get("web-a") == ["job0"]
     steps.close()
@@ -325,27 +325,27 @@ def test_follow_job_closed_early_cancels_the_job(blob):
 def test_follow_job_says_why_it_cannot_start(blob):
     rgb, mask = blob
     failed_pool = _Pool(None, error="worker pool failed to start: WorkerStartError: no worker")
-    assert list(H.follow_job(failed_pool, "web-a", rgb, mask, Settings())) == [
+    assert list(jobs.follow_job(failed_pool, "web-a", rgb, mask, Settings())) == [
         ("worker pool failed to start: WorkerStartError: no worker", None)]
     full = _Pool(_Sup(refuse=RuntimeError("queue is full (16 waiting)")))
-    (note, st), = H.follow_job(full, "web-a", rgb, mask, Settings())
+    (note, st), = jobs.follow_job(full, "web-a", rgb, mask, Settings())
     assert st is None and note == "Could not start the job: queue is full (16 waiting)"
 
 
 def test_session_names_come_from_the_browser_cookie_and_the_tab():
-    alice, mallory = H.new_browser_token(), H.new_browser_token()
+    alice, mallory = browser.new_browser_token(), browser.new_browser_token()
     tab = "k2x9q1w0e7r"
-    own = H.session_name(alice, tab)
-    assert own == H.session_name(alice, tab) and own != H.session_name(alice, "othertab")
+    own = browser.session_name(alice, tab)
+    assert own == browser.session_name(alice, tab) and own != browser.session_name(alice, "othertab")
     # the session hash is the client's to choose: with another browser's cookie the same
     # hash lands in a different session, so it never reaches the first one's jobs
-    assert H.session_name(mallory, tab) != own
-    assert H.session_owned_by(own, alice) and not H.session_owned_by(own, mallory)
-    assert not H.session_owned_by(own, None) and not H.session_owned_by(own, "short")
+    assert browser.session_name(mallory, tab) != own
+    assert browser.session_owned_by(own, alice) and not browser.session_owned_by(own, mallory)
+    assert not browser.session_owned_by(own, None) and not browser.session_owned_by(own, "short")
     # no cookie (an API script): a session of its own that owns no downloadable result
-    anon = H.session_name(None, tab)
-    assert anon.startswith("web-anon-") and not H.session_owned_by(anon, None)
-    assert not H.session_owned_by("cli", alice) and not H.session_owned_by(None, alice)
+    anon = browser.session_name(None, tab)
+    assert anon.startswith("web-anon-") and not browser.session_owned_by(anon, None)
+    assert not browser.session_owned_by("cli", alice) and not browser.session_owned_by(None, alice)
     from worker.jobstore import safe_session
     assert safe_session(own) == own            # usable as the job store's folder name as it is
 
@@ -372,15 +372,15 @@ def test_request_guard_serves_results_only_to_their_browser():
     app = _guarded_app(lambda name: owners.get(name))
     alice, mallory = TestClient(app), TestClient(app)
     first = alice.get("/")
-    cookie = first.cookies.get(H.BROWSER_COOKIE)
-    assert first.status_code == 200 and H.browser_id(cookie) is not None
+    cookie = first.cookies.get(browser.BROWSER_COOKIE)
+    assert first.status_code == 200 and browser.browser_id(cookie) is not None
     assert "HttpOnly" in first.headers["set-cookie"] and "SameSite=Lax" in first.headers["set-cookie"]
     assert "set-cookie" not in alice.get("/").headers            # kept once the browser has it
     mallory.get("/")
-    assert mallory.cookies.get(H.BROWSER_COOKIE) != cookie
+    assert mallory.cookies.get(browser.BROWSER_COOKIE) != cookie
 
     job = "20260101-000000-abcdef"
-    owners[f"kiln-{job}.glb"] = H.session_name(cookie, "tab1")
+    owners[f"kiln-{job}.glb"] = browser.session_name(cookie, "tab1")
     url = f"/gradio_api/file=/srv/var/gradio/results/0123/{job}/kiln-{job}.glb"
     assert alice.get(url).status_code == 200
     old_route = url.replace("/file=", "/file/")             # Gradio's deprecated twin route
@@ -429,7 +429,7 @@ def test_watch_job_yields_changes_until_terminal():
             self.i += 1
             return JobStatus(id=job_id, session="web-a", state=state, seq=s, stage=stage)
 
-    got = [(st.state, st.seq) for st in H.watch_job(Sup(), "j", poll_s=0)]
+    got = [(st.state, st.seq) for st in jobs.watch_job(Sup(), "j", poll_s=0)]
     assert got == [("queued", 0), ("running", 1), ("running", 2), ("done", 3)]
 
 
@@ -443,7 +443,7 @@ def _done_job(tmp_path, session: str, name: str) -> JobStatus:
 
 
 def test_results_are_published_per_session_outside_the_job_store(tmp_path):
-    pub = H.ResultPublisher(tmp_path / "gradio" / "results")
+    pub = results.ResultPublisher(tmp_path / "gradio" / "results")
     a = _done_job(tmp_path, "web-a", "20260101-000000-aaaaaa")
     b = _done_job(tmp_path, "web-b", "20260101-000000-bbbbbb")
     fa = pub.publish("web-a", a)
@@ -455,23 +455,23 @@ def test_results_are_published_per_session_outside_the_job_store(tmp_path):
     assert fa["glb"].parents[1] != fb["glb"].parents[1]
     assert len(fa["glb"].parents[1].name) == 32
     assert pub.publish("web-a", a) == fa            # published once, then reused
-    with pytest.raises(H.UIError, match="another session"):
+    with pytest.raises(messages.UIError, match="another session"):
         pub.publish("web-a", b)
-    hist_a = H.history_files("web-a", [a, b], pub)
+    hist_a = history.history_files("web-a", [a, b], pub)
     assert [p for p, _ in hist_a] == [str(fa["glb"]), str(fa["ply"])]
     assert all("bbbbbb" not in p for p, _ in hist_a)
     # with the image's name known, results download as <image-name>-<n>.<ext>
     a2 = replace(a, id="20260101-000002-dddddd", created=a.created + 5)
-    infos = {a.id: H.JobInfo("My photo.png", "data:image/jpeg;base64,xx"),
-             a2.id: H.JobInfo("My photo.png")}
-    assert H.result_stems([a2, a], infos) == {a.id: "My_photo-1", a2.id: "My_photo-2"}
-    assert [n for _, n in H.history_files("web-a", [a], pub, infos)] == ["My_photo-1.glb", "My_photo-1.ply"]
-    page = H.history_html([a, a2], {a.id: "vertex colours"}, infos)
+    infos = {a.id: history.JobInfo("My photo.png", "data:image/jpeg;base64,xx"),
+             a2.id: history.JobInfo("My photo.png")}
+    assert history.result_stems([a2, a], infos) == {a.id: "My_photo-1", a2.id: "My_photo-2"}
+    assert [n for _, n in history.history_files("web-a", [a], pub, infos)] == ["My_photo-1.glb", "My_photo-1.ply"]
+    page = history.history_html([a, a2], {a.id: "vertex colours"}, infos)
     assert page.index("dddddd") < page.index("aaaaaa") and "My photo.png" in page
     assert 'src="data:image/jpeg;base64,xx"' in page and "My_photo-2.glb" in page
     failed = JobStatus(id="20260101-000001-cccccc", session="web-a", state="failed", error="boom | bad",
                        created=time.time() + 1)
-    md = H.history_markdown([a, failed], {a.id: "texture 512px fast"})
+    md = history.history_markdown([a, failed], {a.id: "texture 512px fast"})
     assert md.index("cccccc") < md.index("aaaaaa")          # newest first
     assert "failed: boom \\| bad" in md and "texture 512px fast" in md
     assert pub.publish("web-a", failed) == {}
@@ -479,16 +479,16 @@ def test_results_are_published_per_session_outside_the_job_store(tmp_path):
     import os
     old_dir = fa["glb"].parents[1]
     os.utime(old_dir, (time.time() - 7200, time.time() - 7200))
-    H.ResultPublisher(tmp_path / "gradio" / "results", prune_age_s=3600)
+    results.ResultPublisher(tmp_path / "gradio" / "results", prune_age_s=3600)
     assert not old_dir.exists() and fb["glb"].exists()
 
 
 def test_status_line():
     caps = {"device": "cpu", "cuda": False, "gsplat": False, "nvdiffrast": False, "moderngl": True}
-    line = H.status_line(caps, "GrabCut — no SAM2 checkpoint", running=1, waiting=2)
+    line = statusview.status_line(caps, "GrabCut — no SAM2 checkpoint", running=1, waiting=2)
     assert "CPU" in line and "moderngl" in line and "gsplat" not in line
     assert "1 running, 2 waiting" in line and "GrabCut — no SAM2 checkpoint" in line
-    assert "workers starting" in H.status_line({}, "GrabCut", 0, 0).lower()
+    assert "workers starting" in statusview.status_line({}, "GrabCut", 0, 0).lower()
     # plain words first, the technical detail folded away
     plain, detail = line.split("<details", 1)
     assert "CPU only" in plain and "using GrabCut: drag a box" in plain and "moderngl" not in plain
@@ -496,7 +496,7 @@ def test_status_line():
 
 
 def test_active_jobs_per_session():
-    act = H.ActiveJobs()
+    act = jobs.ActiveJobs()
     act.add("web-a", "j1")
     act.add("web-b", "j2")
     assert act.get("web-a") == ["j1"] and act.get("web-b") == ["j2"]
@@ -608,21 +608,21 @@ def test_sam2_segmenter_caches_embedding_and_never_touches_cuda(tmp_path, monkey
     assert choice.description.startswith("SAM2") and choice.reason == ""
     sam = choice.segmenter
     rgb, _ = blob
-    st = H.load_upload(_png(rgb), APP)
-    H.prepare_segmenter(st, sam)                       # embedding starts in the background
-    st = H.add_click(st, 128, 128, False, sam)
+    st = uploads.load_upload(_png(rgb), APP)
+    selection.prepare_segmenter(st, sam)                       # embedding starts in the background
+    st = selection.add_click(st, 128, 128, False, sam)
     assert st.mask.shape == (256, 256) and st.mask.dtype == bool
-    st = H.add_click(st, 20, 20, True, sam)
-    st = H.undo_click(st, sam)
+    st = selection.add_click(st, 20, 20, True, sam)
+    st = selection.undo_click(st, sam)
     assert sam.embeddings_computed == 1, "the image embedding must be computed once per image"
     t = time.perf_counter()
-    H.add_click(st, 140, 120, False, sam)
+    selection.add_click(st, 140, 120, False, sam)
     click_s = time.perf_counter() - t
     assert click_s < 5.0, f"a click with a cached embedding took {click_s:.2f} s"
     # another image gets its own embedding; the first stays cached
-    other = H.load_upload(_png(np.ascontiguousarray(rgb[::-1])), APP)
-    H.add_click(other, 128, 128, False, sam)
-    H.add_click(st, 128, 128, False, sam)
+    other = uploads.load_upload(_png(np.ascontiguousarray(rgb[::-1])), APP)
+    selection.add_click(other, 128, 128, False, sam)
+    selection.add_click(st, 128, 128, False, sam)
     assert sam.embeddings_computed == 2
 
 
@@ -635,7 +635,7 @@ def main():
     import httpx
     import numpy as np
     from kiln.settings import load
-    from app import handlers as H
+    from app import browser, form, history, jobs, messages, results, selection, statusview, uploads
     from app.server import launch
 
     var, port = sys.argv[1], int(sys.argv[2])
@@ -683,9 +683,9 @@ def main():
 
         # Generate pressed while the worker pool is still starting, then the tab goes away
         rgb, mask = make_object_image(160, "blob", seed=1)
-        token = alice.cookies.get(H.BROWSER_COOKIE)
-        session = H.session_name(token, "tab1")
-        steps = H.follow_job(ctx, session, rgb, mask, settings, poll_s=0.1)
+        token = alice.cookies.get(browser.BROWSER_COOKIE)
+        session = browser.session_name(token, "tab1")
+        steps = jobs.follow_job(ctx, session, rgb, mask, settings, poll_s=0.1)
         out["first_note"] = next(steps)[0]
         for note, st in steps:
             if st is not None and st.state == "running":
@@ -695,7 +695,7 @@ def main():
         out["closed_job"] = ctx.sup.wait(job, timeout=30).state
         # the worker is free for the next job
         last = None
-        for note, last in H.follow_job(ctx, session, rgb, mask, settings, poll_s=0.1):
+        for note, last in jobs.follow_job(ctx, session, rgb, mask, settings, poll_s=0.1):
             pass
         out["next_job"] = [last.state, last.error]
         published = ctx.publisher.publish(session, last)
@@ -741,7 +741,7 @@ def test_served_app_guards_files_and_uploads_frees_workers_and_stays_off_cuda(tm
     assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = json.loads(line[len("RESULT "):])
     assert out["page"] == 200
-    assert out["cookie"].startswith(H.BROWSER_COOKIE + "=") and "HttpOnly" in out["cookie"]
+    assert out["cookie"].startswith(browser.BROWSER_COOKIE + "=") and "HttpOnly" in out["cookie"]
     assert out["big_upload"][0] == 413 and "maximum allowed size" in out["big_upload"][1]
     # each file under the limit, together over it; and a body without Content-Length
     assert out["many_files_upload"] == 413
@@ -752,7 +752,7 @@ def test_served_app_guards_files_and_uploads_frees_workers_and_stays_off_cuda(tm
     assert out["refused_files"] == dict.fromkeys(out["refused_files"], 403), out["refused_files"]
     # Generate while the workers start: the person is told, and the job runs once they are up;
     # the tab closing mid-job cancels it and frees the worker for the next job
-    assert out["first_note"] == H.WAITING_FOR_POOL
+    assert out["first_note"] == jobs.WAITING_FOR_POOL
     assert out["closed_job"] == "cancelled"
     assert out["next_job"] == ["done", None]
     # a result URL works for the browser whose session made it, and for no one else
@@ -766,85 +766,85 @@ def test_served_app_guards_files_and_uploads_frees_workers_and_stays_off_cuda(tm
 
 def test_box_prompt_selects_the_object_and_keeps_clicks(seg, blob):
     rgb, gt = blob
-    st = H.load_upload(_png(rgb), APP)
+    st = uploads.load_upload(_png(rgb), APP)
     ys, xs = np.nonzero(gt)
-    st = H.set_box(st, xs.max() + 6, ys.max() + 6, xs.min() - 6, ys.min() - 6, seg)   # any corner order
+    st = selection.set_box(st, xs.max() + 6, ys.max() + 6, xs.min() - 6, ys.min() - 6, seg)   # any corner order
     assert st.box[0] < st.box[2] and st.box[1] < st.box[3] and st.clicks == ()
     iou = (st.mask & gt).sum() / (st.mask | gt).sum()
     assert iou > 0.8, iou
     assert not (st.mask & ~box_mask(st.mask.shape, st.box)).any(), "nothing outside the box"
-    st = H.add_click(st, 5, 5, True, seg)       # a click keeps the box
+    st = selection.add_click(st, 5, 5, True, seg)       # a click keeps the box
     assert st.box is not None and len(st.clicks) == 1
-    st = H.undo_click(st, seg)
+    st = selection.undo_click(st, seg)
     assert st.box is not None and st.clicks == ()
-    st = H.undo_click(st, seg)
+    st = selection.undo_click(st, seg)
     assert st.box is None and st.mask is None
-    with pytest.raises(H.UIError, match="too small"):
-        H.set_box(st, 10, 10, 12, 12, seg)
-    assert "and a box" in H.mask_summary(H.set_box(st, xs.min(), ys.min(), xs.max(), ys.max(), seg))
+    with pytest.raises(messages.UIError, match="too small"):
+        selection.set_box(st, 10, 10, 12, 12, seg)
+    assert "and a box" in selection.mask_summary(selection.set_box(st, xs.min(), ys.min(), xs.max(), ys.max(), seg))
 
 
 def test_tiny_and_scattered_masks_warned_and_specks_refused(blob):
     rgb, _ = blob
-    st = H.load_upload(_png(rgb), APP)
+    st = uploads.load_upload(_png(rgb), APP)
     tiny = np.zeros((256, 256), bool)
     tiny[100:106, 100:106] = True           # 36 px: 0.05 % -> a speck
     st_tiny = replace(st, mask=tiny, clicks=((102.0, 102.0, 1),))
-    assert "tiny" in H.mask_summary(st_tiny)
-    with pytest.raises(H.UIError, match="speck"):
-        H.check_job_request(st_tiny, Settings(), *FORM)
+    assert "tiny" in selection.mask_summary(st_tiny)
+    with pytest.raises(messages.UIError, match="speck"):
+        form.check_job_request(st_tiny, Settings(), *FORM)
     small = np.zeros((256, 256), bool)
     small[100:112, 100:112] = True          # 144 px: 0.22 % -> warned, allowed
     st_small = replace(st, mask=small, clicks=((105.0, 105.0, 1),))
-    assert "tiny" in H.mask_summary(st_small)
-    H.check_job_request(st_small, Settings(), *FORM)
+    assert "tiny" in selection.mask_summary(st_small)
+    form.check_job_request(st_small, Settings(), *FORM)
     pieces = np.zeros((256, 256), bool)
     for i in range(6):
         pieces[20 + 35 * i:40 + 35 * i, 20:60] = True
-    assert "6 pieces" in H.mask_summary(replace(st, mask=pieces, clicks=((30.0, 30.0, 1),)))
-    assert "⚠" not in H.mask_summary(replace(st, mask=np.pad(np.ones((100, 100), bool), 78),
+    assert "6 pieces" in selection.mask_summary(replace(st, mask=pieces, clicks=((30.0, 30.0, 1),)))
+    assert "⚠" not in selection.mask_summary(replace(st, mask=np.pad(np.ones((100, 100), bool), 78),
                                              clicks=((128.0, 128.0, 1),)))
 
 
 def test_validation_errors_name_the_field(blob):
     rgb, gt = blob
-    st = replace(H.load_upload(_png(rgb), APP), mask=gt)
-    form = list(FORM)
-    form[5] = -1    # seed
-    with pytest.raises(H.UIError, match=r"^Seed: -1 is out of range"):
-        H.check_job_request(st, Settings(), *form)
-    form = list(FORM)
-    form[3] = 0     # views
-    with pytest.raises(H.UIError, match=r"^Bake views: 0 is out of range"):
-        H.check_job_request(st, Settings(), *form)
+    st = replace(uploads.load_upload(_png(rgb), APP), mask=gt)
+    values = list(FORM)
+    values[5] = -1    # seed
+    with pytest.raises(messages.UIError, match=r"^Seed: -1 is out of range"):
+        form.check_job_request(st, Settings(), *values)
+    values = list(FORM)
+    values[3] = 0     # views
+    with pytest.raises(messages.UIError, match=r"^Bake views: 0 is out of range"):
+        form.check_job_request(st, Settings(), *values)
 
 
 def test_mask_file_on_the_page(tmp_path, blob):
     """An RGBA mask file whose alpha marks the object and whose colour is noise is read by
     its alpha; a wrong size, an empty or full mask are refused naming the file."""
     rgb, gt = blob
-    st = H.load_upload(_png(rgb), APP, name="photo.png")
+    st = uploads.load_upload(_png(rgb), APP, name="photo.png")
     rng = np.random.default_rng(0)
     rgba = np.dstack([rng.integers(0, 256, (256, 256, 3), dtype=np.uint8), gt.astype(np.uint8) * 255])
     path = tmp_path / "m.png"
     Image.fromarray(rgba, "RGBA").save(path)
-    st2 = H.set_mask_file(st, path, APP, name="m.png")
+    st2 = uploads.set_mask_file(st, path, APP, name="m.png")
     assert np.array_equal(st2.mask, gt) and st2.mask_file == str(path)
-    assert "m.png: read by its alpha channel" in H.mask_summary(st2) and "from mask file" in H.mask_summary(st2)
-    rgb_full, mask_full = H.job_inputs(st2)
+    assert "m.png: read by its alpha channel" in selection.mask_summary(st2) and "from mask file" in selection.mask_summary(st2)
+    rgb_full, mask_full = form.job_inputs(st2)
     assert np.array_equal(mask_full, gt)
     wrong = tmp_path / "wrong.png"
     Image.fromarray(np.zeros((100, 80), np.uint8)).save(wrong)
-    with pytest.raises(H.UIError, match=r"wrong.png is 80x100 pixels but the image is 256x256"):
-        H.set_mask_file(st, wrong, APP)
+    with pytest.raises(messages.UIError, match=r"wrong.png is 80x100 pixels but the image is 256x256"):
+        uploads.set_mask_file(st, wrong, APP)
     empty = tmp_path / "empty.png"
     Image.fromarray(np.zeros((256, 256), np.uint8)).save(empty)
-    with pytest.raises(H.UIError, match="empty.png marks nothing"):
-        H.set_mask_file(st, empty, APP)
+    with pytest.raises(messages.UIError, match="empty.png marks nothing"):
+        uploads.set_mask_file(st, empty, APP)
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not an image")
-    with pytest.raises(H.UIError, match="mask file bad.png"):
-        H.set_mask_file(st, bad, APP)
+    with pytest.raises(messages.UIError, match="mask file bad.png"):
+        uploads.set_mask_file(st, bad, APP)
     # a click goes back to prompting; the alpha-mode switch leaves the file too
-    st3 = H.add_click(st2, 128, 128, True, GrabCutSegmenter())
+    st3 = selection.add_click(st2, 128, 128, True, GrabCutSegmenter())
     assert st3.mask_file is None and st3.mask_note == ""

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import handlers as H
+from app import browser, form, history, messages, selection, statusview, uploads
 from app.sessions import WORK_BYTES_MAX, SessionLimits, SessionStore
 from kiln.settings import load
 from synthetic import make_object_image
@@ -43,16 +43,16 @@ def test_a_sessions_image_lives_on_disk_and_full_size_is_decoded_again_for_a_job
     big = np.zeros((3000, 4000, 3), np.uint8)
     big[1000:2000, 1500:2500] = (200, 60, 40)
     store = SessionStore(tmp_path / "s", SessionLimits())
-    st = H.load_upload(_png(big), APP)
+    st = uploads.load_upload(_png(big), APP)
     assert st.image.work.shape == (768, 1024, 3) and st.image.size == (3000, 4000)
-    st = H.add_click(st, 512, 384, False, _Seg())
+    st = selection.add_click(st, 512, 384, False, _Seg())
     store.put("web-a-1", "10.0.0.1", st)
     rec = store._records["web-a-1"]
     assert rec.image.work.size == 0 and rec.image.work_alpha is None   # nothing decoded in memory
     assert isinstance(rec.image.source, Path) and rec.image.source.read_bytes() == st.image.source
     back = store.get("web-a-1")
     assert np.array_equal(back.image.work, st.image.work) and np.array_equal(back.mask, st.mask)
-    rgb, mask = H.job_inputs(back)
+    rgb, mask = form.job_inputs(back)
     assert rgb.shape == (3000, 4000, 3) and mask.shape == (3000, 4000)
     assert np.array_equal(rgb, big)
     # the record stays small whatever the image decodes to
@@ -73,18 +73,18 @@ def test_limits_per_client_and_in_total_refuse_politely_before_decoding(tmp_path
     mb = 1024 * 1024
     store = SessionStore(tmp_path / "s", SessionLimits(max_sessions=3, max_sessions_per_client=2,
                                                        max_bytes=64 * mb, max_bytes_per_client=32 * mb))
-    st = H.load_upload(blob_png, APP)
+    st = uploads.load_upload(blob_png, APP)
     store.put("web-a-1", "1.1.1.1", st)
     store.put("web-a-2", "1.1.1.1", st)
-    with pytest.raises(H.UIError, match=r"already has 2 tabs with an image .*limit is 2"):
+    with pytest.raises(messages.UIError, match=r"already has 2 tabs with an image .*limit is 2"):
         store.admit("web-a-3", "1.1.1.1", len(blob_png))
     store.admit("web-a-1", "1.1.1.1", len(blob_png))      # replacing its own image is fine
-    with pytest.raises(H.UIError, match="more than the 32 MB allowed"):
+    with pytest.raises(messages.UIError, match="more than the 32 MB allowed"):
         store.admit("web-b-1", "2.2.2.2", 40 * mb)
     store.put("web-b-1", "2.2.2.2", st)
-    with pytest.raises(H.UIError, match="holding images for 3 tabs, its limit"):
+    with pytest.raises(messages.UIError, match="holding images for 3 tabs, its limit"):
         store.admit("web-c-1", "3.3.3.3", len(blob_png))
-    with pytest.raises(H.UIError, match="holding images for 3 tabs"):
+    with pytest.raises(messages.UIError, match="holding images for 3 tabs"):
         store.put("web-c-1", "3.3.3.3", st)             # checked again when it is kept
     assert store.usage()["sessions"] == 3 and store.get("web-c-1").image is None
     store.drop("web-a-1")                               # a tab closed
@@ -95,7 +95,7 @@ def test_limits_per_client_and_in_total_refuse_politely_before_decoding(tmp_path
 def test_unused_sessions_expire(tmp_path, blob_png):
     now = [0.0]
     store = SessionStore(tmp_path / "s", SessionLimits(ttl_s=60), clock=lambda: now[0])
-    store.put("web-a-1", "1.1.1.1", H.load_upload(blob_png, APP))
+    store.put("web-a-1", "1.1.1.1", uploads.load_upload(blob_png, APP))
     now[0] = 50
     assert store.get("web-a-1").image is not None       # using it keeps it
     now[0] = 100
@@ -106,7 +106,7 @@ def test_unused_sessions_expire(tmp_path, blob_png):
 
 def test_edits_of_one_session_run_one_at_a_time(tmp_path, blob_png):
     store = SessionStore(tmp_path / "s", SessionLimits())
-    store.put("web-a-1", "c", H.load_upload(blob_png, APP))
+    store.put("web-a-1", "c", uploads.load_upload(blob_png, APP))
     inside, overlap = [0], []
 
     def click(i):
@@ -114,7 +114,7 @@ def test_edits_of_one_session_run_one_at_a_time(tmp_path, blob_png):
             inside[0] += 1
             overlap.append(inside[0])
             time.sleep(0.01)   # widen the window a lost update would need
-            save(H.SessionState(st.image, st.clicks + ((float(i), 1.0, 1),), st.mask, st.use_alpha))
+            save(uploads.SessionState(st.image, st.clicks + ((float(i), 1.0, 1),), st.mask, st.use_alpha))
             inside[0] -= 1
 
     threads = [threading.Thread(target=click, args=(i,)) for i in range(8)]
@@ -126,14 +126,14 @@ def test_edits_of_one_session_run_one_at_a_time(tmp_path, blob_png):
 
 
 def test_public_text_cuts_absolute_paths():
-    assert H.public_text("see /srv/kiln/var/workers/worker-0.log for more") == "see worker-0.log for more"
-    assert H.public_text("No such file: '/tmp/x/gradio/abc/kiln-1.glb'") == "No such file: 'kiln-1.glb'"
-    assert H.public_text("ratio 1/2, http://host/a/b") == "ratio 1/2, http://host/a/b"
+    assert messages.public_text("see /srv/kiln/var/workers/worker-0.log for more") == "see worker-0.log for more"
+    assert messages.public_text("No such file: '/tmp/x/gradio/abc/kiln-1.glb'") == "No such file: 'kiln-1.glb'"
+    assert messages.public_text("ratio 1/2, http://host/a/b") == "ratio 1/2, http://host/a/b"
     st = SimpleNamespace(id="j", state="failed", stage="uv", progress=0.5, error="stage 'uv' failed: "
                          "OSError: [Errno 28] No space left on device: '/srv/var/jobs/web-x/j/out.tmp'",
                          message="", timings={}, stats={}, created=0)
-    assert "/srv" not in H.progress_html(st) and "out.tmp" in H.progress_html(st)
-    assert "/srv" not in H.history_markdown([st])
+    assert "/srv" not in statusview.progress_html(st) and "out.tmp" in statusview.progress_html(st)
+    assert "/srv" not in history.history_markdown([st])
 
 
 # -- a served app ---------------------------------------------------------------
@@ -249,7 +249,7 @@ class Tab:
 
 def _browser(served) -> httpx.Client:
     client = httpx.Client(base_url=served.base, timeout=60)
-    assert client.get("/").status_code == 200 and client.cookies.get(H.BROWSER_COOKIE)
+    assert client.get("/").status_code == 200 and client.cookies.get(browser.BROWSER_COOKIE)
     return client
 
 
@@ -266,7 +266,7 @@ def test_another_browser_sending_a_tabs_session_hash_gets_nothing_of_it(served, 
     assert code == 200 and msg["success"], msg
     code, msg = alice.click(128, 128)
     assert code == 200 and msg["success"]
-    alice_session = H.session_name(alice_browser.cookies.get(H.BROWSER_COOKIE), "alicetab0001")
+    alice_session = browser.session_name(alice_browser.cookies.get(browser.BROWSER_COOKIE), "alicetab0001")
     assert served.ctx.sessions.get(alice_session).mask.any()
 
     # Mallory (her own cookie) learned Alice's tab hash: every use of it is refused
