@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-STAGES = ("reconstruct", "render_views", "mesh", "uv", "bake", "export")
+from kiln.stages import STAGES  # noqa: E402 - after the sys.path line above
 
 
 def tree_rss(proc) -> int:

@@ -35,3 +35,12 @@ def atomic_write(path: str | Path, data: Payload, fsync: bool = True, mode: int 
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def atomic_copy(src: str | Path, dst: str | Path, fsync: bool = True, mode: int = 0o644) -> Path:
+    """Copy the file ``src`` to ``dst`` the way ``atomic_write`` writes: an interrupted
+    copy leaves ``dst`` as it was (absent or whole), never torn."""
+    import shutil
+
+    with open(src, "rb") as f:
+        return atomic_write(dst, lambda out: shutil.copyfileobj(f, out), fsync, mode)

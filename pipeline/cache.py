@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kiln.atomic import atomic_write
+from kiln.digest import input_digest
 from kiln.settings import Settings
 
 from .types import Cameras, Gaussians, ImageInput, Mesh, Reconstruction, SourceCamera, Views
@@ -118,19 +119,10 @@ def reconstruction_key(image: ImageInput, settings: Settings) -> str:
     export settings deliberately do not take part).
     """
     h = hashlib.sha256()
-    h.update(image_digest(image).encode())
+    h.update(input_digest(image.rgb, image.mask).encode())
     h.update(json.dumps(settings.to_dict()["reconstruct"], sort_keys=True).encode())
     h.update(f"seed={int(settings.seed)}".encode())
     h.update(code_version(settings.reconstruct.backend).encode())
-    return h.hexdigest()
-
-
-def image_digest(image: ImageInput) -> str:
-    """Content hash of the image and mask (shape included)."""
-    h = hashlib.sha256()
-    for arr in (image.rgb, image.mask):
-        h.update(str(arr.shape).encode())
-        h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()
 
 

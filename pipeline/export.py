@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from kiln.atomic import atomic_write
+from kiln.glb import GLBError
 
 from .geometry import vertex_normals
 from .types import Gaussians, Mesh, Texture
@@ -25,10 +26,6 @@ from .validate import StageInputError, check_array
 SH_C0 = 0.28209479177387814      # band-0 spherical harmonic: colour = 0.5 + SH_C0 * f_dc
 ROUGHNESS = 0.9
 MAX_EXPORT_FACES = 10_000_000
-
-
-class GLBError(ValueError):
-    """A GLB file is missing, unreadable, empty or holds non-finite data."""
 
 
 # --------------------------------------------------------------------------- GLB

@@ -2,7 +2,7 @@
 
 Knows nothing about processes or the UI: progress goes out through a callback,
 the caller (CLI in-process, or the worker) decides what to do with it.
-Stage names, in order, are ``STAGES``.
+Stage names, in order, are ``kiln.stages.STAGES``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from typing import Callable, Optional
 from kiln.settings import Settings
 
 from .types import ImageInput, Reconstruction
-
-STAGES = ("reconstruct", "render_views", "mesh", "uv", "bake", "export")
 
 # on_event(stage, fraction in [0, 1] within the stage, message)
 EventFn = Callable[[str, float, str], None]

@@ -383,7 +383,7 @@ def test_app_process_never_initialised_cuda(env):
 
 def test_supervisor_modules_import_neither_torch_nor_pipeline():
     code = ("import sys, worker.supervisor, worker.jobstore, worker.process, worker.faults, "
-            "worker.glb, worker.env\n"
+            "kiln.glb, worker.env\n"
             "print(sorted(m for m in ('torch', 'pipeline', 'trimesh', 'cv2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

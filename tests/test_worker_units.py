@@ -13,7 +13,7 @@ import pytest
 
 from worker import env as wenv
 from worker.faults import Fault, FaultPlan, parse
-from worker.glb import GLBError, check_glb_light
+from kiln.glb import GLBError, check_glb_light
 from kiln.atomic import atomic_write
 from worker.jobstore import (JobStatus, JobStore, atomic_write_json, load_inputs,
                              safe_session)

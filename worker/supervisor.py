@@ -51,7 +51,7 @@ from kiln.settings import load as load_settings
 from . import env as env_mod
 from . import interpreter
 from .faults import FaultPlan
-from .glb import GLBError, check_glb_light
+from kiln.glb import GLBError, check_glb_light
 from .jobstore import (Event, JobStatus, JobStore, append_log, atomic_write_json, check_inputs,
                        safe_session)
 from .slots import WorkerSlot, copy_json, describe_exit

@@ -1,7 +1,8 @@
-"""A structural GLB check cheap enough for the app process (no trimesh, no pipeline).
+"""GLB checks' shared error, and a structural check cheap enough for the app process
+(standard library only: no trimesh, no pipeline).
 
 The worker already loads every result with ``pipeline.export.check_glb``; this
-second look, on the supervisor's side, catches what can go wrong between the two
+second look (``check_glb_light``), on the supervisor's side, catches what can go wrong between the two
 processes (a truncated file, a worker that claimed success and died while
 writing) before a job is marked done. It reads the 12-byte header, the JSON chunk
 and the BIN chunk's header, and checks that they agree with each other and with
@@ -20,7 +21,8 @@ _BIN = 0x004E4942
 
 
 class GLBError(ValueError):
-    """The file is not a usable GLB; the message says which check failed."""
+    """The file is not a usable GLB (missing, truncated, unreadable, no triangles,
+    non-finite data); the message says which check failed."""
 
 
 def check_glb_light(path: Path) -> dict:

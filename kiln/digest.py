@@ -1,0 +1,18 @@
+"""One content hash for a job's input, shared by the crash memory (which input keeps
+crashing workers) and the stage cache (which reconstruction belongs to which input)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+
+def input_digest(rgb: np.ndarray, mask: np.ndarray) -> str:
+    """SHA-256 hex of the image and mask, each with its shape (the same bytes in another
+    shape are another input)."""
+    h = hashlib.sha256()
+    for a in (rgb, mask):
+        h.update(str(a.shape).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
