@@ -20,12 +20,12 @@ log = logging.getLogger(__name__)
 WAITING_FOR_POOL = "Waiting for the worker pool to start…"
 
 
-def watch_job(sup, job_id: str, poll_s: float = 0.25) -> Iterator[Any]:
-    """Yield the job's status whenever its sequence number changes, ending with a
-    terminal status (done / failed / cancelled)."""
+def watch_job(job, poll_s: float = 0.25) -> Iterator[Any]:
+    """Yield the status of ``job`` (a ``worker.jobhandle.Job``) whenever its sequence
+    number changes, ending with a terminal status (done / failed / cancelled)."""
     seen = -1
     while True:
-        st = sup.status(job_id)
+        st = job.status()
         if st.seq != seen or st.terminal:
             seen = st.seq
             yield st
@@ -54,26 +54,26 @@ def follow_job(ctx, session: str, rgb: np.ndarray, mask: np.ndarray, settings: S
         yield ctx.sup_error or "the worker pool is not running", None
         return
     try:
-        job_id = sup.submit(rgb, mask, settings, session=session)
+        job = sup.submit(rgb, mask, settings, session=session)
     except Exception as e:  # noqa: BLE001 - queue full or a refused input: the person reads why
         log.warning("submit failed: %s", e)
         yield f"Could not start the job: {public_text(str(e))}", None
         return
     finally:
         del rgb, mask   # full size, up to app.max_pixels: the job store has them now
-    ctx.summaries[job_id] = settings_summary(settings)
-    ctx.active.add(session, job_id)
+    ctx.summaries[job.id] = settings_summary(settings)
+    ctx.active.add(session, job.id)
     last = None
     try:
-        for last in watch_job(sup, job_id, poll_s):
+        for last in watch_job(job, poll_s):
             yield "", last
     finally:
-        ctx.active.discard(session, job_id)
+        ctx.active.discard(session, job.id)
         if last is None or not last.terminal:
             try:
-                sup.cancel(job_id)
+                job.cancel()
             except Exception:  # noqa: BLE001 - the person is gone; the log keeps the reason
-                log.exception("cancel of %s failed", job_id)
+                log.exception("cancel of %s failed", job.id)
 
 
 def settings_summary(settings: Settings) -> str:

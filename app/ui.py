@@ -461,12 +461,13 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                     return statusview.progress_html(note="Cancelled before it started."), *idle_buttons()
                 return statusview.progress_html(note="Nothing to cancel."), *idle_buttons()
             for job_id in job_ids:
-                ctx.sup.cancel(job_id)
+                ctx.sup.job(job_id).cancel()
             deadline = time.monotonic() + 8
-            st = ctx.sup.status(job_ids[-1])
+            last = ctx.sup.job(job_ids[-1])
+            st = last.status()
             while not st.terminal and time.monotonic() < deadline:
                 time.sleep(0.1)
-                st = ctx.sup.status(job_ids[-1])
+                st = last.status()
             return statusview.progress_html(st), *idle_buttons()
 
         cancel_btn.click(on_cancel, None, [progress, generate_btn, cancel_btn], cancels=[gen_event],

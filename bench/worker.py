@@ -92,13 +92,13 @@ def bench_crash(settings, root: Path, repeat: int) -> list[tuple[float, float, f
             sup.wait_ready()
             bad = sup.submit(rgb, mask, bad_settings, session="crash")
             nxt = sup.submit(rgb, mask, settings, session="next")
-            st = sup.wait(bad, timeout=120)
+            st = bad.wait(timeout=120)
             assert st.error.startswith("worker crashed with SIGSEGV"), st.error
-            evs = sup.events(bad)
+            evs = bad.events()
             t_crash = next(e.time for e in evs if e.stage == "reconstruct")
             t_detect = evs[-1].time
             running = None
-            for e in sup.follow(nxt, timeout=120):
+            for e in nxt.follow(timeout=120):
                 if e.state == "running" and running is None:
                     running = e.time
             t_ready = sup.metrics["last_ready"]

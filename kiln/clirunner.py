@@ -95,18 +95,18 @@ class WorkerRunner:
         sup = self.sup
         try:
             with writing_to(self.jobs_dir):
-                job_id = sup.submit(item.rgb, item.mask, self.settings, session="cli")
+                job = sup.submit(item.rgb, item.mask, self.settings, session="cli")
         except ValueError as e:
             raise CliError(f"the job was refused: {e}") from None
         try:
-            show_events(sup.follow(job_id), display)
+            show_events(job.follow(), display)
         except KeyboardInterrupt:
             display.note("interrupted: cancelling the job (Ctrl-C again to stop at once)")
-            self._cancel(job_id)
-        st = sup.status(job_id)
+            self._cancel(job)
+        st = job.status()
         if st.state != "done":
             error = st.error or st.message
-            where = f"job {job_id} {st.state}: {error} (log: {sup.job_dir(job_id) / 'log'})"
+            where = f"job {job.id} {st.state}: {error} (log: {job.dir / 'log'})"
             full = _NO_SPACE.search(error or "")
             if full:
                 path = full.group(1) or full.group(2)
@@ -122,17 +122,17 @@ class WorkerRunner:
         return {"timings": st.timings, "stats": st.stats, "ply": ply,
                 "queued": st.timings.get("queued_s", 0.0)}
 
-    def _cancel(self, job_id: str) -> None:
-        """Cancel the job and wait until its worker has exited (the job then ends
-        cancelled); a second Ctrl-C stops waiting."""
-        self.sup.cancel(job_id, timeout=CANCEL_WAIT_S)
-        st = self.sup.status(job_id)
+    def _cancel(self, job) -> None:
+        """Cancel ``job`` (a ``worker.jobhandle.Job``) and wait until its worker has exited
+        (the job then ends cancelled); a second Ctrl-C stops waiting."""
+        job.cancel(timeout=CANCEL_WAIT_S)
+        st = job.status()
         if st.state == "cancelled":
-            raise Cancelled(f"cancelled job {job_id}; the worker running it was stopped") from None
+            raise Cancelled(f"cancelled job {job.id}; the worker running it was stopped") from None
         if not st.terminal:
-            raise Cancelled(f"interrupted; job {job_id} was still {st.state} {CANCEL_WAIT_S:.0f} s "
+            raise Cancelled(f"interrupted; job {job.id} was still {st.state} {CANCEL_WAIT_S:.0f} s "
                             "after it was cancelled; its worker is stopped now") from None
-        raise Cancelled(f"interrupted; job {job_id} had already ended ({st.state})") from None
+        raise Cancelled(f"interrupted; job {job.id} had already ended ({st.state})") from None
 
 
 class InProcessRunner:

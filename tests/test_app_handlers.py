@@ -7,6 +7,7 @@ import io
 from dataclasses import replace
 import logging
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -281,7 +282,11 @@ class _Sup:
             raise self.refuse
         job = f"job{len(self.submitted)}"
         self.submitted.append((job, session))
-        return job
+        return self.job(job)
+
+    def job(self, job_id):   # a worker.jobhandle.Job's calls, answered by this stand-in
+        return SimpleNamespace(id=job_id, status=lambda: self.status(job_id),
+                               cancel=lambda: self.cancel(job_id))
 
     def status(self, job_id):
         n = self.calls[job_id] = self.calls.get(job_id, 0) + 1
@@ -421,15 +426,15 @@ def test_watch_job_yields_changes_until_terminal():
     seq = [("queued", 0, None), ("running", 1, "reconstruct"), ("running", 1, "reconstruct"),
            ("running", 2, "bake"), ("done", 3, "export")]
 
-    class Sup:
-        i = 0
+    class Job:
+        id, i = "j", 0
 
-        def status(self, job_id):
+        def status(self):
             state, s, stage = seq[min(self.i, len(seq) - 1)]
             self.i += 1
-            return JobStatus(id=job_id, session="web-a", state=state, seq=s, stage=stage)
+            return JobStatus(id=self.id, session="web-a", state=state, seq=s, stage=stage)
 
-    got = [(st.state, st.seq) for st in jobs.watch_job(Sup(), "j", poll_s=0)]
+    got = [(st.state, st.seq) for st in jobs.watch_job(Job(), poll_s=0)]
     assert got == [("queued", 0), ("running", 1), ("running", 2), ("done", 3)]
 
 
@@ -692,7 +697,7 @@ def main():
                 break
         steps.close()
         job = st.id
-        out["closed_job"] = ctx.sup.wait(job, timeout=30).state
+        out["closed_job"] = ctx.sup.job(job).wait(timeout=30).state
         # the worker is free for the next job
         last = None
         for note, last in jobs.follow_job(ctx, session, rgb, mask, settings, poll_s=0.1):

@@ -217,17 +217,9 @@ def test_a_worker_that_met_a_full_disk_is_named():
                                    "'/data/jobs/cli/j1/outputs/model.glb'")
 
     class Sup:
-        def submit(self, *a, **k):
-            return "j1"
-
-        def follow(self, job_id):
-            return iter(())
-
-        def status(self, job_id):
-            return status
-
-        def job_dir(self, job_id):
-            return Path("/data/jobs/cli/j1")
+        def submit(self, *a, **k):   # a worker.jobhandle.Job's calls, answered by a stand-in
+            return SimpleNamespace(id="j1", follow=lambda: iter(()), status=lambda: status,
+                                   dir=Path("/data/jobs/cli/j1"))
 
     runner = WorkerRunner(SimpleNamespace(app=SimpleNamespace(jobs_dir="/data/jobs")))
     runner.sup = Sup()

@@ -22,7 +22,8 @@ import pytest
 
 from worker.faults import FaultPlan
 from worker.jobstore import JobStore
-from worker.supervisor import FALLBACK, Supervisor
+from worker.retry import FALLBACK
+from worker.supervisor import Supervisor
 from worker_helpers import CudaTripwire, image, small_settings
 
 PLAN = FaultPlan([
@@ -108,22 +109,22 @@ def test_fault_fails_job_and_fresh_worker_runs_next(env, kind, stage, reason, in
     # pipeline on a fresh worker is exercised by the retry, cancel and kill tests)
     good = sup.submit(*image(), small_settings(bake__enabled=False), session="good")
 
-    st = sup.wait(bad, timeout=JOB_TIMEOUT)
+    st = bad.wait(timeout=JOB_TIMEOUT)
     assert st.state == "failed"
     assert st.error == reason
     assert st.stage == stage
     assert st.attempts == 1
-    log = sup.log(bad)
+    log = bad.log()
     if in_log:
         assert in_log in log  # the worker's crash report made it into the job's log
 
-    ok = sup.wait(good, timeout=JOB_TIMEOUT)
+    ok = good.wait(timeout=JOB_TIMEOUT)
     assert ok.state == "done", ok.error
     assert os.path.getsize(ok.outputs["glb"]) > 0
     assert worker_pid(sup) != pid0
     # nothing is only in memory: the store on disk says the same
-    assert assert_on_disk(env, bad, "failed").error == reason
-    assert_on_disk(env, good, "done")
+    assert assert_on_disk(env, bad.id, "failed").error == reason
+    assert_on_disk(env, good.id, "done")
 
 
 def test_oom_is_retried_with_smaller_chunks_once_then_fails(env):
@@ -134,7 +135,7 @@ def test_oom_is_retried_with_smaller_chunks_once_then_fails(env):
     assert st.error.startswith("CUDA out of memory during stage 'render_views', also after retrying "
                                "with chunk scale 0.5")
     assert st.attempts == 2
-    assert "chunk scale 0.5" in sup.log(st.id)
+    assert "chunk scale 0.5" in sup.job(st.id).log()
     assert worker_pid(sup) == pid0  # an OOM does not poison the process: same worker
 
     st = sup.run(*image(), no_retry(), session="oom-once", timeout=JOB_TIMEOUT)
@@ -166,7 +167,7 @@ def test_crash_is_retried_once_with_safe_backends(env):
     assert set(stages) <= set(st.timings)
     assert st.timings["total_s"] >= sum(st.timings[s] for s in stages)
     assert st.stats["job"]["pipeline_s"] <= st.stats["job"]["worker_job_s"] <= st.timings["total_s"]
-    assert json.loads((env.sup.job_dir(st.id) / "settings.json").read_text())["views"]["backend"] \
+    assert json.loads((env.sup.job(st.id).dir / "settings.json").read_text())["views"]["backend"] \
         == "auto"  # the job's own settings are untouched; the fallback is per attempt
     assert FALLBACK["rasterize.backend"] == "moderngl"
 
@@ -187,20 +188,20 @@ def test_input_that_crashed_twice_is_not_retried_again(env):
                         "this input has now crashed a worker 3 times")
 
 
-def wait_for_stage(sup, job_id, stage, timeout=JOB_TIMEOUT):
-    for ev in sup.follow(job_id, timeout=timeout):
+def wait_for_stage(job, stage, timeout=JOB_TIMEOUT):
+    for ev in job.follow(timeout=timeout):
         if ev.stage == stage:
             return ev
-    raise AssertionError(f"job never reached stage {stage}: {sup.status(job_id)}")
+    raise AssertionError(f"job never reached stage {stage}: {job.status()}")
 
 
 def test_worker_killed_from_outside_mid_job(env):
     sup = env.sup
     victim = sup.submit(*image(), no_retry(), session="victim")
-    wait_for_stage(sup, victim, "bake")
+    wait_for_stage(victim, "bake")
     pid = sup.workers()[0]["pid"]
     os.kill(pid, signal.SIGKILL)
-    st = sup.wait(victim, timeout=30)
+    st = victim.wait(timeout=30)
     assert st.state == "failed"
     assert st.error == "worker crashed with SIGKILL during stage 'bake'"
     st = sup.run(*image(), small_settings(), session="after-kill", timeout=JOB_TIMEOUT)
@@ -217,7 +218,7 @@ def test_a_worker_stopped_mid_bake_is_caught_by_its_cpu_time_and_the_job_retried
     job = sup.submit(*image(seed=31), small_settings(worker__stall_timeout_s=stall),
                      session="freeze-bake")
     t_bake = None
-    for ev in sup.follow(job, timeout=JOB_TIMEOUT):
+    for ev in job.follow(timeout=JOB_TIMEOUT):
         if ev.stage == "bake" and t_bake is None:
             t_bake = time.monotonic()
         if ev.state == "queued" and t_bake is not None:   # the retry was queued
@@ -225,7 +226,7 @@ def test_a_worker_stopped_mid_bake_is_caught_by_its_cpu_time_and_the_job_retried
     caught_after = time.monotonic() - t_bake
     # the window, a sample interval, and the kill (SIGTERM, SIGKILL at worst 1 s later)
     assert caught_after < stall + 4.0, caught_after
-    st = sup.wait(job, timeout=JOB_TIMEOUT)
+    st = job.wait(timeout=JOB_TIMEOUT)
     assert st.state == "done", st.error
     assert st.attempts == 2
     assert st.stats["earlier_attempts"] == [
@@ -233,7 +234,7 @@ def test_a_worker_stopped_mid_bake_is_caught_by_its_cpu_time_and_the_job_retried
         "(worker.stall_timeout_s; process state 'stopped'); it was stopped with SIGTERM"]
     assert worker_pid(sup) != pid0
     # SIGCONT after SIGTERM let the stopped worker's faulthandler say where it was
-    assert "in fire" in sup.log(job)
+    assert "in fire" in job.log()
 
 
 def test_a_long_native_call_holding_the_gil_is_not_taken_for_a_frozen_worker(tmp_path):
@@ -254,14 +255,14 @@ def test_a_long_native_call_holding_the_gil_is_not_taken_for_a_frozen_worker(tmp
         def sample():   # how long the worker has been silent, as the supervisor sees it
             while not stop.is_set():
                 w = sup.workers()[0]
-                if w["job"] == job and sup.status(job).stage == "uv":
+                if w["job"] == job.id and job.status().stage == "uv":
                     silences.append(w["heartbeat_age_s"] or 0.0)
                 stop.wait(0.05)
 
         t = threading.Thread(target=sample)
         t.start()
         try:
-            st = sup.wait(job, timeout=JOB_TIMEOUT)
+            st = job.wait(timeout=JOB_TIMEOUT)
         finally:
             stop.set()
             t.join()
@@ -277,18 +278,18 @@ def test_cancel_queued_and_running_jobs(env):
     running = sup.submit(*image(), small_settings(), session="cancel-running")
     waiting = sup.submit(*image(), small_settings(), session="cancel")
     doomed = sup.submit(*image(), small_settings(), session="cancel")
-    assert sup.cancel(doomed)
-    st = sup.status(doomed)
+    assert doomed.cancel()
+    st = doomed.status()
     assert st.state == "cancelled" and st.attempts == 0
 
-    wait_for_stage(sup, running, "bake")
+    wait_for_stage(running, "bake")
     t0 = time.monotonic()
-    assert sup.cancel(running)
+    assert running.cancel()
     assert time.monotonic() - t0 < 5.0
-    assert sup.status(running).state == "cancelled"
-    assert sup.wait(waiting, timeout=JOB_TIMEOUT).state == "done"
+    assert running.status().state == "cancelled"
+    assert waiting.wait(timeout=JOB_TIMEOUT).state == "done"
     assert worker_pid(sup) != pid0
-    assert not sup.cancel(waiting)  # finished jobs stay finished
+    assert not waiting.cancel()  # finished jobs stay finished
 
 
 def test_cancel_wins_over_a_retry_already_on_its_way(env):
@@ -298,26 +299,26 @@ def test_cancel_wins_over_a_retry_already_on_its_way(env):
     # an input no other test uses (no cached reconstruction) and a fault several stages
     # in, so the test reliably takes the lock before the fault fires
     job = sup.submit(*image(seed=23), no_retry(), session="oom-cancel")
-    for ev in sup.follow(job, timeout=JOB_TIMEOUT):
+    for ev in job.follow(timeout=JOB_TIMEOUT):
         if ev.state == "running":
             break
-    log_file = sup.job_dir(job) / "log"
+    log_file = job.dir / "log"
 
     def job_log():
         return log_file.read_text() if log_file.exists() else ""
 
-    with sup._lock:  # keep the dispatcher from reading the worker's report until cancel ran
+    with sup._dispatcher.lock:  # keep the dispatcher from reading the worker's report until cancel ran
         assert "oom error" not in job_log()  # not too late: the fault is stages away
         deadline = time.monotonic() + JOB_TIMEOUT
         while "oom error" not in job_log():  # the worker writes this just before its report
             assert time.monotonic() < deadline, "the oom fault never fired"
             time.sleep(0.05)
         time.sleep(0.3)
-        assert sup.cancel(job)
-    st = sup.status(job)
+        assert job.cancel()
+    st = job.status()
     assert (st.state, st.error, st.attempts) == ("cancelled", "cancelled by user", 1)
     time.sleep(1.0)  # give a wrongly re-queued attempt the time to start
-    assert sup.status(job).attempts == 1 and sup.queue_length() == 0
+    assert job.status().attempts == 1 and sup.queue_length() == 0
 
 
 def test_events_carry_monotonic_seq_and_progress(env):
@@ -327,7 +328,7 @@ def test_events_carry_monotonic_seq_and_progress(env):
     seen, stop = [], threading.Event()
 
     def read_status_file():
-        path = sup.job_dir(job) / "status.json"
+        path = job.dir / "status.json"
         while not stop.is_set():
             seen.append(json.loads(path.read_text())["seq"])
             time.sleep(0.002)
@@ -335,7 +336,7 @@ def test_events_carry_monotonic_seq_and_progress(env):
     reader = threading.Thread(target=read_status_file)
     reader.start()
     try:
-        evs = list(sup.follow(job, timeout=JOB_TIMEOUT))
+        evs = list(job.follow(timeout=JOB_TIMEOUT))
     finally:
         stop.set()
         reader.join()
@@ -346,9 +347,9 @@ def test_events_carry_monotonic_seq_and_progress(env):
     assert [e.state for e in evs].count("queued") == 2  # submitted, then re-queued for the retry
     assert evs[-1].state == "done" and evs[-1].progress == 1.0
     assert {e.stage for e in evs} >= {"reconstruct", "render_views", "mesh", "uv", "bake", "export"}
-    assert sup.status(job).seq == seqs[-1]
-    assert assert_on_disk(env, job, "done").seq == seqs[-1]
-    assert sup.events(job, since_seq=seqs[3]) == evs[4:]
+    assert job.status().seq == seqs[-1]
+    assert assert_on_disk(env, job.id, "done").seq == seqs[-1]
+    assert job.events(since_seq=seqs[3]) == evs[4:]
 
 
 def test_only_postprocessing_changes_reuse_the_reconstruction(env):
@@ -364,12 +365,12 @@ def test_only_postprocessing_changes_reuse_the_reconstruction(env):
 
 
 def test_restart_marks_jobs_left_running_as_failed(env):
-    st = env.sup.status(env.orphan)
+    st = env.sup.job(env.orphan).status()
     assert st.state == "failed"
     assert st.error == "interrupted: the server stopped during stage 'bake'"
     assert st.seq == 8
     assert [j.id for j in env.sup.jobs("old")] == [env.orphan]
-    assert "interrupted" in env.sup.log(env.orphan)
+    assert "interrupted" in env.sup.job(env.orphan).log()
 
 
 def test_app_process_never_initialised_cuda(env):

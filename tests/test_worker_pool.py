@@ -41,23 +41,23 @@ def test_one_worker_per_visible_gpu_and_a_crash_stays_in_its_worker(tmp_path, mo
         # each worker saw only its own device before it imported torch
         assert [w["capabilities"]["cuda_visible_devices"] for w in ws] == ["0", "1"]
         long = sup.submit(*image(), small_settings(), session="long")
-        for ev in sup.follow(long, timeout=60):
+        for ev in long.follow(timeout=60):
             if ev.stage == "bake":
                 break
-        busy = next(w for w in sup.workers() if w["job"] == long)
+        busy = next(w for w in sup.workers() if w["job"] == long.id)
         bad = sup.submit(*image(seed=5), small_settings(worker__retry_with_fallback=False),
                          session="bad")
-        st = sup.wait(bad, timeout=60)
+        st = bad.wait(timeout=60)
         assert st.state == "failed"
         assert st.error == "worker crashed with SIGSEGV during stage 'reconstruct'"
         assert st.worker != busy["slot"]
-        assert sup.status(long).state == "running"  # the neighbour's crash did not touch it
+        assert long.status().state == "running"  # the neighbour's crash did not touch it
         after = {w["slot"]: w for w in sup.workers()}
         assert after[busy["slot"]]["pid"] == busy["pid"] and after[busy["slot"]]["restarts"] == 0
-        assert after[busy["slot"]]["job"] == long
+        assert after[busy["slot"]]["job"] == long.id
         assert after[st.worker]["restarts"] == 1
-        assert sup.cancel(long)
-        assert sup.status(long).state == "cancelled"
+        assert long.cancel()
+        assert long.status().state == "cancelled"
 
 
 SERVER = textwrap.dedent("""
@@ -71,10 +71,10 @@ SERVER = textwrap.dedent("""
         # the job sleeps in its bake, so it is surely mid-bake when the server is killed
         sup = Supervisor(small_settings(), {jobs!r}, None, faults=FaultPlan(["hang@bake"])).start()
         job = sup.submit(*image(), small_settings())
-        for ev in sup.follow(job):
+        for ev in job.follow():
             if ev.stage == "bake":
                 break
-        print(sup.workers()[0]["pid"], job, flush=True)
+        print(sup.workers()[0]["pid"], job.id, flush=True)
         time.sleep(600)
 """)
 
@@ -112,7 +112,7 @@ def test_shutdown_ends_running_and_queued_jobs_with_a_reason(tmp_path):
                      faults=FaultPlan(["hang@render_views:session=running"])).start()
     running = sup.submit(*image(), small_settings(), session="running")
     queued = sup.submit(*image(), small_settings())
-    for ev in sup.follow(running, timeout=60):
+    for ev in running.follow(timeout=60):
         if ev.stage == "render_views":
             break
     pid = sup.workers()[0]["pid"]
@@ -121,8 +121,8 @@ def test_shutdown_ends_running_and_queued_jobs_with_a_reason(tmp_path):
     assert time.monotonic() - t0 < 10
     assert not _alive(pid)
     store = JobStore(tmp_path / "jobs")
-    assert store.read_status(running).error == "the server shut down during stage 'render_views'"
-    assert store.read_status(queued).error == "the server shut down before the job started"
+    assert store.read_status(running.id).error == "the server shut down during stage 'render_views'"
+    assert store.read_status(queued.id).error == "the server shut down before the job started"
     with pytest.raises(RuntimeError, match="not running"):
         sup.submit(*image(), small_settings())
 
@@ -136,7 +136,7 @@ def test_a_probe_that_crashes_the_worker_only_disables_its_backend(tmp_path):
         assert caps["moderngl"] is False and caps["cpu"] is True
         assert caps["reasons"]["moderngl"] == ("probe crashed with SIGSEGV twice in a row "
                                                "(see worker-0.log)")
-        assert sup._slots[0].starts == 3   # crashed, crashed again, started without it
+        assert sup._dispatcher.slots[0].starts == 3   # crashed, crashed again, started without it
         st = sup.run(*image(), small_settings(), timeout=60)
         assert st.state == "failed"
         assert st.error == ("the job could not start: StageInputError: settings ask for rasterizer "
@@ -154,7 +154,8 @@ def test_a_probe_that_crashed_once_is_probed_again_and_keeps_its_backend(tmp_pat
         caps = sup.capabilities()
         assert caps["moderngl"] is True, caps["reasons"]
         assert "moderngl" not in caps["reasons"]
-        assert sup._slots[0].starts == 2 and sup._slots[0].skip_probes == {}
+        slot = sup._dispatcher.slots[0]
+        assert slot.starts == 2 and slot.skip_probes == {}
         st = sup.run(*image(), small_settings(rasterize__backend="moderngl"), timeout=60)
         assert st.state == "done", st.error
         assert st.backends["rasterize"] == "moderngl"
@@ -168,24 +169,24 @@ def test_shutdown_keeps_what_already_happened(tmp_path):
                      faults=FaultPlan(["hang@bake:session=slow"])).start()
     quick = sup.submit(*image(), small_settings(bake__enabled=False))
     slow = sup.submit(*image(seed=2), small_settings(), session="slow")
-    for ev in sup.follow(quick, timeout=60):
+    for ev in quick.follow(timeout=60):
         if ev.stage == "mesh":
             break
-    sup._tick = lambda: None  # the dispatcher stops reading the workers
-    log_file = sup.job_dir(quick) / "log"
+    sup._dispatcher._tick = lambda: None  # the dispatcher stops reading the workers
+    log_file = quick.dir / "log"
     deadline = time.monotonic() + 60
     while "done:" not in log_file.read_text():  # the worker logs this, then reports done
         assert time.monotonic() < deadline, "the job never finished"
         time.sleep(0.05)
     time.sleep(1.0)  # the report follows the log line at once; this is slack for a loaded machine
-    assert sup.status(slow).state == "running", sup.status(slow)
-    assert not sup.cancel(slow, timeout=0)  # its worker is told to stop; nobody sees it exit yet
+    assert slow.status().state == "running", slow.status()
+    assert not slow.cancel(timeout=0)  # its worker is told to stop; nobody sees it exit yet
     sup.shutdown()
     store = JobStore(tmp_path / "jobs")
-    st = store.read_status(quick)
+    st = store.read_status(quick.id)
     assert st.state == "done", st.error
     assert Path(st.outputs["glb"]).stat().st_size > 0
-    st = store.read_status(slow)
+    st = store.read_status(slow.id)
     assert (st.state, st.error) == ("cancelled", "cancelled by user")
 
 
@@ -200,7 +201,7 @@ def test_a_job_submitted_while_the_server_shuts_down_is_not_left_queued(tmp_path
 
     sup.store.create = create_then_shutdown
     job = sup.submit(*image(), small_settings())
-    st = JobStore(tmp_path / "jobs").read_status(job)
+    st = JobStore(tmp_path / "jobs").read_status(job.id)
     assert (st.state, st.error) == ("failed", "the server shut down before the job started")
 
 

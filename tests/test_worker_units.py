@@ -11,12 +11,13 @@ import stat
 import numpy as np
 import pytest
 
+from kiln.atomic import atomic_write
+from kiln.glb import GLBError, check_glb_light
 from worker import env as wenv
 from worker.faults import Fault, FaultPlan, parse
-from kiln.glb import GLBError, check_glb_light
-from kiln.atomic import atomic_write
 from worker.jobstore import (JobStatus, JobStore, atomic_write_json, load_inputs,
                              safe_session)
+from worker.messages import Failed, Ready
 from worker.process import MAX_MESSAGE_BYTES, Sender, classify_error
 from worker.slots import describe_exit
 from worker_helpers import image
@@ -192,10 +193,12 @@ def test_sender_keeps_messages_under_pipe_buf():
         def put(self, m):
             sent.append(m)
 
-    Sender(Q())({"type": "failed", "error": "x" * 100_000,
-                 "caps": {"reasons": {str(i): "y" * 5000 for i in range(6)}}})
-    assert len(pickle.dumps(sent[0], protocol=pickle.HIGHEST_PROTOCOL)) <= MAX_MESSAGE_BYTES
-    assert sent[0]["type"] == "failed" and sent[0]["error"].startswith("xxx")
+    Sender(Q())(Failed(job="j", stage="bake", kind="error", error="x" * 100_000))
+    Sender(Q())(Ready(pid=1, caps={"reasons": {str(i): "y" * 5000 for i in range(6)}}, startup_s=1.0))
+    for msg in sent:
+        assert len(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)) <= MAX_MESSAGE_BYTES
+    assert isinstance(sent[0], Failed) and sent[0].error.startswith("xxx") and sent[0].stage == "bake"
+    assert isinstance(sent[1], Ready) and set(sent[1].caps["reasons"]) == {str(i) for i in range(6)}
 
 
 def test_exit_descriptions():

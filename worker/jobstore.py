@@ -25,14 +25,17 @@ import secrets
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 
 from kiln.atomic import atomic_write
 
-STATES = ("queued", "running", "done", "failed", "cancelled")
-TERMINAL = ("done", "failed", "cancelled")
+# A job's state (``JobStatus.state``), written as these strings in status.json and
+# compared as strings by every caller; the last three are final.
+JobState = Literal["queued", "running", "done", "failed", "cancelled"]
+QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
+TERMINAL = (DONE, FAILED, CANCELLED)
 _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _JOB_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
 
@@ -41,7 +44,7 @@ _JOB_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
 class JobStatus:
     """A job's state as the UI and CLI see it.
 
-    state: 'queued' | 'running' | 'done' | 'failed' | 'cancelled'.
+    state: a ``JobState``: 'queued' | 'running' | 'done' | 'failed' | 'cancelled'.
     stage: the pipeline stage running (or that was running when it ended), None before.
     progress: 0..1 over the whole job; never decreases, not even across a retry.
     stage_progress: 0..1 within ``stage``.
@@ -59,7 +62,7 @@ class JobStatus:
 
     id: str
     session: str
-    state: str = "queued"
+    state: JobState = QUEUED
     stage: Optional[str] = None
     progress: float = 0.0
     stage_progress: float = 0.0
@@ -91,13 +94,13 @@ class JobStatus:
 
 @dataclass(frozen=True)
 class Event:
-    """One change of a job, as delivered by ``Supervisor.events``. ``seq`` is per job,
+    """One change of a job, as delivered by ``Job.events``. ``seq`` is per job,
     starts at 1 and increases by one with every event."""
 
     job_id: str
     seq: int
     time: float
-    state: str
+    state: JobState
     stage: Optional[str]
     progress: float
     message: str
@@ -165,13 +168,6 @@ class JobStore:
                 return cand
         raise KeyError(f"no such job: {job_id!r}")
 
-    def exists(self, job_id: str) -> bool:
-        try:
-            self.job_dir(job_id)
-            return True
-        except KeyError:
-            return False
-
     # -- status, log ---------------------------------------------------------
     def read_status(self, job_id: str) -> JobStatus:
         return JobStatus.from_dict(json.loads((self.job_dir(job_id) / "status.json").read_text()))
@@ -216,14 +212,14 @@ class JobStore:
         """
         changed = []
         for st in self.scan():
-            if st.state not in ("queued", "running"):
+            if st.state not in (QUEUED, RUNNING):
                 continue
-            if st.state == "running":
+            if st.state == RUNNING:
                 where = f"during stage '{st.stage}'" if st.stage else "while the job was starting"
                 reason = f"interrupted: the server stopped {where}"
             else:
                 reason = "interrupted: the server stopped before the job started"
-            st.state, st.error, st.message = "failed", reason, reason
+            st.state, st.error, st.message = FAILED, reason, reason
             st.seq += 1
             st.finished = time.time()
             self.write_status(st)

@@ -7,7 +7,8 @@ directory, faulthandler), sends its output to a per-worker log, probes the
 backends, reports ``ready`` with its capabilities, then serves jobs from its
 inbox until told to stop.
 
-Messages to the supervisor are small dicts (see ``Sender``): a pickled message
+Messages both ways are the dataclasses of ``worker.messages``. The worker's are
+small (see ``Sender``): a pickled message
 stays under PIPE_BUF, so it reaches the pipe whole or not at all even when the
 process dies right after sending, and the supervisor can never block on half
 a message. Everything big goes through the job directory.
@@ -18,6 +19,7 @@ reference), so it imports nothing heavy at module level.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import gc
 import json
@@ -30,6 +32,8 @@ import threading
 import time
 import traceback
 from pathlib import Path
+
+from .messages import Done, Failed, Heartbeat, Probing, Progress, Ready, Run, Started, Stop
 
 EXIT_CUDA_STICKY = 75      # "please give me a fresh process": a CUDA error poisoned this one
 MAX_MESSAGE_BYTES = 3800   # < PIPE_BUF (4096) so a write is atomic
@@ -59,6 +63,9 @@ def classify_error(exc: BaseException) -> str:
 
 
 def _shrink(obj, limit: int):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _shrink(getattr(obj, f.name), limit)
+                                           for f in dataclasses.fields(obj)})
     if isinstance(obj, str):
         return obj if len(obj) <= limit else obj[: limit - 3] + "..."
     if isinstance(obj, dict):
@@ -74,7 +81,7 @@ class Sender:
     def __init__(self, queue):
         self.queue = queue
 
-    def __call__(self, msg: dict) -> None:
+    def __call__(self, msg) -> None:
         for limit in (1500, 300, 80):
             if len(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)) <= MAX_MESSAGE_BYTES:
                 break
@@ -107,7 +114,7 @@ def _heartbeat(send: Sender, interval: float, parent_pid: int) -> None:
         time.sleep(interval)
         if os.getppid() != parent_pid:
             os._exit(0)  # the supervisor is gone; nobody will ever read our results
-        send({"type": "hb", "t": time.time()})
+        send(Heartbeat(time.time()))
 
 
 def _probe_all(cfg: dict, send: Sender, env_notes: dict) -> dict:
@@ -122,7 +129,7 @@ def _probe_all(cfg: dict, send: Sender, env_notes: dict) -> dict:
             ctx["results"][name] = False
             reasons[name] = cfg["skip_probes"][name]
             continue
-        send({"type": "probe", "name": name})
+        send(Probing(name))
         _startup_fault(cfg, name)
         t0 = time.perf_counter()
         ok, reason = run_probe(name, ctx, cfg["probe_timeout_s"])
@@ -131,7 +138,7 @@ def _probe_all(cfg: dict, send: Sender, env_notes: dict) -> dict:
             reasons[name] = reason
         print(f"probe {name}: {'ok' if ok else reason} ({times[name]} s)", flush=True)
     # No probe runs from here on: a crash now is not that backend's fault.
-    send({"type": "probe", "name": None})
+    send(Probing(None))
     r = ctx["results"]
     caps = {"device": ctx.get("device_name", "cpu") if r.get("cuda") else "cpu",
             "cuda": bool(r.get("cuda")), "gsplat": bool(r.get("gsplat")),
@@ -208,16 +215,16 @@ def worker_main(cfg: dict, inbox, outbox) -> None:
         caps["pipeline_error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc()
     startup_s = round(time.perf_counter() - t0, 3)
-    send({"type": "ready", "pid": os.getpid(), "caps": caps, "startup_s": startup_s})
+    send(Ready(os.getpid(), caps, startup_s))
     t1 = time.perf_counter()
     _warm_imports()
     print(f"ready after {startup_s} s; stage libraries imported in {time.perf_counter() - t1:.3f} s",
           flush=True)
     while True:
         msg = inbox.get()
-        if msg.get("type") == "stop":
+        if isinstance(msg, Stop):
             break
-        if msg.get("type") == "run":
+        if isinstance(msg, Run):
             _run_job(msg, cfg, caps, send)
     try:
         from pipeline.rasterize import release_contexts
@@ -255,22 +262,22 @@ def _json_default(o):
     return o.item() if hasattr(o, "item") else str(o)
 
 
-def _run_job(msg: dict, cfg: dict, caps: dict, send: Sender) -> None:
+def _run_job(msg: Run, cfg: dict, caps: dict, send: Sender) -> None:
     from kiln.atomic import atomic_write
     from kiln.settings import from_dict
 
     from . import faults
     from .jobstore import append_log, load_inputs
 
-    job_id, job_dir, attempt = msg["job"], Path(msg["dir"]), msg["attempt"]
-    fault = msg.get("fault") if cfg.get("faults_enabled") else None
+    job_id, job_dir, attempt = msg.job, Path(msg.dir), msg.attempt
+    fault = msg.fault if cfg.get("faults_enabled") else None
     fault_kind, fault_stage = faults.split_spec(fault) if fault else (None, None)
     state = {"stage": None, "last": 0.0}
     t_job = time.perf_counter()
     print(f"=== job {job_id} attempt {attempt} ===", flush=True)
-    note = f" with {msg['overrides']}" if msg.get("overrides") else ""
-    if msg.get("chunk_scale", 1.0) < 1.0:
-        note += f", chunk scale {msg['chunk_scale']:g}"
+    note = f" with {msg.overrides}" if msg.overrides else ""
+    if msg.chunk_scale < 1.0:
+        note += f", chunk scale {msg.chunk_scale:g}"
     append_log(job_dir, f"worker {cfg['slot']} (pid {os.getpid()}): attempt {attempt}{note}")
 
     def on_event(stage: str, fraction: float, message: str = "") -> None:
@@ -281,8 +288,7 @@ def _run_job(msg: dict, cfg: dict, caps: dict, send: Sender) -> None:
             append_log(job_dir, f"stage {stage}: started")
         if new or fraction >= 1.0 or now - state["last"] >= 0.1:
             state["last"] = now
-            send({"type": "event", "job": job_id, "stage": stage, "fraction": float(fraction),
-                  "message": str(message)[:200]})
+            send(Progress(job_id, stage, float(fraction), str(message)[:200]))
         if new and fault_stage == stage:
             append_log(job_dir, f"test fault '{fault_kind}' fires at stage {stage}")
             faults.fire(fault_kind)
@@ -293,15 +299,15 @@ def _run_job(msg: dict, cfg: dict, caps: dict, send: Sender) -> None:
         from pipeline.types import ImageInput
 
         settings = from_dict(json.loads((job_dir / "settings.json").read_text()))
-        settings = settings.override(msg.get("overrides") or {})
+        settings = settings.override(msg.overrides or {})
         rgb, mask = load_inputs(job_dir)
         backends = resolve_backends(settings, caps)
-        send({"type": "started", "job": job_id, "backends": dict(backends.__dict__)})
+        send(Started(job_id, dict(backends.__dict__)))
         _check_backends(settings, backends, caps)
-        cache_dir = Path(msg["cache_dir"]) if msg.get("cache_dir") else None
+        cache_dir = Path(msg.cache_dir) if msg.cache_dir else None
         t_pipe = time.perf_counter()
         # the out-of-memory retry shrinks the stages' memory-bound blocks
-        backends.chunk_scale = float(msg.get("chunk_scale", 1.0))
+        backends.chunk_scale = float(msg.chunk_scale)
         result = run_pipeline(ImageInput(rgb=rgb, mask=mask), settings, job_dir / "outputs",
                               on_event=on_event, backends=backends, cache_dir=cache_dir,
                               name="model")
@@ -316,15 +322,13 @@ def _run_job(msg: dict, cfg: dict, caps: dict, send: Sender) -> None:
         atomic_write(job_dir / "result.json",
                            json.dumps(report, indent=1, default=_json_default).encode())
         append_log(job_dir, "done: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items()))
-        send({"type": "done", "job": job_id, "glb": str(result.glb_path),
-              "ply": str(result.ply_path) if result.ply_path else None})
+        send(Done(job_id, str(result.glb_path), str(result.ply_path) if result.ply_path else None))
     except Exception as e:
         kind = classify_error(e)
         tb = traceback.format_exc()
         print(tb, flush=True)
         append_log(job_dir, f"stage {state['stage']}: {kind} error\n{tb}")
-        send({"type": "failed", "job": job_id, "stage": state["stage"], "kind": kind,
-              "error": f"{type(e).__name__}: {e}".strip()})
+        send(Failed(job_id, state["stage"], kind, f"{type(e).__name__}: {e}".strip()))
         if kind == "cuda":
             # The CUDA context is poisoned for good; only a new process gets a clean one.
             sys.stdout.flush()

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Optional
 
 from . import process as process_mod
 from .liveness import LivenessProbe
+from .messages import Heartbeat, Probing, Ready
 
 log = logging.getLogger("kiln.worker")
 
@@ -109,7 +110,7 @@ class WorkerSlot:
         """The process is gone (``is_alive`` also reaps it, so it leaves no zombie)."""
         return self.proc is not None and not self.proc.is_alive()
 
-    def messages(self) -> Iterator[dict]:
+    def messages(self) -> Iterator[object]:
         """What the worker has sent, oldest first, without blocking. Each message is one
         pipe write under PIPE_BUF, so a worker that died mid-send left none half-written;
         the parent holds both pipe ends, so what a dead worker sent is still readable."""
@@ -123,7 +124,9 @@ class WorkerSlot:
             self.last_msg = time.monotonic()
             yield msg
 
-    def send(self, msg: dict) -> bool:
+    def send(self, msg) -> bool:
+        """Put one of ``worker.messages``' requests in the worker's inbox; False when its
+        pipe is gone."""
         try:
             self.inbox.put(msg)
             return True
@@ -160,25 +163,25 @@ class WorkerSlot:
         self._reset()
 
     # ------------------------------------------------------------------ bookkeeping
-    def note(self, msg: dict, now: float) -> bool:
-        """Take a start-up message (hb, probe, ready); False for a job's message."""
-        kind = msg.get("type")
-        if kind == "hb":
+    def note(self, msg, now: float) -> bool:
+        """Take a start-up or liveness message (Heartbeat, Probing, Ready); False for a
+        job's message."""
+        if isinstance(msg, Heartbeat):
             return True
-        if kind == "probe":
+        if isinstance(msg, Probing):
             if self.probe is not None:   # the one before ended without killing the worker
                 self.probe_crashes.pop(self.probe, None)
             # name None: probing is over, the worker imports the stages' libraries
-            self.probe = msg.get("name")
+            self.probe = msg.name
             self.phase = f"probe {self.probe}" if self.probe else "importing the stage libraries"
             self.phase_since = now
             return True
-        if kind == "ready":
+        if isinstance(msg, Ready):
             self.probe_crashes.clear()   # every probe that ran ended without a crash
-            self.probe, self.caps, self.state = None, msg["caps"], "idle"
+            self.probe, self.caps, self.state = None, msg.caps, "idle"
             self.startup_s = round(now - self.spawned, 3)
             self.failures = 0
-            log.info("worker %d (pid %s) ready in %.2f s: %s", self.index, msg.get("pid"),
+            log.info("worker %d (pid %s) ready in %.2f s: %s", self.index, msg.pid,
                      self.startup_s, {k: v for k, v in self.caps.items() if isinstance(v, bool)})
             return True
         return False

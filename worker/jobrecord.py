@@ -1,0 +1,74 @@
+"""The dispatcher's record of one job: its status, its recent events and what its earlier
+attempts did (what ``worker.retry`` decides from)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from kiln.stages import stages_for
+
+from .jobstore import Event, JobStatus
+from .retry import Failure, FailureKind, used_gpu
+
+EVENTS_KEPT = 2000          # per running job
+EVENTS_KEPT_FINISHED = 200
+
+
+def where(stage: Optional[str]) -> str:
+    return f"during stage '{stage}'" if stage else "before its first stage"
+
+
+def event_of(st: JobStatus, at: Optional[float] = None) -> Event:
+    """The event that brought the job to ``st`` (at ``at``, else when it last changed)."""
+    return Event(job_id=st.id, seq=st.seq, time=at if at is not None else (st.finished or st.created),
+                 state=st.state, stage=st.stage, progress=st.progress, message=st.message,
+                 stage_progress=st.stage_progress)
+
+
+@dataclass
+class JobRecord:
+    status: JobStatus
+    dir: Path
+    settings: dict = field(default_factory=dict)
+    digest: str = ""
+    events: list = field(default_factory=list)
+    attempt: int = 0
+    overrides: dict = field(default_factory=dict)
+    chunk_scale: float = 1.0
+    retried: set = field(default_factory=set)   # kinds of retry done: 'crash', 'oom', 'error'
+    # Set by cancel(): a retry already on its way (a failure report or a crash that
+    # crossed the cancel) must end the job instead of queueing it again.
+    cancel_requested: bool = False
+    notes: list = field(default_factory=list)   # earlier attempts' failures
+
+    @property
+    def stages(self) -> tuple:
+        return stages_for(self.settings.get("bake", {}).get("enabled", True))
+
+    @property
+    def stage_timeout(self) -> float:
+        return float(self.settings.get("worker", {}).get("stage_timeout_s", 600.0))
+
+    @property
+    def stall_timeout(self) -> float:
+        return float(self.settings.get("worker", {}).get("stall_timeout_s", 30.0))
+
+    @property
+    def retry_allowed(self) -> bool:
+        return bool(self.settings.get("worker", {}).get("retry_with_fallback", True))
+
+    @property
+    def log_marker(self) -> str:
+        """The line the worker prints into its own log when it starts this attempt."""
+        return f"=== job {self.status.id} attempt {self.attempt} ==="
+
+    def failure(self, kind: FailureKind, why: str, error: str = "", crash_count: int = 0) -> Failure:
+        """What ``worker.retry.decide`` needs to know about this attempt's failure."""
+        return Failure(kind=kind, why=why, error=error,
+                       used_gpu=used_gpu(self.status.backends or {}), crash_count=crash_count,
+                       crash_retried="crash" in self.retried, oom_retried="oom" in self.retried,
+                       error_retried="error" in self.retried, has_overrides=bool(self.overrides),
+                       chunk_scale=self.chunk_scale, cancel_requested=self.cancel_requested,
+                       retry_allowed=self.retry_allowed, previous=self.notes[-1] if self.notes else "")
