@@ -120,6 +120,8 @@ class AppSettings:
     max_session_mb: float = field(default=2048.0, metadata=_num(16, 1_000_000))
     max_session_mb_per_client: float = field(default=256.0, metadata=_num(4, 1_000_000))
     upload_mb_per_client_hour: float = field(default=500.0, metadata=_num(1, 1_000_000))
+    # a job the page started is cancelled once no page of its browser followed it this long
+    orphan_grace_s: float = field(default=120.0, metadata=_num(1, 86400))
 
 
 @dataclass(frozen=True)
