@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 from worker.faults import FaultPlan
+from worker.jobhandle import JobCancelled, JobFailed
 from worker.jobstore import JobStore
 from worker.retry import FALLBACK
 from worker.supervisor import Supervisor
@@ -114,6 +115,9 @@ def test_fault_fails_job_and_fresh_worker_runs_next(env, kind, stage, reason, in
     assert st.error == reason
     assert st.stage == stage
     assert st.attempts == 1
+    with pytest.raises(JobFailed) as failed:
+        bad.result()
+    assert failed.value.status.error == reason
     log = bad.log()
     if in_log:
         assert in_log in log  # the worker's crash report made it into the job's log
@@ -281,6 +285,8 @@ def test_cancel_queued_and_running_jobs(env):
     assert doomed.cancel()
     st = doomed.status()
     assert st.state == "cancelled" and st.attempts == 0
+    with pytest.raises(JobCancelled):
+        doomed.result()
 
     wait_for_stage(running, "bake")
     t0 = time.monotonic()

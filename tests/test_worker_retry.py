@@ -189,3 +189,38 @@ def test_crash_counts_still_count_when_the_file_cannot_be_written(tmp_path):
 def test_messages_survive_the_pipe(msg):
     back = pickle.loads(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
     assert back == msg and type(back) is type(msg)
+
+
+# --------------------------------------------------------------------------- job handles
+
+
+def test_a_handle_reattaches_to_a_job_on_disk_by_id(tmp_path):
+    from worker.jobhandle import JobCancelled, JobFailed
+    from worker.jobstore import JobStore
+    from worker.supervisor import Supervisor
+    from worker_helpers import image, small_settings
+
+    store = JobStore(tmp_path / "jobs")
+    st = store.create(*image(), small_settings().to_dict(), "web-a")
+    store.append_log(st.id, "written by an earlier server")
+    sup = Supervisor(small_settings(), tmp_path / "jobs", None)   # not started: no workers
+    job = sup.job(st.id)
+    assert job == sup.job(st.id) and job.id == st.id and job.dir == tmp_path / "jobs" / "web-a" / st.id
+    assert job.status().state == "queued" and not job.done()
+    assert "written by an earlier server" in job.log()
+    with pytest.raises(TimeoutError, match="still queued"):
+        job.result(timeout=0)
+    for state, error in (("failed", JobFailed), ("cancelled", JobCancelled)):
+        st.state, st.error = state, f"{state} for the test"
+        store.write_status(st)
+        assert job.done()
+        with pytest.raises(error, match=f"{state} for the test") as info:
+            job.result()
+        assert info.value.status.state == state
+    st.state = "done"
+    store.write_status(st)
+    assert job.result().state == "done"
+    with pytest.raises(KeyError):
+        sup.job("20990101-000000-abcdef")
+    with pytest.raises(KeyError):
+        sup.job("../../etc")

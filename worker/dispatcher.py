@@ -26,11 +26,11 @@ from . import interpreter
 from .crashcounts import CrashCounts
 from .faults import FaultPlan
 from .jobrecord import EVENTS_KEPT, EVENTS_KEPT_FINISHED, JobRecord, event_of, where
-from .jobstore import (CANCELLED, DONE, FAILED, QUEUED, RUNNING, Event, JobStatus, JobStore,
-                       append_log)
+from .jobstore import (CANCELLED, DONE, FAILED, QUEUED, RUNNING, Event, JobState, JobStatus,
+                       JobStore, append_log)
 from .messages import Done, Failed, Progress, Ready, Run, Started, Stop
 from .progress import job_progress
-from .retry import CRASH_KINDS, Decision, decide
+from .retry import CRASH_KINDS, Decision, FailureKind, decide
 from .slots import WorkerSlot, describe_exit
 
 log = logging.getLogger("kiln.worker")
@@ -408,7 +408,7 @@ class Dispatcher:
             why = f"stage '{stage}' failed: {first}" if stage else f"the job could not start: {first}"
         self._failed(job, msg.kind if msg.kind in ("oom", "cuda", "input") else "error", why, first)
 
-    def _failed(self, job: JobRecord, kind: str, why: str, error: str = "") -> None:
+    def _failed(self, job: JobRecord, kind: FailureKind, why: str, error: str = "") -> None:
         """An attempt failed: a crash-like failure counts against the input (and is logged
         as it happened); then the retry policy decides."""
         count = 0
@@ -436,7 +436,8 @@ class Dispatcher:
         self._emit(job, state=QUEUED, message=d.message, force_write=True)
         self._wake.set()
 
-    def _finish(self, job: JobRecord, state: str, message: str, progress: Optional[float] = None) -> None:
+    def _finish(self, job: JobRecord, state: JobState, message: str,
+                progress: Optional[float] = None) -> None:
         st = job.status
         st.finished = time.time()
         times = dict(st.stats.get("job", {}))
@@ -455,7 +456,7 @@ class Dispatcher:
         # a long-running server keeps every job's record; only recent events of finished ones
         del job.events[:-EVENTS_KEPT_FINISHED]
 
-    def _emit(self, job: JobRecord, state: Optional[str] = None, stage: object = ...,
+    def _emit(self, job: JobRecord, state: Optional[JobState] = None, stage: object = ...,
               progress: Optional[float] = None, message: Optional[str] = None,
               stage_progress: Optional[float] = None, force_write: bool = False) -> None:
         st = job.status

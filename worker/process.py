@@ -8,10 +8,10 @@ backends, reports ``ready`` with its capabilities, then serves jobs from its
 inbox until told to stop.
 
 Messages both ways are the dataclasses of ``worker.messages``. The worker's are
-small (see ``Sender``): a pickled message
-stays under PIPE_BUF, so it reaches the pipe whole or not at all even when the
-process dies right after sending, and the supervisor can never block on half
-a message. Everything big goes through the job directory.
+small (see ``Sender``): a pickled message stays under PIPE_BUF, so it reaches the
+pipe whole or not at all even when the process dies right after sending, and the
+supervisor can never block on half a message. Everything big goes through the job
+directory.
 
 This module is imported by the app process too (the spawn target is pickled by
 reference), so it imports nothing heavy at module level.

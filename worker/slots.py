@@ -20,7 +20,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Literal, Optional
 
 from . import process as process_mod
 from .liveness import LivenessProbe
@@ -37,6 +37,11 @@ STOP_GRACE_S = 5.0          # a worker that said it will exit (CUDA error) gets 
 PROBE_CRASHES_LIMIT = 2
 
 
+# 'down' (no process) | 'starting' (probing backends) | 'idle' | 'busy' (running a job) |
+# 'stopping' (it said it will exit, e.g. after a CUDA error)
+SlotState = Literal["down", "starting", "idle", "busy", "stopping"]
+
+
 def describe_exit(code: Optional[int]) -> str:
     if code is None:
         return "is still running"
@@ -49,8 +54,8 @@ def describe_exit(code: Optional[int]) -> str:
 
 
 class WorkerSlot:
-    """``state``: 'down' (no process) | 'starting' (probing backends) | 'idle' | 'busy'
-    (running ``job``) | 'stopping' (it said it will exit, e.g. after a CUDA error)."""
+    """One position in the pool; ``state`` is a ``SlotState``, ``job`` the job it runs
+    while 'busy'."""
 
     def __init__(self, index: int, gpu: Optional[str], log_path: Path):
         self.index = index
@@ -70,7 +75,7 @@ class WorkerSlot:
         self.proc = None
         self.inbox = None
         self.outbox = None
-        self.state = "down"
+        self.state: SlotState = "down"
         self.job: Any = None                    # the supervisor's record of the job it runs
         self.spawned = 0.0
         self.startup_s: Optional[float] = None
