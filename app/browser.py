@@ -43,3 +43,21 @@ def session_owned_by(session: Optional[str], browser_token: Optional[str]) -> bo
     m = _SESSION_NAME_RE.fullmatch(session or "")
     return bool(bid and m and m.group(1) == bid)
 
+
+
+def browser_of(session: Optional[str]) -> Optional[str]:
+    """The browser id in a session name 'web-<browser>-<tab>'; None for cookie-less
+    ('web-anon-…') and other sessions, which share nothing with any other tab."""
+    m = _SESSION_NAME_RE.fullmatch(session or "")
+    return m.group(1) if m and m.group(1) != "anon" else None
+
+
+def same_browser(session: Optional[str], other: Optional[str]) -> bool:
+    """True when two session names are tabs of one browser (or the same session): what a
+    tab may see of another's jobs and results."""
+    if not session or not other:
+        return False
+    if session == other:
+        return True
+    bid = browser_of(session)
+    return bid is not None and bid == browser_of(other)

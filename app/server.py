@@ -193,15 +193,16 @@ class RequestGuard:
     - Every response says ``X-Content-Type-Options: nosniff``: served files are never
       sniffed into something a browser would run.
     - Uploads count against ``upload_bytes_per_hour`` per client address (429 past it).
-    - A request for ``…/kiln-<job>.glb|ply`` (Gradio serves files under ``/file=<path>``
-      and ``/file/<path>``) is answered 403 unless the job's session belongs to the
-      requesting browser's cookie: Gradio serves any file in its folder to whoever
+    - A request for any ``….glb`` / ``….ply`` (Gradio serves files under ``/file=<path>``
+      and ``/file/<path>``) is answered 403 unless it is a result published for a session
+      of the requesting browser's cookie: Gradio serves any file in its folder to whoever
       knows the path, and a result URL can leak (history, logs, a shared link).
     - Request bodies above ``max_upload_bytes`` (uploads) or ``MAX_BODY_BYTES``
       (everything else) are refused with 413: Gradio checks each uploaded file's
       size, but not how many files one request carries, nor other bodies.
 
-    ``owner_of(file_name) -> session | None``: the session of a published result.
+    ``owner_of(path) -> session | None``: the session of a published result, from the
+    normalised path a request names (``ResultPublisher.owner``).
     """
 
     def __init__(self, app, owner_of: Callable[[str], Optional[str]], max_upload_bytes: int,
@@ -260,11 +261,12 @@ class RequestGuard:
         if any(not self.tabs.claim(h, browser) for h in _session_hashes(scope, body)):
             await _refuse(send, 403, "this tab belongs to another browser")
             return
-        # Any route's last segment, normalised as Gradio's file routes (/file=<path> and the
-        # older /file/<path>) normalise the path they open ('/.', '//', a trailing '/');
-        # case-folded, as a case-insensitive file system would open KILN-<job>.GLB too.
-        name = Path(os.path.abspath(path or "/")).name
-        if RESULT_NAME_RE.fullmatch(name.lower()) and not browser_ids.session_owned_by(self.owner_of(name), token):
+        # Any route's path, normalised as Gradio's file routes (/file=<path> and the older
+        # /file/<path>) normalise the path they open ('/.', '//', '..', a trailing '/'). Every
+        # .glb/.ply name (any case) is a result: served only to the browser that owns it.
+        served = os.path.abspath(path or "/")
+        name = Path(served).name
+        if RESULT_NAME_RE.fullmatch(name) and not browser_ids.session_owned_by(self.owner_of(served), token):
             await _refuse(send, 403, "this result belongs to another browser session")
             return
         received = 0

@@ -18,6 +18,7 @@ from pathlib import Path
 import gradio as gr
 
 from . import browser, form, history, jobs, messages, selection, statusview, uploads
+from . import api
 from .context import AppContext
 from .examples import EXAMPLES
 
@@ -244,7 +245,7 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                 with gr.Row():
                     glb_btn = gr.DownloadButton("Download GLB", visible=False, elem_id="kiln-dl-glb")
                     ply_btn = gr.DownloadButton("Download Gaussians (.ply)", visible=False, elem_id="kiln-dl-ply")
-                with gr.Accordion("History (this session)", open=False):
+                with gr.Accordion("History (this browser)", open=False):
                     history_md = gr.HTML(history.history_html([]), elem_id="kiln-history")
                     history_files = gr.File(label="Earlier results", file_count="multiple",
                                             interactive=False, elem_id="kiln-history-files")
@@ -329,40 +330,60 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
         # Gradio 6.31's Model3D never mounts its viewer when a generator sets its value, so
         # run_job streams only the progress bar and leaves the outcome (bar, files, history)
         # in ctx.outcomes (by session name, not in a gr.State) for one plain .then() handler.
+        # Jobs belong to the browser, not the tab: a page loaded later (a reload, a second
+        # tab) shows the browser's history and follows its running job (app/jobs.py).
         def idle_buttons():
             # fresh dicts each time: Gradio consumes an update's keys as it applies it, so a
             # shared tuple came back without its value and left the button saying "Running…"
             return (gr.update(value="Generate", interactive=True), gr.update(interactive=False))
+
+        def running_buttons():
+            return (gr.update(value="Running…", interactive=False), gr.update(interactive=True))
+
         result_outputs = [progress, model, glb_btn, ply_btn, history_md, history_files,
                           generate_btn, cancel_btn]
-        job_info: dict[str, history.JobInfo] = {}     # job id -> image name and thumbnail
         pressed_at: dict[str, float] = {}       # session -> when its Generate was pressed
 
-        def session_history(session: str):
+        def session_history(session: str, statuses=None):
+            """(history HTML, history files) of the tab's browser: all its tabs' jobs."""
             if ctx.sup is None:
-                return history.history_html([]), []
-            statuses = ctx.sup.jobs(session)
-            # TODO(issue 9 item 7): Gradio 6.31's file components take a path only (a subclass
-            # with its own postprocess has no front-end), so downloads keep their published
-            # names for now; the history shows '<image>-<n>.glb'
-            files = [p for p, _ in history.history_files(session, statuses, ctx.publisher, job_info)]
-            return history.history_html(statuses, ctx.summaries, job_info), files or None
+                return history.history_html([]), None, {}
+            statuses = jobs.browser_jobs(ctx, session) if statuses is None else statuses
+            infos = jobs.job_infos(ctx, statuses)
+            files = history.history_files(session, statuses, ctx.publisher, infos)
+            return history.history_html(statuses, ctx.summaries, infos), [p for p, _ in files] or None
 
-        def download_value(session: str, job_id: str, path: str):
-            """The download button's value (see the TODO in history)."""
-            return path
+        def keep_outcome(session: str, last, waited_s: float = 0.0) -> None:
+            """Publish a finished job's files (named '<image>-<n>.glb') and leave the outcome
+            for show_outcome."""
+            note, files = "", {}
+            statuses = jobs.browser_jobs(ctx, session)
+            if last.state == "done":
+                try:
+                    stems = history.result_stems(statuses, jobs.job_infos(ctx, statuses))
+                    files = ctx.publisher.publish(session, last, stems.get(last.id))
+                except (OSError, messages.UIError) as e:
+                    log.exception("publishing %s failed", last.id)
+                    note = f"the result could not be prepared for download: {messages.public_text(str(e))}"
+            hist_md, hist_files = session_history(session, statuses)
+            ctx.outcomes[session] = {"progress": statusview.progress_html(last, note=note, waited_s=waited_s),
+                                     "history": (hist_md, hist_files), "job": last.id,
+                                     **{kind: str(path) for kind, path in files.items()}}
 
         def check_before_queue(bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on,
                                request: gr.Request):
             """Refuse at once what cannot run, before the job waits for a worker slot, and
             clear the previous result. Queued in a group of its own so it runs at once:
-            Gradio 6.31 shows no gr.Error raised by a queue=False event."""
+            Gradio 6.31 shows no gr.Error raised by a queue=False event. The setting boxes
+            then show the values the job will use (e.g. the seed rounded to a whole number)."""
             session = session_of(request)
             st = ctx.sessions.get(session)
             if st.image is None:
                 raise refusal("Upload an image first.")
+            if busy(session):
+                raise refusal("This page's job is still running; wait for it or press Cancel.")
             try:
-                form.check_job_request(st, s, bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on)
+                used = form.check_job_request(st, s, bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on)
             except messages.UIError as e:
                 raise refusal(messages.public_text(str(e))) from None
             if ctx.sup_error:
@@ -377,13 +398,14 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             if running + waiting >= ctx.workers:
                 note = "Waiting for a free worker" + (f" ({waiting} other jobs waiting)…" if waiting else "…")
             hidden = gr.update(visible=False)
-            return (statusview.progress_html(note=note), None, hidden, hidden,
-                    gr.update(value="Running…", interactive=False), gr.update(interactive=True))
+            return (statusview.progress_html(note=note), None, hidden, hidden, *running_buttons(),
+                    used.views.count, used.mesh.simplify_ratio, used.seed)
 
         def run_job(bake_on, ratio, tex, n_views, bake_mode, seed_v, ply_on, request: gr.Request):
             """Yields the progress bar; leaves the outcome in ctx.outcomes for show_outcome."""
             session = session_of(request)
-            last = None
+            last, shown = None, None
+            pressed = pressed_at.pop(session, None)
             try:
                 # pending (for Cancel) until follow_job submits the job, e.g. while the pool starts
                 st_now = ctx.sessions.get(session)
@@ -392,17 +414,18 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                     info = history.JobInfo(st_now.image.name, history.thumbnail_uri(st_now.image.work))
                 with ctx.decodes:   # the full-size image is decoded again for the job
                     request_ = form.job_request(st_now, s, bake_on, ratio, tex,
-                                             n_views, bake_mode, seed_v, ply_on)
+                                                n_views, bake_mode, seed_v, ply_on)
                 del st_now
                 # follow_job lets go of the full-size arrays once the job store has them
-                steps = jobs.follow_job(ctx, session, *request_)
+                steps = jobs.follow_job(ctx, session, *request_, info=info, pressed_at=pressed)
                 del request_
                 for note, last in steps:
-                    if last is not None and info is not None and last.id not in job_info:
-                        job_info[last.id] = info
                     if last is None:
                         yield statusview.progress_html(note=note)
-                    elif not last.terminal:
+                    elif last.terminal or last.seq == shown:
+                        yield gr.skip()     # a beat: lets Gradio notice a page that went away
+                    else:
+                        shown = last.seq
                         yield statusview.progress_html(last)
             except messages.UIError as e:
                 note = f"Cannot start: {messages.public_text(str(e))}"
@@ -412,38 +435,26 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                 ctx.outcomes[session] = {"progress": statusview.progress_html(note=note)}
                 yield gr.skip()
                 return
-            note, files = "", {}
-            if last.state == "done":
-                try:
-                    files = ctx.publisher.publish(session, last)
-                except (OSError, messages.UIError) as e:
-                    log.exception("publishing %s failed", last.id)
-                    note = f"the result could not be prepared for download: {messages.public_text(str(e))}"
-            hist_md, hist_files = session_history(session)
             # the wait in Gradio's queue before the job was submitted counts in "Done in"
-            waited = max(0.0, (last.created or 0.0) - pressed_at.pop(session, last.created or 0.0))
-            ctx.outcomes[session] = {"progress": statusview.progress_html(last, note=note, waited_s=waited),
-                                     "history": (hist_md, hist_files), "job": last.id,
-                                     **{kind: str(path) for kind, path in files.items()}}
+            keep_outcome(session, last, max(0.0, (last.created or 0.0) - (pressed or last.created or 0.0)))
             yield gr.skip()
 
-        def show_outcome(request: gr.Request):
+        def show_outcome(request: gr.Request, idle_when_empty: bool = True):
             session = session_of(request)
             out = ctx.outcomes.pop(session, None)
             if not out:
-                return (gr.skip(),) * (len(result_outputs) - 2) + idle_buttons()
+                skips = (gr.skip(),) * (len(result_outputs) - 2)
+                return skips + (idle_buttons() if idle_when_empty else (gr.skip(), gr.skip()))
             glb, plyf = out.get("glb"), out.get("ply")
             hist_md, hist_files = out.get("history", (gr.skip(), gr.skip()))
-            job = out.get("job", "")
             return (out["progress"], glb or gr.skip(),
-                    gr.update(value=download_value(session, job, glb), visible=True) if glb
-                    else gr.update(visible=False),
-                    gr.update(value=download_value(session, job, plyf), visible=True) if plyf
-                    else gr.update(visible=False),
+                    gr.update(value=glb, visible=True) if glb else gr.update(visible=False),
+                    gr.update(value=plyf, visible=True) if plyf else gr.update(visible=False),
                     hist_md, hist_files, *idle_buttons())
 
         gen_event = generate_btn.click(
-            check_before_queue, settings_inputs, [progress, model, glb_btn, ply_btn, generate_btn, cancel_btn],
+            check_before_queue, settings_inputs,
+            [progress, model, glb_btn, ply_btn, generate_btn, cancel_btn, views, simplify, seed],
             concurrency_id="check", concurrency_limit=None, show_progress="hidden",
         ).success(
             run_job, settings_inputs, [progress],
@@ -451,26 +462,57 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
         )
         gen_event.then(show_outcome, None, result_outputs, queue=False, show_progress="hidden")
 
+        def follow_on_load(request: gr.Request):
+            """A page just loaded (a reload, another tab): once the workers are up, show the
+            browser's history and, if one of its jobs is queued or running, follow it here
+            with live progress (Cancel works on it; the result lands here when done)."""
+            session = session_of(request)
+            skip = (gr.skip(),) * 5
+            while not ctx.sup_ready.is_set():
+                yield skip      # a beat a second: Gradio drops the generator of a closed page
+                ctx.sup_ready.wait(1.0)
+            if ctx.sup is None:
+                yield skip
+                return
+            statuses = jobs.browser_jobs(ctx, session)
+            live = jobs.live_job(statuses)
+            hist_md, hist_files = session_history(session, statuses)
+            if live is None or busy(session):
+                yield gr.skip(), gr.skip(), gr.skip(), hist_md, hist_files
+                return
+            info = jobs.job_infos(ctx, [live]).get(live.id)
+            yield (statusview.progress_html(live), *running_buttons(), hist_md, hist_files)
+            last, shown = live, live.seq
+            for _, last in jobs.follow_existing(ctx, session, live.id):
+                if last.terminal or last.seq == shown:
+                    yield skip
+                else:
+                    shown = last.seq
+                    yield statusview.progress_html(last), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            if last.terminal:
+                keep_outcome(session, last, info.waited_s if info is not None else 0.0)
+            yield skip
+
+        load_event = demo.load(follow_on_load, None,
+                               [progress, generate_btn, cancel_btn, history_md, history_files],
+                               concurrency_id="follow", concurrency_limit=None, show_progress="hidden")
+        def show_followed_outcome(request: gr.Request):
+            return show_outcome(request, idle_when_empty=False)
+
+        load_event.then(show_followed_outcome, None, result_outputs, queue=False, show_progress="hidden")
+
         def on_cancel(request: gr.Request):
             session = session_of(request)
-            job_ids = ctx.active.get(session)
             pressed_at.pop(session, None)
-            if not job_ids or ctx.sup is None:
+            st = jobs.cancel_jobs(ctx, session)
+            if st is None:
                 if ctx.active.take_pending(session):
                     # the Generate still waiting in Gradio's queue is dropped by `cancels=` below
                     return statusview.progress_html(note="Cancelled before it started."), *idle_buttons()
                 return statusview.progress_html(note="Nothing to cancel."), *idle_buttons()
-            for job_id in job_ids:
-                ctx.sup.job(job_id).cancel()
-            deadline = time.monotonic() + 8
-            last = ctx.sup.job(job_ids[-1])
-            st = last.status()
-            while not st.terminal and time.monotonic() < deadline:
-                time.sleep(0.1)
-                st = last.status()
             return statusview.progress_html(st), *idle_buttons()
 
-        cancel_btn.click(on_cancel, None, [progress, generate_btn, cancel_btn], cancels=[gen_event],
+        cancel_btn.click(on_cancel, None, [progress, generate_btn, cancel_btn], cancels=[gen_event, load_event],
                          queue=False)
 
         # -- status line, history on load ------------------------------------
@@ -494,11 +536,14 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
         demo.load(on_load, None, [status_md, history_md, history_files], queue=False)
 
         def on_unload(request: gr.Request):
-            # the tab closed (its heartbeat ended): free its image and outcome now
+            # the tab closed (its heartbeat ended): free its image and outcome now; its job
+            # goes on for the browser's next page until app.orphan_grace_s passes unfollowed
             session = session_of(request)
             ctx.sessions.drop(session)
             ctx.outcomes.pop(session, None)
+            ctx.active.drop_session(session)
 
         demo.unload(on_unload)
+    api.register(demo, ctx)   # the script endpoints (docs/api.md); hides the page's own
     return demo
 

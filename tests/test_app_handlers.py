@@ -268,6 +268,7 @@ class _Pool:
             self.sup_ready.set()
         self.active = jobs.ActiveJobs()
         self.summaries = {}
+        self.settings = Settings()
 
 
 class _Sup:
@@ -316,15 +317,55 @@ def test_follow_job_waits_for_the_pool_then_follows_to_the_end(blob):
     assert ctx.active.get("web-a") == [] and "job0" in ctx.summaries
 
 
-def test_follow_job_closed_early_cancels_the_job(blob):
-    """The tab went away (or Cancel stopped the event): the worker must be freed."""
+def test_follow_job_closed_early_leaves_the_job_to_the_browser_until_cancel_or_grace(blob):
+    """The page went away (a reload): the job goes on for the browser's next page. Cancel
+    pressed in the tab cancels it; a job no page follows is cancelled after the grace."""
     rgb, mask = blob
     ctx = _Pool(_Sup(steps=100))
     steps = jobs.follow_job(ctx, "web-a", rgb, mask, Settings(), poll_s=0)
     next(steps)
     assert ctx.active.get("web-a") == ["job0"]
     steps.close()
-    assert ctx.sup.cancelled == ["job0"] and ctx.active.get("web-a") == []
+    assert ctx.sup.cancelled == [] and "job0" in ctx.active.followed()
+    # the next page follows it: each pull counts as followed
+    again = jobs.follow_existing(ctx, "web-b", "job0", poll_s=0)
+    next(again)
+    seen = ctx.active.followed()["job0"]
+    next(again)
+    assert ctx.active.followed()["job0"] >= seen and ctx.active.get("web-b") == ["job0"]
+    again.close()
+    # nobody follows it: within the grace nothing happens, after it the reaper cancels
+    grace = ctx.settings.app.orphan_grace_s
+    assert jobs.reap_orphans(ctx, now=ctx.active.followed()["job0"] + grace - 1) == []
+    assert jobs.reap_orphans(ctx, now=ctx.active.followed()["job0"] + grace) == ["job0"]
+    assert ctx.sup.cancelled == ["job0"] and ctx.active.get("web-b") == [] and not ctx.active.followed()
+    # Cancel pressed while the tab's Generate was still on its way: cancelled on submit
+    ctx.active.set_pending("web-c", True)
+    assert jobs.cancel_jobs(ctx, "web-c") is None and ctx.active.take_pending("web-c")
+    steps = jobs.follow_job(ctx, "web-c", rgb, mask, Settings(), poll_s=0)
+    next(steps)
+    assert ctx.sup.cancelled == ["job0", "job1"]
+    # and a tab that pressed Cancel while following stops its job when its generator closes
+    ctx.active.set_pending("web-d", True)          # a new press: the old Cancel is spent
+    steps = jobs.follow_job(ctx, "web-d", rgb, mask, Settings(), poll_s=0)
+    next(steps)
+    ctx.active.request_cancel("web-d")
+    steps.close()
+    assert ctx.sup.cancelled == ["job0", "job1", "job2"]
+
+
+def test_follow_job_beats_while_nothing_changes():
+    """An unchanged job still yields every beat, so Gradio can drop a closed page's generator."""
+    class Job:
+        id = "j"
+
+        def status(self):
+            return JobStatus(id="j", session="web-a", state="running", seq=1, stage="mesh")
+
+    got = jobs.watch_job(Job(), poll_s=0.01, beat_s=0.05)
+    t0 = time.monotonic()
+    first, second = next(got), next(got)
+    assert first.seq == second.seq == 1 and time.monotonic() - t0 >= 0.05
 
 
 def test_follow_job_says_why_it_cannot_start(blob):
@@ -373,8 +414,8 @@ def _guarded_app(owner_of, max_upload_bytes=10_000):
 def test_request_guard_serves_results_only_to_their_browser():
     from starlette.testclient import TestClient
 
-    owners = {}
-    app = _guarded_app(lambda name: owners.get(name))
+    owners = {}     # as ResultPublisher.owner: by the served path's folder and name
+    app = _guarded_app(lambda path: owners.get("/".join(path.split("/")[-2:])))
     alice, mallory = TestClient(app), TestClient(app)
     first = alice.get("/")
     cookie = first.cookies.get(browser.BROWSER_COOKIE)
@@ -384,21 +425,24 @@ def test_request_guard_serves_results_only_to_their_browser():
     mallory.get("/")
     assert mallory.cookies.get(browser.BROWSER_COOKIE) != cookie
 
-    job = "20260101-000000-abcdef"
-    owners[f"kiln-{job}.glb"] = browser.session_name(cookie, "tab1")
-    url = f"/gradio_api/file=/srv/var/gradio/results/0123/{job}/kiln-{job}.glb"
+    owners["0123/horse-1.glb"] = browser.session_name(cookie, "tab1")
+    url = "/gradio_api/file=/srv/var/gradio/results/0123/horse-1.glb"
     assert alice.get(url).status_code == 200
     old_route = url.replace("/file=", "/file/")             # Gradio's deprecated twin route
     assert alice.get(old_route).status_code == 200
-    for variant in (url, url + "/", url + "/.", url.replace("kiln-", "KILN-").replace(".glb", ".GLB"),
+    assert alice.get(url.replace("/results/0123/", "/results/0123/../0123/")).status_code == 200
+    for variant in (url, url + "/", url + "/.", url.replace(".glb", ".GLB"),
                     url.replace("/results/0123/", "/results/0123/../0123/"), old_route,
                     old_route.replace("/file/", "/file//")):
         r = mallory.get(variant)
         assert r.status_code == 403 and "another browser session" in r.text, variant
     assert TestClient(app).head(url).status_code == 403       # no cookie at all
-    # a result this server never published (e.g. before a restart) is nobody's
-    other = "/gradio_api/file=/srv/var/gradio/x/kiln-20260101-000000-ffffff.ply"
-    assert alice.get(other).status_code == 403
+    # the same name in another folder, a result this server never published (e.g. before
+    # a restart), any other GLB/PLY: nobody's
+    for other in ("/gradio_api/file=/srv/var/gradio/results/4567/horse-1.glb",
+                  "/gradio_api/file=/srv/var/gradio/x/kiln-20260101-000000-ffffff.ply",
+                  "/gradio_api/file=/srv/var/gradio/abc/upload.Ply"):
+        assert alice.get(other).status_code == 403, other
     # other files are left to Gradio's own rules
     assert mallory.get("/gradio_api/file=/srv/var/gradio/abc/image.jpeg").status_code == 200
 
@@ -447,30 +491,43 @@ def _done_job(tmp_path, session: str, name: str) -> JobStatus:
                      outputs={"glb": str(out / "model.glb"), "ply": str(out / "model.ply")})
 
 
-def test_results_are_published_per_session_outside_the_job_store(tmp_path):
+def test_results_are_published_per_browser_as_image_name_n_outside_the_job_store(tmp_path):
+    alice, bob = "A" * 43, "B" * 43                      # two browsers' cookies
+    a_tab1, a_tab2 = browser.session_name(alice, "t1"), browser.session_name(alice, "t2")
+    b_tab = browser.session_name(bob, "t1")
     pub = results.ResultPublisher(tmp_path / "gradio" / "results")
-    a = _done_job(tmp_path, "web-a", "20260101-000000-aaaaaa")
-    b = _done_job(tmp_path, "web-b", "20260101-000000-bbbbbb")
-    fa = pub.publish("web-a", a)
-    fb = pub.publish("web-b", b)
-    assert set(fa) == {"glb", "ply"}
+    a = _done_job(tmp_path, a_tab1, "20260101-000000-aaaaaa")
+    b = _done_job(tmp_path, b_tab, "20260101-000000-bbbbbb")
+    fa = pub.publish(a_tab1, a, "My_photo-1")
+    fb = pub.publish(b_tab, b, "My_photo-1")
+    assert set(fa) == {"glb", "ply"} and fa["glb"].name == "My_photo-1.glb"
     assert fa["glb"].read_bytes() == b"glTF-" + a.id.encode()
-    # copies live outside the job store, in per-session folders with unguessable names
+    # copies live outside the job store, in per-browser folders with unguessable names, so
+    # two browsers' 'My_photo-1.glb' stay apart and each is owned by its own browser
     assert (tmp_path / "jobs") not in fa["glb"].parents
-    assert fa["glb"].parents[1] != fb["glb"].parents[1]
-    assert len(fa["glb"].parents[1].name) == 32
-    assert pub.publish("web-a", a) == fa            # published once, then reused
-    with pytest.raises(messages.UIError, match="another session"):
-        pub.publish("web-a", b)
-    hist_a = history.history_files("web-a", [a, b], pub)
-    assert [p for p, _ in hist_a] == [str(fa["glb"]), str(fa["ply"])]
-    assert all("bbbbbb" not in p for p, _ in hist_a)
-    # with the image's name known, results download as <image-name>-<n>.<ext>
+    assert fa["glb"].parent != fb["glb"].parent and len(fa["glb"].parent.name) == 32
+    assert pub.owner(str(fa["glb"])) == a_tab1 and pub.owner(str(fb["glb"])) == b_tab
+    assert pub.owner(str(tmp_path / "elsewhere" / "My_photo-1.glb")) is None
+    assert pub.owner(str(fa["glb"].parent / "My_photo-9.glb")) is None
+    assert pub.owner(str(fa["glb"].with_suffix(".txt"))) is None
+    # another tab of the same browser gets the same files; another browser is refused
+    assert pub.publish(a_tab2, a, "My_photo-1") == fa            # published once, then reused
+    with pytest.raises(messages.UIError, match="another browser"):
+        pub.publish(a_tab1, b, "My_photo-1")
+    # a name taken by another job is never overwritten
+    a_other = _done_job(tmp_path, a_tab2, "20260101-000009-eeeeee")
+    clash = pub.publish(a_tab2, a_other, "My_photo-1")
+    assert clash["glb"].name == "My_photo-1-eeeeee.glb" and fa["glb"].read_bytes() == b"glTF-" + a.id.encode()
+    # with the image's name known, results download as <image-name>-<n>.<ext>, n counted
+    # over the browser's done jobs of that image, oldest first; unknown images count as 'model'
     a2 = replace(a, id="20260101-000002-dddddd", created=a.created + 5)
     infos = {a.id: history.JobInfo("My photo.png", "data:image/jpeg;base64,xx"),
              a2.id: history.JobInfo("My photo.png")}
     assert history.result_stems([a2, a], infos) == {a.id: "My_photo-1", a2.id: "My_photo-2"}
-    assert [n for _, n in history.history_files("web-a", [a], pub, infos)] == ["My_photo-1.glb", "My_photo-1.ply"]
+    assert history.result_stems([a2, a], {}) == {a.id: "model-1", a2.id: "model-2"}
+    hist = history.history_files(a_tab2, [a, b], pub, infos)
+    assert [n for _, n in hist] == ["My_photo-1.glb", "My_photo-1.ply"]    # b: another browser's
+    assert [p for p, _ in hist] == [str(fa["glb"]), str(fa["ply"])]
     page = history.history_html([a, a2], {a.id: "vertex colours"}, infos)
     assert page.index("dddddd") < page.index("aaaaaa") and "My photo.png" in page
     assert 'src="data:image/jpeg;base64,xx"' in page and "My_photo-2.glb" in page
@@ -482,10 +539,31 @@ def test_results_are_published_per_session_outside_the_job_store(tmp_path):
     assert pub.publish("web-a", failed) == {}
     # a restarted server drops copies older than its age limit, keeps fresh ones
     import os
-    old_dir = fa["glb"].parents[1]
+    old_dir = fa["glb"].parent
     os.utime(old_dir, (time.time() - 7200, time.time() - 7200))
     results.ResultPublisher(tmp_path / "gradio" / "results", prune_age_s=3600)
     assert not old_dir.exists() and fb["glb"].exists()
+
+
+def test_job_info_is_kept_with_the_job_and_says_why_the_page_cancelled(tmp_path):
+    d = tmp_path / "job"
+    d.mkdir()
+    assert history.load_info(d) is None
+    info = history.JobInfo("cat.png", "data:image/jpeg;base64,yy", "vertex colours", waited_s=2.5)
+    history.save_info(d, info)
+    history._INFO_CACHE.clear()                    # as a new server reads it
+    assert history.load_info(d) == info
+    (d / history.INFO_FILE).write_text("{broken")
+    history._INFO_CACHE.clear()
+    assert history.load_info(d) is None
+    done = JobStatus(id="20260101-000000-aaaaaa", session="web-a", state="done", created=1.0,
+                     timings={"total_s": 10.0})
+    cancelled = JobStatus(id="20260101-000001-bbbbbb", session="web-a", state="cancelled", created=2.0,
+                          error="cancelled by user")
+    page = history.history_html([done, cancelled], None, {
+        done.id: info, cancelled.id: history.JobInfo("cat.png", cancel_reason=jobs.orphan_reason(120))})
+    assert "done in 12.5 s" in page and "vertex colours" in page      # "Done in" counts the wait
+    assert "no page of this browser followed it for 120 s" in page
 
 
 def test_status_line():
@@ -634,7 +712,8 @@ def test_sam2_segmenter_caches_embedding_and_never_touches_cuda(tmp_path, monkey
 # -- the served app, without a browser ------------------------------------------
 
 SERVE_PROBE = '''
-import json, os, sys, time
+import json, os, signal, sys, time
+from pathlib import Path
 
 def main():
     import httpx
@@ -644,6 +723,11 @@ def main():
     from app.server import launch
 
     var, port = sys.argv[1], int(sys.argv[2])
+    # browsers with known cookies, so the fault rule can name tab 1's session
+    ALICE, MALLORY = "a" * 43, "m" * 43
+    S1, S2, S3 = (browser.session_name(ALICE, t) for t in ("tab1", "tab2", "tab3"))
+    M1 = browser.session_name(MALLORY, "tab1")
+    os.environ["KILN_TEST_FAULTS"] = "hang@mesh:attempt=1:session=" + S1
     sys.path.insert(0, "tests")
     from synthetic import make_object_image
 
@@ -651,16 +735,16 @@ def main():
                            "app.cache_dir": var + "/cache", "worker.count": 1, "worker.device": "cpu",
                            "reconstruct.resolution": 64, "reconstruct.num_gaussians": 3000,
                            "reconstruct.max_image_side": 256, "views.count": 4, "views.resolution": 128,
-                           "bake.enabled": False})
+                           "bake.enabled": False, "app.orphan_grace_s": 3})
     demo, ctx, url = launch(settings, port=port, block=False, examples=False)
     out = {}
     try:
         base = "http://127.0.0.1:%d" % port
-        alice, mallory = httpx.Client(base_url=base), httpx.Client(base_url=base)
-        page = alice.get("/")
+        page = httpx.get(base + "/")
         out["page"] = page.status_code
         out["cookie"] = page.headers.get("set-cookie", "")
-        mallory.get("/")
+        alice = httpx.Client(base_url=base, cookies={browser.BROWSER_COOKIE: ALICE})
+        mallory = httpx.Client(base_url=base, cookies={browser.BROWSER_COOKIE: MALLORY})
         up = "/gradio_api/upload"
         big = httpx.post(base + up, files={"files": ("big.png", b"x" * (2 * 1024 * 1024))})
         out["big_upload"] = [big.status_code, big.text[:200]]
@@ -686,24 +770,46 @@ def main():
                  "traversal": var + "/gradio/../jobs/web-other/secret.txt"}
         out["refused_files"] = {k: httpx.get(base + "/gradio_api/file=" + v).status_code for k, v in files.items()}
 
-        # Generate pressed while the worker pool is still starting, then the tab goes away
+        # Generate pressed while the worker pool is still starting; the job hangs in 'mesh'
+        # (fault rule for tab 1's first attempts), and the page goes away (a reload)
         rgb, mask = make_object_image(160, "blob", seed=1)
-        token = alice.cookies.get(browser.BROWSER_COOKIE)
-        session = browser.session_name(token, "tab1")
-        steps = jobs.follow_job(ctx, session, rgb, mask, settings, poll_s=0.1)
+        info = history.JobInfo("probe photo.png", history.thumbnail_uri(rgb))
+        steps = jobs.follow_job(ctx, S1, rgb, mask, settings, info=info, pressed_at=time.time(), poll_s=0.1)
         out["first_note"] = next(steps)[0]
         for note, st in steps:
-            if st is not None and st.state == "running":
+            if st is not None and st.state == "running" and st.stage == "mesh":
                 break
         steps.close()
         job = st.id
-        out["closed_job"] = ctx.sup.job(job).wait(timeout=30).state
-        # the worker is free for the next job
+        # hung by fault, so only a cancel could end it now: closing the page must not
+        time.sleep(1.0)
+        out["after_close"] = ctx.sup.job(job).status().state
+        # the browser's next page (tab 2) finds it and follows it; another browser does not
+        out["live_for_tab2"] = getattr(jobs.live_job(jobs.browser_jobs(ctx, S2)), "id", None) == job
+        out["live_for_mallory"] = jobs.live_job(jobs.browser_jobs(ctx, M1)) is None
+        again = jobs.follow_existing(ctx, S2, job, poll_s=0.1)
+        next(again)
+        # release the hang: the killed worker's job is retried without the fault and ends done
+        os.kill(ctx.sup.workers()[0]["pid"], signal.SIGKILL)
+        for note, last in again:
+            pass
+        out["reconnected_job"] = [last.state, last.attempts]
+        # a job no page follows is cancelled after app.orphan_grace_s (3 s here)
+        steps = jobs.follow_job(ctx, S1, rgb, mask, settings, info=info, poll_s=0.1)
+        for note, st in steps:
+            if st is not None and st.state == "running" and st.stage == "mesh":
+                break
+        steps.close()
+        out["orphan"] = ctx.sup.job(st.id).wait(timeout=60).state
+        # the worker is free for the next job (tab 2 has no fault)
         last = None
-        for note, last in jobs.follow_job(ctx, session, rgb, mask, settings, poll_s=0.1):
+        for note, last in jobs.follow_job(ctx, S2, rgb, mask, settings, info=info, poll_s=0.1):
             pass
         out["next_job"] = [last.state, last.error]
-        published = ctx.publisher.publish(session, last)
+        statuses = jobs.browser_jobs(ctx, S2)
+        stems = history.result_stems(statuses, jobs.job_infos(ctx, statuses))
+        published = ctx.publisher.publish(S2, last, stems[last.id])
+        out["published_name"] = published["glb"].name
         path = "/gradio_api/file=" + str(published["glb"])
         glb = open(last.outputs["glb"], "rb").read()
         own = alice.get(path)
@@ -720,6 +826,20 @@ def main():
     finally:
         demo.close()
         ctx.shutdown()
+    # a restarted server (a new AppContext on the same job store): tab 3 of the browser sees
+    # the browser's history with names and thumbnails; another browser sees none of it
+    from app.context import AppContext
+    ctx2 = AppContext(settings, Path(var) / "gradio").start(wait=True)
+    try:
+        hist = jobs.browser_jobs(ctx2, S3)
+        infos = jobs.job_infos(ctx2, hist)
+        out["restart_history"] = [[st.state, infos[st.id].image_name, infos[st.id].thumbnail[:15]]
+                                  for st in hist if st.id in infos]
+        out["restart_html"] = history.history_html(hist, None, infos)
+        out["restart_files"] = [n for _, n in history.history_files(S3, hist, ctx2.publisher, infos)]
+        out["restart_mallory"] = len(jobs.browser_jobs(ctx2, M1))
+    finally:
+        ctx2.shutdown()
     print("RESULT " + json.dumps(out))
 
 if __name__ == "__main__":
@@ -756,10 +876,24 @@ def test_served_app_guards_files_and_uploads_frees_workers_and_stays_off_cuda(tm
     assert out["small_upload"][1][0].startswith(str(tmp_path / "var" / "gradio"))
     assert out["refused_files"] == dict.fromkeys(out["refused_files"], 403), out["refused_files"]
     # Generate while the workers start: the person is told, and the job runs once they are up;
-    # the tab closing mid-job cancels it and frees the worker for the next job
+    # the page going away mid-job leaves it running; the browser's next page follows it to
+    # the end (another browser does not see it); a job no page follows is cancelled after
+    # app.orphan_grace_s, and the worker serves the next job
     assert out["first_note"] == jobs.WAITING_FOR_POOL
-    assert out["closed_job"] == "cancelled"
+    assert out["after_close"] == "running"
+    assert out["live_for_tab2"] and out["live_for_mallory"]
+    assert out["reconnected_job"] == ["done", 2]
+    assert out["orphan"] == "cancelled"
     assert out["next_job"] == ["done", None]
+    assert out["published_name"] == "probe_photo-2.glb"     # the browser's 2nd done result of it
+    # after a restart the browser's history is back, with names, thumbnails and reasons
+    states = sorted(st for st, _, _ in out["restart_history"])
+    assert states == ["cancelled", "done", "done"], out["restart_history"]
+    assert all(name == "probe photo.png" and thumb.startswith("data:image/jpeg")
+               for _, name, thumb in out["restart_history"])
+    assert "no page of this browser followed it for 3 s" in out["restart_html"]
+    assert out["restart_files"] == ["probe_photo-2.glb", "probe_photo-1.glb"]
+    assert out["restart_mallory"] == 0
     # a result URL works for the browser whose session made it, and for no one else
     assert out["own_result"] == [200, True]
     assert out["other_browser_result"] == 403 and out["no_cookie_result"] == 403
