@@ -1,0 +1,294 @@
+"""The endpoints a script calls (``gradio_client``), documented in docs/api.md.
+
+Each endpoint acts on the caller's own session, named as a page tab's is
+(``app.browser.session_name``: the ``kiln_browser`` cookie plus Gradio's session hash).
+A ``gradio_client.Client`` keeps both for its whole life: it stores the cookie the
+server sets on its first request and sends one session hash with every call, so
+its upload, generate, status and result calls meet in one session, and its result
+files download only with its cookie (``app.server.RequestGuard``). Another client,
+or a page, has other cookies and cannot reach them.
+
+The page's own events stay callable by the page but are hidden from the API
+listing: they take page-shaped values and are no interface to keep stable.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import gradio as gr
+from gradio.components.api_component import Api
+
+from kiln.settings import Settings, SettingsError
+
+from . import form, jobs, messages, selection, statusview, uploads
+from .context import AppContext
+
+# the endpoints, as gradio_client names them ("/generate")
+ENDPOINTS = ("upload_image", "select", "generate", "status", "result", "cancel")
+
+# generate's parameters -> the setting each sets (kiln.settings checks ranges and names it)
+SETTING_OF = {"bake": "bake.enabled", "simplify_ratio": "mesh.simplify_ratio",
+              "texture_size": "bake.texture_size", "views": "views.count", "bake_mode": "bake.mode",
+              "seed": "seed", "gaussians_ply": "export.gaussians_ply"}
+PARAM_OF = {key: name for name, key in SETTING_OF.items()}
+
+
+def setting_overrides(values: dict[str, Any]) -> dict:
+    """generate's parameters (None: the server's setting) as dotted setting keys."""
+    return {SETTING_OF[name]: v for name, v in values.items() if v is not None}
+
+
+def api_settings(base: Settings, values: dict[str, Any]) -> Settings:
+    """``base`` with generate's parameters; UIError naming the parameter and its setting:
+    "seed: -1 is out of range; allowed 0 to 2147483647 (setting 'seed')"."""
+    try:
+        return base.override(setting_overrides(values))
+    except SettingsError as e:
+        text = str(e)
+        m = form._SETTING_RE.match(text)
+        if m is None or m.group(1) not in PARAM_OF:
+            raise messages.UIError(text) from None
+        raise messages.UIError(f"{PARAM_OF[m.group(1)]}: {text[m.end():].strip()} (setting '{m.group(1)}')") from None
+
+
+def describe_state(st: uploads.SessionState) -> dict:
+    """What /upload_image and /select answer: the image and where its mask comes from."""
+    img = st.image
+    if img is None:
+        return {"image": None, "mask": None}
+    h, w = img.size
+    out: dict[str, Any] = {"image": img.name, "width": w, "height": h, "has_alpha": img.has_alpha}
+    if st.mask is None or not st.mask.any():
+        out["mask"] = None
+        return out
+    mc = selection.check_mask(st.mask)
+    source = "alpha" if st.use_alpha else "file" if st.mask_file else "prompt"
+    out["mask"] = {"source": source, "share": round(mc.share, 5), "pieces": mc.pieces,
+                   "note": messages.public_text(st.mask_note), "warnings": mc.warnings}
+    return out
+
+
+def describe_job(st) -> dict:
+    """A job status (``worker.jobstore.JobStatus``) without server paths."""
+    out = {"job": st.id, "state": st.state, "stage": st.stage, "progress": round(float(st.progress or 0), 4),
+           "message": messages.public_text(st.message or ""),
+           "error": messages.public_text(st.error) if st.error else None,
+           "created": st.created, "finished": st.finished}
+    total = (st.timings or {}).get("total_s")
+    if isinstance(total, (int, float)):
+        out["total_s"] = round(float(total), 2)
+    if st.state == "done":
+        out["outputs"] = sorted(k for k in (st.outputs or {}) if k in ("glb", "ply"))
+    return out
+
+
+def to_work_pixels(st: uploads.SessionState, x: float, y: float) -> tuple[float, float]:
+    """Full-image pixel (x, y) -> the working copy's pixel, where clicks and boxes live."""
+    img = uploads.require_image(st)
+    H, W = img.size
+    h, w = img.work.shape[:2]
+    return float(x) * w / W, float(y) * h / H
+
+
+def register(demo: gr.Blocks, ctx: AppContext) -> None:
+    """Add the script endpoints to ``demo`` (after the page's events are defined) and hide
+    the page's own events from the API listing."""
+    # app.ui imports this module: its request helpers are taken once both are loaded
+    from .ui import client_of, refusal, session_of
+
+    s = ctx.settings
+    page_fns = list(demo.fns.values())
+    starting = threading.Lock()   # one Generate per session: busy check and pending mark together
+
+    def fail(e: Exception) -> gr.Error:
+        return refusal(messages.public_text(str(e)))
+
+    # gr.Request goes before the optional parameters: Gradio lists a parameter whose
+    # Python default is None as optional for clients
+    def upload_image(image: str, request: gr.Request, mask: Optional[str] = None,
+                     use_alpha: bool = True) -> dict:
+        """Upload an image (PNG, JPEG, WebP, TIFF…) to this session, replacing any earlier one.
+        mask: optional mask file of the image's size (a non-constant alpha marks the object,
+        else white = object). use_alpha: with no mask file, use the image's transparency as
+        the mask (default true). Returns the image's size and the mask's source and share."""
+        if not image:
+            raise refusal("image: no file was given")
+        session, client = session_of(request), client_of(request)
+        with ctx.sessions.edit(session, client) as (_, save):
+            try:
+                ctx.sessions.admit(session, client, Path(image).stat().st_size)
+                with ctx.decodes:
+                    st = uploads.load_upload(image, s.app, name=Path(image).name)
+                    if mask:
+                        st = uploads.set_mask_file(st, mask, s.app, name=Path(mask).name)
+                if not mask and not use_alpha:
+                    st = uploads.set_use_alpha(st, False)
+                save(st)
+            except (messages.UIError, OSError) as e:
+                save(uploads.SessionState())
+                raise fail(e) from None
+        return describe_state(st)
+
+    def select(request: gr.Request, points: Optional[list] = None, box: Optional[list] = None) -> dict:
+        """Select the object with prompts instead of a mask: points [[x, y, label], ...]
+        (label 1 = object, 0 = background) and/or box [x0, y0, x1, y1], in the uploaded
+        image's pixels. Replaces the session's mask (alpha or mask file included)."""
+        session = session_of(request)
+        with ctx.sessions.edit(session, client_of(request)) as (st, save):
+            try:
+                pts = [(float(p[0]), float(p[1]), int(p[2])) for p in (points or [])]
+                if any(lb not in (0, 1) for _, _, lb in pts):
+                    raise messages.UIError("points: a label is 1 (object) or 0 (background)")
+                bx = [float(v) for v in box] if box else None
+                if bx is not None and len(bx) != 4:
+                    raise messages.UIError("box: give [x0, y0, x1, y1]")
+            except (TypeError, ValueError, IndexError):
+                raise refusal("points: give [[x, y, label], ...] with label 1 (object) or 0 (background)") from None
+            except messages.UIError as e:
+                raise fail(e) from None
+            if not pts and bx is None:
+                raise refusal("points or box: give at least one")
+            try:
+                st = selection.clear_clicks(st)
+                if bx is not None:
+                    (x0, y0), (x1, y1) = to_work_pixels(st, bx[0], bx[1]), to_work_pixels(st, bx[2], bx[3])
+                    st = selection.set_box(st, x0, y0, x1, y1, ctx.segmenter)
+                for x, y, label in pts:
+                    wx, wy = to_work_pixels(st, x, y)
+                    st = selection.add_click(st, wx, wy, label == 0, ctx.segmenter)
+                save(st)
+            except messages.UIError as e:
+                raise fail(e) from None
+        return describe_state(st)
+
+    def generate(request: gr.Request, bake: Optional[bool] = None, simplify_ratio: Optional[float] = None,
+                 texture_size: Any = None, views: Optional[int] = None, bake_mode: Optional[str] = None,
+                 seed: Optional[int] = None, gaussians_ply: Optional[bool] = None,
+                 progress=gr.Progress()) -> Iterator[tuple]:
+        """Make a 3D model of the session's image and mask. The parameters are the page's
+        settings (kiln.settings names the setting each sets; null keeps the server's).
+        Yields (status, glb, ply) as the job changes; the last has the GLB (and the .ply
+        with gaussians_ply). A failed or cancelled job raises its reason."""
+        session = session_of(request)
+        values = dict(bake=bake, simplify_ratio=simplify_ratio, texture_size=texture_size, views=views,
+                      bake_mode=bake_mode, seed=seed, gaussians_ply=gaussians_ply)
+        st = ctx.sessions.get(session)
+        try:
+            settings = api_settings(s, values)
+            uploads.require_image(st)
+            # the page's fast checks (mask present, not full, not a speck) on the working copy
+            form.check_job_request(st, s, settings.bake.enabled, settings.mesh.simplify_ratio,
+                                   settings.bake.texture_size, settings.views.count, settings.bake.mode,
+                                   settings.seed, settings.export.gaussians_ply)
+        except messages.UIError as e:
+            raise fail(e) from None
+        if ctx.sup_error:
+            raise refusal(messages.public_text(ctx.sup_error))
+        with starting:
+            if ctx.active.get(session) or session in ctx.active.pending:
+                raise refusal("this session already has a job running; wait for it or call /cancel")
+            ctx.active.set_pending(session, True)
+        last = None
+        try:
+            try:
+                with ctx.decodes:
+                    rgb, mask = form.job_inputs(st)
+            except messages.UIError as e:
+                raise fail(e) from None
+            del st
+            steps = jobs.follow_job(ctx, session, rgb, mask, settings)
+            del rgb, mask
+            for note, last in steps:
+                if last is None:
+                    if note != jobs.WAITING_FOR_POOL:
+                        raise refusal(messages.public_text(note))
+                    progress(0.0, desc=note)
+                    continue
+                progress(float(last.progress or 0.0), desc=statusview.stage_label(last.stage))
+                if not last.terminal:
+                    yield describe_job(last), None, None
+        finally:
+            ctx.active.set_pending(session, False)
+        if last is None or last.state != "done":
+            state = last.state if last is not None else "not started"
+            why = messages.public_text(last.error or "") if last is not None else ""
+            raise refusal(f"job {last.id if last else ''} {state}" + (f": {why}" if why else ""))
+        files = publish(session, last)
+        yield describe_job(last), files.get("glb"), files.get("ply")
+
+    def publish(session: str, st) -> dict[str, str]:
+        try:
+            return {k: str(p) for k, p in ctx.publisher.publish(session, st).items()}
+        except (OSError, messages.UIError) as e:
+            raise refusal(f"the result could not be prepared for download: {messages.public_text(str(e))}") from None
+
+    def session_jobs(session: str) -> list:
+        return ctx.sup.jobs(session) if ctx.sup is not None else []
+
+    def status(request: gr.Request) -> dict:
+        """This session's jobs, oldest first, and which are running."""
+        session = session_of(request)
+        return {"jobs": [describe_job(st) for st in session_jobs(session)],
+                "running": ctx.active.get(session)}
+
+    def result(job: str, request: gr.Request) -> tuple:
+        """The files of a finished job of this session: (status, glb, ply)."""
+        session = session_of(request)
+        st = next((j for j in session_jobs(session) if j.id == str(job or "")), None)
+        if st is None:
+            raise refusal(f"job: no job {str(job)[:64]!r} in this session")
+        if st.state != "done":
+            raise refusal(f"job {st.id} is {st.state}" + (f": {messages.public_text(st.error)}" if st.error else ""))
+        files = publish(session, st)
+        return describe_job(st), files.get("glb"), files.get("ply")
+
+    def cancel(request: gr.Request) -> dict:
+        """Cancel this session's running job; answers the ids cancelled."""
+        session = session_of(request)
+        ids = ctx.active.get(session)
+        for job_id in ids:
+            ctx.sup.job(job_id).cancel()
+        return {"cancelled": ids}
+
+    def json_slot(value: Any, schema: dict, label: str) -> Api:
+        # a value handed over as sent: kiln.settings checks it and names the setting, where
+        # a typed component would coerce or refuse it in its own words first
+        return Api(value, schema, label)
+
+    with demo:
+        with gr.Column(visible=False):
+            image_in = gr.File(label="image", file_types=["image"], type="filepath")
+            mask_in = gr.File(label="mask", file_types=["image"], type="filepath")
+            alpha_in = json_slot(True, {"type": "boolean"}, "use_alpha")
+            points_in = json_slot([], {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                                  "points")
+            box_in = json_slot(None, {"type": "array", "items": {"type": "number"}}, "box")
+            form_in = [
+                json_slot(s.bake.enabled, {"type": "boolean"}, "bake"),
+                json_slot(s.mesh.simplify_ratio, {"type": "number"}, "simplify_ratio"),
+                json_slot(s.bake.texture_size, {"type": "string", "description": "a power of two or auto"},
+                          "texture_size"),
+                json_slot(s.views.count, {"type": "integer"}, "views"),
+                json_slot(s.bake.mode, {"type": "string", "enum": ["fast", "opt"]}, "bake_mode"),
+                json_slot(s.seed, {"type": "integer"}, "seed"),
+                json_slot(s.export.gaussians_ply, {"type": "boolean"}, "gaussians_ply"),
+            ]
+            job_in = json_slot(None, {"type": "string"}, "job")
+            info_out = json_slot(None, {"type": "object"}, "info")
+            glb_out = gr.File(label="glb")
+            ply_out = gr.File(label="ply")
+            kw = dict(concurrency_id="api", concurrency_limit=4)
+            trigger = gr.Button("api", visible=False)
+            trigger.click(upload_image, [image_in, mask_in, alpha_in], [info_out], api_name="upload_image", **kw)
+            trigger.click(select, [points_in, box_in], [info_out], api_name="select", **kw)
+            # a generate waits on its job, not a slot: the supervisor's queue bounds the jobs
+            trigger.click(generate, form_in, [info_out, glb_out, ply_out], api_name="generate",
+                          concurrency_id="api-generate", concurrency_limit=ctx.workers + s.worker.max_queue)
+            trigger.click(status, None, [info_out], api_name="status", queue=False)
+            trigger.click(result, [job_in], [info_out, glb_out, ply_out], api_name="result", **kw)
+            trigger.click(cancel, None, [info_out], api_name="cancel", queue=False)
+    for fn in page_fns:
+        fn.api_visibility = "private"

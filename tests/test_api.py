@@ -1,0 +1,202 @@
+"""The script API (app/api.py, docs/api.md) against a live server: the documented example
+makes a real GLB, and what one client made no other client can reach."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from synthetic import make_object_image
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "api_client.py"
+LOGIN = ("kiln", "test-secret")
+MAX_PIXELS = 250_000
+# small and fast on two CPU cores: a job takes seconds
+FAST = {"worker.count": 1, "worker.device": "cpu", "reconstruct.resolution": 64,
+        "reconstruct.num_gaussians": 3000, "reconstruct.max_image_side": 256, "views.count": 4,
+        "views.resolution": 128, "bake.enabled": False, "app.max_pixels": MAX_PIXELS}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """``kiln serve`` as a person starts it, with a login: (url, its var folder)."""
+    var = tmp_path_factory.mktemp("api-server")
+    port = _free_port()
+    sets = {**FAST, "app.jobs_dir": str(var / "jobs"), "app.cache_dir": str(var / "cache")}
+    cmd = [sys.executable, "-m", "app", "--port", str(port), "--no-examples",
+           "--auth", ":".join(LOGIN)] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    log = open(var / "server.log", "w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            httpx.get(url + "config", timeout=2)   # 401 without a login: it is up
+            break
+        except httpx.TransportError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("server did not start:\n" + (var / "server.log").read_text()[-3000:])
+            time.sleep(0.5)
+    try:
+        yield url, var
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    d = tmp_path_factory.mktemp("api-images")
+    rgb, mask = make_object_image(160, "blob", seed=1)
+    Image.fromarray(rgb).save(d / "photo.png")
+    Image.fromarray(np.dstack([rgb, mask.astype(np.uint8) * 255])).save(d / "cutout.png")
+    Image.fromarray(mask.astype(np.uint8) * 255).save(d / "mask.png")
+    Image.fromarray(np.zeros((90, 120), np.uint8)).save(d / "wrong-size-mask.png")
+    Image.fromarray(np.full((600, 600, 3), 128, np.uint8)).save(d / "too-many-pixels.png")
+    return d
+
+
+def _client(url, tmp_path, **kw):
+    from gradio_client import Client
+
+    return Client(url, auth=LOGIN, verbose=False, download_files=str(tmp_path), **kw)
+
+
+def test_docs_show_the_example_as_it_is():
+    docs = (ROOT / "docs" / "api.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", docs, re.S)
+    assert EXAMPLE.read_text() in blocks, "docs/api.md must show examples/api_client.py verbatim"
+    # every endpoint is documented
+    from app.api import ENDPOINTS
+
+    for name in ENDPOINTS:
+        assert f"### `/{name}`" in docs
+
+
+def test_example_makes_a_glb_that_no_other_client_can_fetch(server, images, tmp_path):
+    from gradio_client.exceptions import AppError
+
+    from kiln.glb import check_glb_light
+
+    url, var = server
+    out = tmp_path / "model.glb"
+    proc = subprocess.run([sys.executable, str(EXAMPLE), url, str(images / "photo.png"),
+                           "--mask", str(images / "mask.png"), "-o", str(out), "--auth", ":".join(LOGIN),
+                           "--set", "views=4", "--set", "seed=7"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "GRADIO_TEMP_DIR": str(tmp_path / "client")})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "mask from file (28.8% of the image)" in proc.stdout
+    job = re.search(r"job (\S+) done in", proc.stdout).group(1)
+    assert check_glb_light(out)["meshes"] >= 1
+
+    # the server published it for the example's client only
+    published = list((var / "gradio" / "results").glob(f"*/*{job}*.glb"))
+    assert len(published) == 1 and published[0].read_bytes() == out.read_bytes()
+    other = _client(url, tmp_path / "other")
+    try:
+        with pytest.raises(AppError, match="no job .* in this session"):
+            other.predict(job, api_name="/result")
+        assert other.predict(api_name="/status") == {"jobs": [], "running": []}
+        file_url = url + "gradio_api/file=" + str(published[0])
+        assert httpx.get(file_url, cookies=other.cookies).status_code == 403
+        assert httpx.get(file_url).status_code == 401   # no login at all
+    finally:
+        other.close()
+
+
+def test_one_client_is_one_session_from_upload_to_result(server, images, tmp_path):
+    from gradio_client import handle_file
+
+    url, var = server
+    a = _client(url, tmp_path / "a")
+    try:
+        info = a.predict(handle_file(str(images / "cutout.png")), api_name="/upload_image")
+        assert info["mask"]["source"] == "alpha" and info["width"] == 160
+        job = a.submit(api_name="/generate")
+        updates = list(job)
+        status, glb, ply = job.result()
+        assert status["state"] == "done" and ply is None
+        assert [u[0]["state"] for u in updates][-1] == "done"
+        assert Path(glb).read_bytes()[:4] == b"glTF"
+        jobs = a.predict(api_name="/status")["jobs"]
+        assert [j["job"] for j in jobs] == [status["job"]]
+        again, glb2, _ = a.predict(status["job"], api_name="/result")
+        assert again["job"] == status["job"] and Path(glb2).read_bytes() == Path(glb).read_bytes()
+        assert a.predict(api_name="/cancel") == {"cancelled": []}
+        # the files carry no server paths in what the client reads
+        assert str(var) not in repr(jobs)
+    finally:
+        a.close()
+
+
+def test_inputs_and_settings_refused_with_what_to_fix(server, images, tmp_path):
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    url, _ = server
+    c = _client(url, tmp_path)
+    try:
+        with pytest.raises(AppError, match="upload an image first"):
+            c.predict(api_name="/generate")
+        info = c.predict(handle_file(str(images / "photo.png")), None, True, api_name="/upload_image")
+        assert info["mask"] is None and info["has_alpha"] is False
+        with pytest.raises(AppError, match="select the object first"):
+            c.predict(api_name="/generate")
+        with pytest.raises(AppError, match=r"mask file wrong-size-mask.png is 120x90 pixels but the image is 160x160"):
+            c.predict(handle_file(str(images / "photo.png")), handle_file(str(images / "wrong-size-mask.png")),
+                      api_name="/upload_image")
+        with pytest.raises(AppError, match=r"600x600 = 360,000 pixels; the limit is 250,000"):
+            c.predict(handle_file(str(images / "too-many-pixels.png")), api_name="/upload_image")
+        c.predict(handle_file(str(images / "photo.png")), api_name="/upload_image")
+        picked = c.predict([[80, 80, 1]], api_name="/select")
+        assert picked["mask"]["source"] == "prompt" and 0.2 < picked["mask"]["share"] < 0.4
+        with pytest.raises(AppError, match="points: a label is 1"):
+            c.predict([[80, 80, 3]], api_name="/select")
+        for kw, message in [({"seed": -1}, r"seed: -1 is out of range.*\(setting 'seed'\)"),
+                            ({"views": 0}, r"views: 0 is out of range; allowed 1 to 64 \(setting 'views.count'\)"),
+                            ({"texture_size": 777}, r"texture_size: 777 must be a power of two"),
+                            ({"bake_mode": "best"}, r"bake_mode: 'best' is not allowed; choose one of fast, opt"),
+                            ({"simplify_ratio": 2}, r"simplify_ratio: 2(\.0)? is out of range")]:
+            with pytest.raises(AppError, match=message):
+                c.predict(**kw, api_name="/generate")
+        # the pages' own events are not part of the API
+        from app.api import ENDPOINTS
+
+        named = c.view_api(print_info=False, return_format="dict")["named_endpoints"]
+        assert sorted(named) == sorted(f"/{n}" for n in ENDPOINTS)
+    finally:
+        c.close()
+
+
+def test_without_the_login_nothing_answers(server):
+    from gradio_client import Client
+    from gradio_client.exceptions import AuthenticationError
+
+    url, _ = server
+    with pytest.raises(AuthenticationError):
+        Client(url, verbose=False)
+    assert httpx.post(url + "gradio_api/upload", files={"files": ("a.png", b"x" * 100)}).status_code == 401
