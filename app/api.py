@@ -1,12 +1,13 @@
 """The endpoints a script calls (``gradio_client``), documented in docs/api.md.
 
 Each endpoint acts on the caller's own session, named as a page tab's is
-(``app.browser.session_name``: the ``kiln_browser`` cookie plus Gradio's session hash).
-A ``gradio_client.Client`` keeps both for its whole life: it stores the cookie the
-server sets on its first request and sends one session hash with every call, so
-its upload, generate, status and result calls meet in one session, and its result
-files download only with its cookie (``app.server.RequestGuard``). Another client,
-or a page, has other cookies and cannot reach them.
+(``app.browser.session_name``: the ``kiln_browser`` cookie plus Gradio's session hash),
+and its jobs and results belong to that cookie, as a browser's do. A
+``gradio_client.Client`` keeps both for its whole life: it stores the cookie the server
+sets on its first request and sends one session hash with every call, so its upload,
+generate, status and result calls meet in one session, and its result files download
+only with its cookie (``app.server.RequestGuard``). Another client, or a page, has
+another cookie and reaches none of it.
 
 The page's own events stay callable by the page but are hidden from the API
 listing: they take page-shaped values and are no interface to keep stable.
@@ -23,7 +24,7 @@ from gradio.components.api_component import Api
 
 from kiln.settings import Settings, SettingsError
 
-from . import form, jobs, messages, selection, statusview, uploads
+from . import form, history, jobs, messages, selection, statusview, uploads
 from .context import AppContext
 
 # the endpoints, as gradio_client names them ("/generate")
@@ -198,8 +199,10 @@ def register(demo: gr.Blocks, ctx: AppContext) -> None:
                     rgb, mask = form.job_inputs(st)
             except messages.UIError as e:
                 raise fail(e) from None
+            # kept with the job: its result downloads as '<image-name>-<n>.glb', as the page's do
+            info = history.JobInfo(st.image.name, history.thumbnail_uri(st.image.work))
             del st
-            steps = jobs.follow_job(ctx, session, rgb, mask, settings)
+            steps = jobs.follow_job(ctx, session, rgb, mask, settings, info=info)
             del rgb, mask
             for note, last in steps:
                 if last is None:
@@ -221,25 +224,24 @@ def register(demo: gr.Blocks, ctx: AppContext) -> None:
 
     def publish(session: str, st) -> dict[str, str]:
         try:
-            return {k: str(p) for k, p in ctx.publisher.publish(session, st).items()}
+            statuses = jobs.browser_jobs(ctx, session)
+            stem = history.result_stems(statuses, jobs.job_infos(ctx, statuses)).get(st.id)
+            return {k: str(p) for k, p in ctx.publisher.publish(session, st, stem).items()}
         except (OSError, messages.UIError) as e:
             raise refusal(f"the result could not be prepared for download: {messages.public_text(str(e))}") from None
 
-    def session_jobs(session: str) -> list:
-        return ctx.sup.jobs(session) if ctx.sup is not None else []
-
     def status(request: gr.Request) -> dict:
-        """This session's jobs, oldest first, and which are running."""
+        """This client's jobs, oldest first, and which of them this session follows."""
         session = session_of(request)
-        return {"jobs": [describe_job(st) for st in session_jobs(session)],
+        return {"jobs": [describe_job(st) for st in jobs.browser_jobs(ctx, session)],
                 "running": ctx.active.get(session)}
 
     def result(job: str, request: gr.Request) -> tuple:
-        """The files of a finished job of this session: (status, glb, ply)."""
+        """The files of a finished job of this client: (status, glb, ply)."""
         session = session_of(request)
-        st = next((j for j in session_jobs(session) if j.id == str(job or "")), None)
+        st = next((j for j in jobs.browser_jobs(ctx, session) if j.id == str(job or "")), None)
         if st is None:
-            raise refusal(f"job: no job {str(job)[:64]!r} in this session")
+            raise refusal(f"job: no job {str(job)[:64]!r} of this client")
         if st.state != "done":
             raise refusal(f"job {st.id} is {st.state}" + (f": {messages.public_text(st.error)}" if st.error else ""))
         files = publish(session, st)
@@ -249,8 +251,7 @@ def register(demo: gr.Blocks, ctx: AppContext) -> None:
         """Cancel this session's running job; answers the ids cancelled."""
         session = session_of(request)
         ids = ctx.active.get(session)
-        for job_id in ids:
-            ctx.sup.job(job_id).cancel()
+        jobs.cancel_jobs(ctx, session)
         return {"cancelled": ids}
 
     def json_slot(value: Any, schema: dict, label: str) -> Api:

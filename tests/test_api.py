@@ -34,17 +34,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """``kiln serve`` as a person starts it, with a login: (url, its var folder)."""
-    var = tmp_path_factory.mktemp("api-server")
+def _serve(tmp_path_factory, name: str, env: dict | None = None):
+    """``kiln serve`` as a person starts it, with a login: yields (url, its var folder)."""
+    var = tmp_path_factory.mktemp(name)
     port = _free_port()
     sets = {**FAST, "app.jobs_dir": str(var / "jobs"), "app.cache_dir": str(var / "cache")}
     cmd = [sys.executable, "-m", "app", "--port", str(port), "--no-examples",
            "--auth", ":".join(LOGIN)] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     log = open(var / "server.log", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+                            env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})})
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 120
     while True:
@@ -65,6 +64,18 @@ def server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from _serve(tmp_path_factory, "api-server")
+
+
+@pytest.fixture(scope="module")
+def held_server(tmp_path_factory):
+    """Every job's first attempt sleeps in the 'mesh' stage (a test-only fault rule), so a
+    job is running for as long as the test needs it to."""
+    yield from _serve(tmp_path_factory, "api-held-server", {"KILN_TEST_FAULTS": "hang@mesh:attempt=1"})
 
 
 @pytest.fixture(scope="module")
@@ -114,11 +125,12 @@ def test_example_makes_a_glb_that_no_other_client_can_fetch(server, images, tmp_
     assert check_glb_light(out)["meshes"] >= 1
 
     # the server published it for the example's client only
-    published = list((var / "gradio" / "results").glob(f"*/*{job}*.glb"))
+    # published under the image's name, as the page's results are
+    published = list((var / "gradio" / "results").glob("*/photo-1.glb"))
     assert len(published) == 1 and published[0].read_bytes() == out.read_bytes()
     other = _client(url, tmp_path / "other")
     try:
-        with pytest.raises(AppError, match="no job .* in this session"):
+        with pytest.raises(AppError, match="no job .* of this client"):
             other.predict(job, api_name="/result")
         assert other.predict(api_name="/status") == {"jobs": [], "running": []}
         file_url = url + "gradio_api/file=" + str(published[0])
@@ -140,6 +152,7 @@ def test_one_client_is_one_session_from_upload_to_result(server, images, tmp_pat
         updates = list(job)
         status, glb, ply = job.result()
         assert status["state"] == "done" and ply is None
+        assert Path(glb).name == "cutout-1.glb"   # named for the image, as the page names results
         assert [u[0]["state"] for u in updates][-1] == "done"
         assert Path(glb).read_bytes()[:4] == b"glTF"
         jobs = a.predict(api_name="/status")["jobs"]
@@ -200,3 +213,35 @@ def test_without_the_login_nothing_answers(server):
     with pytest.raises(AuthenticationError):
         Client(url, verbose=False)
     assert httpx.post(url + "gradio_api/upload", files={"files": ("a.png", b"x" * 100)}).status_code == 401
+
+
+def test_cancel_reaches_only_the_callers_job(held_server, images, tmp_path):
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    url, _ = held_server
+    a, b = _client(url, tmp_path / "a"), _client(url, tmp_path / "b")
+    try:
+        a.predict(handle_file(str(images / "cutout.png")), api_name="/upload_image")
+        job = a.submit(api_name="/generate")
+        deadline = time.monotonic() + 120
+        while True:
+            running = a.predict(api_name="/status")
+            if running["running"] and running["jobs"][-1]["stage"] == "mesh":
+                break
+            assert time.monotonic() < deadline, running
+            time.sleep(0.5)
+        job_id = running["running"][0]
+        with pytest.raises(AppError, match="upload an image first"):
+            b.predict(api_name="/generate")   # b's session has no image: a's is not shared
+        assert b.predict(api_name="/cancel") == {"cancelled": []}
+        assert a.predict(api_name="/status")["jobs"][-1]["state"] == "running"
+        with pytest.raises(AppError, match="already has a job running"):
+            a.predict(api_name="/generate")
+        assert a.predict(api_name="/cancel") == {"cancelled": [job_id]}
+        with pytest.raises(AppError, match=f"job {job_id} cancelled"):
+            job.result(timeout=60)
+        assert a.predict(api_name="/status")["jobs"][-1]["state"] == "cancelled"
+    finally:
+        a.close()
+        b.close()
