@@ -84,17 +84,17 @@ def _write_png(path: Path, arr: np.ndarray) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The app as a person starts it, on a free port; yields (url, workdir, log path)."""
-    work = tmp_path_factory.mktemp("kiln-app")
+def _serve(tmp_path_factory, name: str, extra_env: dict | None = None):
+    """Start ``python -m app`` as a person does, on a free port; yields (url, workdir, log
+    path, process) until the test module is done."""
+    work = tmp_path_factory.mktemp(name)
     var = work / "var"
     cfg = work / "small.yaml"
     cfg.write_text(SMALL_CONFIG.format(var=var))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log_path = ARTIFACTS / "server.log"
+    log_path = ARTIFACTS / f"{name}.log"
     port = _free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
     env.pop("KILN_AUTH", None)
     log_file = open(log_path, "w")
     t0 = time.monotonic()
@@ -114,7 +114,7 @@ def server(tmp_path_factory):
             if time.monotonic() - t0 > 120:
                 pytest.fail(f"server did not answer within 120 s:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.3)
-        yield url, work, log_path
+        yield url, work, log_path, proc
     finally:
         proc.terminate()
         try:
@@ -123,6 +123,21 @@ def server(tmp_path_factory):
             proc.kill()
             proc.wait(5)
         log_file.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The app as a person starts it; yields (url, workdir, log path)."""
+    for url, work, log_path, _ in _serve(tmp_path_factory, "server"):
+        yield url, work, log_path
+
+
+@pytest.fixture(scope="module")
+def held_server(tmp_path_factory):
+    """The app with a fault rule that holds every job's first attempt in the 'mesh' stage
+    (the worker sleeps there) until the test kills that worker; the retry then runs
+    without the fault. So a job is mid-stage exactly as long as the test needs."""
+    yield from _serve(tmp_path_factory, "held-server", {"KILN_TEST_FAULTS": "hang@mesh:attempt=1"})
 
 
 @pytest.fixture(scope="module")
@@ -367,18 +382,20 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
             resp = b.request.get(own_url)
             assert resp.status == 403, f"session B fetched A's result {own_url}: {resp.status}"
 
-        # -- each session's history lists only its own jobs ------------------------
-        for page, own, other in ((a, [st1[1], st2[1]], [cancelled[1], stb[1]]),
-                                 (b, [cancelled[1], stb[1]], [st1[1], st2[1]])):
+        # -- each browser's history lists only its own jobs ------------------------
+        for page, own, other, own_files, other_files in (
+                (a, [st1[1], st2[1]], [cancelled[1], stb[1]], ["object_a-1.glb", "object_a-2.glb"],
+                 ["object_b-1.glb"]),
+                (b, [cancelled[1], stb[1]], [st1[1], st2[1]], ["object_b-1.glb"], ["object_a-1.glb"])):
             if page.locator("#kiln-history").count() == 0:   # the accordion renders when opened
-                page.get_by_text("History (this session)").click()
+                page.get_by_text("History (this browser)").click()
             page.wait_for_function("(id) => { const e = document.querySelector('#kiln-history');"
                                    " return e && e.innerText.includes(id); }", arg=own[-1])
             text = page.inner_text("#kiln-history")
             assert all(j in text for j in own), text
             assert not any(j in text for j in other), text
-            files = page.inner_text("#kiln-history-files")
-            assert own[-1] in files and not any(j in files for j in other), files
+            files = _file_list(page)
+            assert all(n in files for n in own_files) and not any(n in files for n in other_files), files
         a.screenshot(path=str(ARTIFACTS / "a3_history.png"), full_page=True)
 
         # -- files are served from Gradio's folder, never from the job store ------
@@ -459,3 +476,127 @@ def test_box_prompt_and_mask_file(server, browser, tmp_path):
         page.screenshot(path=str(ARTIFACTS / "c3_mask_file.png"), full_page=True)
     finally:
         ctx.close()
+
+
+def _worker_pids(server_pid: int) -> list[int]:
+    """The spawned worker processes of the server (multiprocessing's spawn children; not its
+    resource tracker)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == server_pid and b"spawn_main" in cmd:
+            pids.append(int(d.name))
+    return pids
+
+
+def _file_list(page) -> str:
+    """The history's file list as text; Gradio shows a name's stem and extension apart."""
+    return page.inner_text("#kiln-history-files").replace("\n.", ".")
+
+
+def _open_history(page) -> None:
+    if page.locator("#kiln-history").count() == 0:   # the accordion renders when opened
+        page.get_by_text("History (this browser)").click()
+    page.wait_for_selector("#kiln-history")
+
+
+def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser, tmp_path):
+    """Reloading while the job runs does not cancel it: the reloaded page follows it (live
+    progress, Running…/Cancel), the result lands there; reloading afterwards shows the
+    browser's history with the image's name and thumbnail, and the GLB downloads as
+    <image-name>-<n>.glb (to this browser only). A seed the form rounds shows rounded."""
+    import signal
+
+    from synthetic import make_object_image
+
+    url, work, log_path, proc = held_server
+    rgb, _ = make_object_image(288, "blob", seed=11)
+    img = _write_png(tmp_path / "teapot.png", rgb)
+    ctx, page = _open(browser, url)
+    other_ctx = None
+    try:
+        page.wait_for_function("() => document.querySelector('#kiln-status').innerText.includes('CPU only')")
+        _upload(page, img)
+        _click_image(page, 0.5, 0.5, "Mask:")
+        # the seed box takes 2.6; the job uses 3, and the box says so after Generate
+        page.locator("#kiln-seed input").fill("2.6")
+        page.locator("#kiln-seed input").press("Tab")
+        page.click("#kiln-generate")
+        page.wait_for_function("() => document.querySelector('#kiln-seed input').value === '3'")
+        # held in 'mesh' by the fault rule
+        page.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
+                               " return e && e.dataset.stage === 'mesh' && e.dataset.state === 'running'; }",
+                               timeout=120_000)
+        state, job, text = _progress(page)
+        page.screenshot(path=str(ARTIFACTS / "r1_before_reload.png"), full_page=True)
+
+        # -- reload mid-job: the new page follows the same job ----------------------
+        page.reload()
+        page.wait_for_selector("#kiln-upload input[type=file]", state="attached")
+        page.wait_for_function("(j) => { const e = document.querySelector('#kiln-progress');"
+                               " return e && e.dataset.job === j && e.dataset.state === 'running'; }",
+                               arg=job, timeout=30_000)
+        assert "Simplifying mesh" in _progress(page)[2]
+        page.wait_for_function("() => document.querySelector('#kiln-generate').disabled")
+        assert "Running" in page.inner_text("#kiln-generate") and page.locator("#kiln-cancel").is_enabled()
+        _open_history(page)
+        page.wait_for_function("(j) => document.querySelector('#kiln-history').innerText.includes(j)", arg=job)
+        assert "teapot.png" in page.inner_text("#kiln-history")
+        page.screenshot(path=str(ARTIFACTS / "r2_reconnected.png"), full_page=True)
+
+        # release the hold: the worker dies, the retry runs without the fault; the reloaded
+        # page's progress moves on and the result lands here
+        pids = _worker_pids(proc.pid)
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGKILL)
+        page.wait_for_function("(j) => { const e = document.querySelector('#kiln-progress');"
+                               " return e && e.dataset.job === j && e.dataset.stage === 'export'; }",
+                               arg=job, timeout=180_000)
+        done = _wait_state(page, ("done", "failed", "cancelled"))
+        assert done[0] == "done" and done[1] == job, done
+        page.wait_for_selector("#kiln-dl-glb", state="visible")
+        with page.expect_download() as dl:
+            page.click("#kiln-dl-glb")
+        assert dl.value.suggested_filename == "teapot-1.glb"
+        result_url = dl.value.url
+        dl.value.save_as(tmp_path / "teapot-1.glb")
+        _textures(tmp_path / "teapot-1.glb")            # a real GLB with a mesh
+        assert page.locator("#kiln-generate").is_enabled() and page.locator("#kiln-cancel").is_disabled()
+        _assert_viewer_draws(page)
+        page.screenshot(path=str(ARTIFACTS / "r3_done_after_reload.png"), full_page=True)
+
+        # -- reload after: the browser's history, with name, thumbnail, download name ---
+        page.reload()
+        page.wait_for_selector("#kiln-upload input[type=file]", state="attached")
+        _open_history(page)
+        page.wait_for_function("(j) => document.querySelector('#kiln-history').innerText.includes(j)", arg=job)
+        hist = page.inner_text("#kiln-history")
+        assert "teapot.png" in hist and "teapot-1.glb" in hist and "done" in hist, hist
+        thumb = page.locator(f"#kiln-history li[data-job='{job}'] img.kiln-thumb")
+        assert thumb.count() == 1 and thumb.evaluate("e => e.naturalWidth") > 0
+        assert _progress(page)[0] == "idle"                      # nothing to reconnect to
+        assert "teapot-1.glb" in _file_list(page)
+        files = page.locator("#kiln-history-files tr", has_text="teapot-1").locator("a[download]")
+        with page.expect_download() as dl:
+            files.first.click()
+        assert dl.value.suggested_filename == "teapot-1.glb"
+        page.screenshot(path=str(ARTIFACTS / "r4_history_after_reload.png"), full_page=True)
+
+        # -- another browser sees none of it ---------------------------------------
+        other_ctx, other = _open(browser, url)
+        _open_history(other)
+        assert job not in other.inner_text("#kiln-history")
+        assert other.request.get(result_url).status == 403
+        assert page.request.get(result_url).status == 200
+    finally:
+        for c in (ctx, other_ctx):
+            if c is not None:
+                c.close()
+        if log_path.exists():
+            shutil.copy(log_path, ARTIFACTS / "held-server.log.txt")
