@@ -10,7 +10,14 @@ Each input is an RGB photo (H, W, 3) uint8 and a mask (H, W) bool:
 * ``lineart``: black pen strokes (2-3 px) on a white rounded card;
 * ``sign``: a sign board with several lines of text (Pillow's built-in font);
 * ``bricks``: fine texture, a brick wall with 2 px mortar and a 4 px checker band
-  on a shield shape.
+  on a shield shape;
+* ``globe``: an object whose appearance from *every* side is known: the surface the
+  built-in backend reconstructs from the ``toy`` silhouette, painted with a colour that
+  is a function of 3D position (``globe_colour``: a latitude/longitude checker, with a
+  gradient from front to back), written as a GLB with a 4096 texture (``truth_glb``)
+  and rendered by three.js from the photo's camera to make the photo. Its side and
+  back views have a reference that neither bake was fitted to: the same GLB rendered
+  from those cameras.
 
 ``python bench/fidelity_inputs.py [DIR]`` writes ``NAME.png`` and ``NAME_mask.png``
 and a ``contact.png`` sheet (photo with the mask's outline) to check the masks by eye.
@@ -35,6 +42,7 @@ class FidelityInput:
     rgb: np.ndarray     # (H, W, 3) uint8
     mask: np.ndarray    # (H, W) bool
     note: str = ""
+    truth_glb: Path | None = None   # the object itself, when its every side is known (``globe``)
 
 
 # --------------------------------------------------------------------------- masks
@@ -206,6 +214,84 @@ def bricks(size: int = 512) -> FidelityInput:
     return FidelityInput("bricks", rgb, mask, "fine texture: 2 px mortar, 4 px checker")
 
 
+GLOBE_TEXTURE = 4096
+GLOBE_BACKGROUND = (120, 120, 120)
+
+
+def globe_colour(p: np.ndarray) -> np.ndarray:
+    """(N, 3) float colour in [0, 1] of the ``globe`` at world points p (N, 3) (y up, front +z).
+
+    A checker of 12 longitude sectors by latitude bands 0.08 wide, orange and blue,
+    the orange turning green and the blue purple from front to back, with thin dark
+    lines along every fourth band: structure at several scales on every side."""
+    lon = np.arctan2(p[:, 0], p[:, 2])                   # 0 at the front, +-pi at the back
+    band = np.floor((p[:, 1] + 0.5) / 0.08).astype(np.int64)
+    sector = np.floor((lon + np.pi) / (np.pi / 6)).astype(np.int64)
+    back = 0.5 - 0.5 * np.cos(lon)                        # 0 front .. 1 back
+    a = np.stack([0.92 - 0.6 * back, 0.55 + 0.2 * back, 0.18 + 0.1 * back], 1)
+    b = np.stack([0.15 + 0.45 * back, 0.3 - 0.1 * back, 0.78 - 0.1 * back], 1)
+    c = np.where(((band + sector) % 2 == 0)[:, None], a, b)
+    line = np.abs(((p[:, 1] + 0.5) / 0.32) % 1.0 - 0.5) > 0.485     # ~0.01 wide every 0.32
+    c[line] = (0.08, 0.08, 0.1)
+    return c
+
+
+def globe(folder: Path, settings=None, renderer=None) -> FidelityInput:
+    """The ``globe`` input: photo, mask and ``truth_glb`` (written into ``folder``).
+
+    The surface is what ``reconstruct`` makes of the toy's silhouette with ``settings``
+    (default settings when None), so the pipeline run on this photo and mask rebuilds
+    the very same surface; only its colours are unknown to it."""
+    from kiln.examples import draw_object
+    from kiln.settings import load
+    from pipeline import rasterize as rz
+    from pipeline.bake import fill_texture
+    from pipeline.export import export_glb
+    from pipeline.reconstruct import reconstruct
+    from pipeline.types import ImageInput, Texture
+    from pipeline.uv import unwrap
+
+    import glb_render
+
+    settings = settings or load(None, {})
+    _, mask = draw_object(512, "toy")
+    grey = np.full(mask.shape + (3,), 128, np.uint8)
+    recon = reconstruct(ImageInput(rgb=grey, mask=mask), settings.reconstruct, seed=settings.seed)
+    mesh = unwrap(recon.mesh, GLOBE_TEXTURE, gutter=4, max_faces=10 ** 7)
+    raster = rz.rasterize_uv(mesh, GLOBE_TEXTURE, "moderngl")
+    chart = np.asarray(raster.tri_id[0]) >= 0
+    pos = np.asarray(rz.interpolate(raster, mesh, mesh.vertices), np.float32)[0]
+    image = np.zeros((GLOBE_TEXTURE, GLOBE_TEXTURE, 3), np.float32)
+    image[chart] = globe_colour(pos[chart].astype(np.float64))
+    folder.mkdir(parents=True, exist_ok=True)
+    truth = folder / "globe_truth.glb"
+    export_glb(mesh, Texture(image=fill_texture(image, chart, chart), seen=chart), truth)
+
+    cam = recon.source_camera
+    near, far = glb_render.near_far(recon.mesh.vertices.astype(np.float64), cam.viewmat.astype(np.float64))
+    spec = glb_render.CameraSpec(viewmat=cam.viewmat.astype(np.float64), K=cam.K.astype(np.float64),
+                                 width=cam.width, height=cam.height, projection=cam.projection,
+                                 near=near, far=far)
+    own = renderer is None
+    r = glb_render.GLBRenderer().__enter__() if own else renderer
+    try:
+        [(rgb, covered)] = r.render(truth, [spec], background=GLOBE_BACKGROUND)
+    finally:
+        if own:
+            r.close()
+    # mask pixels the surface just misses (its silhouette is the mask's to ~1 px) take
+    # their nearest rendered colour, as a camera would show the object's edge
+    from scipy import ndimage
+
+    _, (rows, cols) = ndimage.distance_transform_edt(~covered, return_indices=True)
+    rgb = rgb.copy()
+    fill = mask & ~covered
+    rgb[fill] = rgb[rows[fill], cols[fill]]
+    rgb[~mask] = GLOBE_BACKGROUND
+    return FidelityInput("globe", rgb, mask, "known all-round colour on the toy's reconstructed "
+                         "surface, photo rendered by three.js", truth_glb=truth)
+
+
 BUILDERS: dict[str, Callable[[], FidelityInput]] = {
     "toy": lambda: generated("toy"),
     "pebble": lambda: generated("pebble"),
@@ -216,13 +302,13 @@ BUILDERS: dict[str, Callable[[], FidelityInput]] = {
     "sign": sign,
     "bricks": bricks,
 }
-NAMES = tuple(BUILDERS)
+NAMES = tuple(BUILDERS) + ("globe",)
 
 
-def make(name: str) -> FidelityInput:
-    if name not in BUILDERS:
+def make(name: str, folder: Path = DEFAULT_DIR, settings=None, renderer=None) -> FidelityInput:
+    if name not in NAMES:
         raise ValueError(f"unknown fidelity input {name!r}; choose from {', '.join(NAMES)}")
-    inp = BUILDERS[name]()
+    inp = globe(folder, settings, renderer) if name == "globe" else BUILDERS[name]()
     assert inp.rgb.dtype == np.uint8 and inp.rgb.ndim == 3 and inp.mask.shape == inp.rgb.shape[:2]
     return inp
 
@@ -238,11 +324,13 @@ def outline(rgb: np.ndarray, mask: np.ndarray, colour=(0, 255, 0)) -> np.ndarray
     return out.astype(np.uint8)
 
 
-def write(folder: Path, names=NAMES) -> list[FidelityInput]:
+def write(folder: Path, names=NAMES, settings=None, renderer=None) -> list[FidelityInput]:
+    """Make the inputs ``names`` and write them to ``folder``; ``settings`` and ``renderer``
+    (a started glb_render.GLBRenderer, else one is started) serve ``globe`` only."""
     from PIL import Image
 
     folder.mkdir(parents=True, exist_ok=True)
-    items = [make(n) for n in names]
+    items = [make(n, folder, settings, renderer) for n in names]
     tiles = []
     for it in items:
         Image.fromarray(it.rgb).save(folder / f"{it.name}.png")

@@ -33,6 +33,7 @@ class Placement:
 
     texels: np.ndarray
     texels_per_unit: float
+    fixed_offset: np.ndarray | None = None    # (2,) whole texels: where the fixed block went
 
 
 def _group_starts(sorted_ids: np.ndarray) -> np.ndarray:
@@ -97,19 +98,35 @@ def skyline(widths: np.ndarray, heights: np.ndarray, size: int) -> np.ndarray | 
     return pos
 
 
-def pack(uv: np.ndarray, chart: np.ndarray, areas: np.ndarray, size: int, gutter: int) -> Placement:
+def pack(uv: np.ndarray, chart: np.ndarray, areas: np.ndarray, size: int, gutter: int,
+         fixed: tuple[int, int] | None = None) -> Placement:
     """Scale, rotate and place all charts. uv (N, 2) in world units, chart (N,) sorted ids
-    0..C-1, areas (C,) surface area per chart. Raises PackError when nothing fits."""
-    rot, box = orient(uv, chart)
+    0..C-1, areas (C,) surface area per chart. Raises PackError when nothing fits.
+
+    fixed: (width, height) in whole texels of one more block that is neither scaled nor
+    rotated (the photo chart, ``pipeline.photo_chart``); it is placed with ``gutter + 1``
+    empty texels on every side at a whole-texel offset, returned as ``fixed_offset``:
+    block coordinate (x, y) goes to texel coordinate (x, y) + fixed_offset."""
     pad = 2 * gutter + 1
     total = float(areas.sum())
+    if chart.size == 0:
+        if fixed is None:
+            raise PackError("nothing to pack")
+        pos = skyline(np.array([fixed[0] + pad + 1]), np.array([fixed[1] + pad + 1]), size)
+        if pos is None:
+            raise PackError(f"a {fixed[0]}x{fixed[1]} block does not fit a {size}x{size} texture")
+        return Placement(texels=np.zeros((0, 2)), texels_per_unit=0.0,
+                         fixed_offset=pos[0].astype(np.float64) + gutter + 1)
+    rot, box = orient(uv, chart)
     if not total > 0:
         raise PackError("the mesh has no surface area")
+    extra_w = np.array([] if fixed is None else [fixed[0] + pad + 1], np.int64)
+    extra_h = np.array([] if fixed is None else [fixed[1] + pad + 1], np.int64)
 
     def attempt(s: float):
         w = np.ceil(box[:, 0] * s).astype(np.int64) + pad
         h = np.ceil(box[:, 1] * s).astype(np.int64) + pad
-        return skyline(w, h, size)
+        return skyline(np.r_[w, extra_w], np.r_[h, extra_h], size)
 
     hi = size / np.sqrt(total)                  # every texel covered: an upper bound
     s, pos = hi, None
@@ -128,4 +145,6 @@ def pack(uv: np.ndarray, chart: np.ndarray, areas: np.ndarray, size: int, gutter
         else:
             lo, pos = mid, p
     offset = pos.astype(np.float64) + gutter + 0.5
-    return Placement(texels=rot * lo + offset[chart], texels_per_unit=float(lo))
+    n = box.shape[0]
+    return Placement(texels=rot * lo + offset[:n][chart], texels_per_unit=float(lo),
+                     fixed_offset=None if fixed is None else pos[n].astype(np.float64) + gutter + 1)

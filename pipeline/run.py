@@ -127,9 +127,11 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
         if settings.bake.texture_size == "auto":
             settings = settings.override({"bake.texture_size": _auto_texture_size(mesh, recon)})
             stats["texture_size_auto"] = settings.bake.texture_size
+        # faces the photo sees get its pixel grid as their UVs (pipeline/photo_chart.py)
+        photo_cam = recon.source_camera if settings.bake.photo_projection else None
         mesh = uv.unwrap(mesh, texture_size=settings.bake.texture_size,
                          gutter=settings.bake.gutter, max_faces=m.max_faces_for_uv,
-                         method=settings.bake.unwrap)
+                         method=settings.bake.unwrap, source_camera=photo_cam)
         done("uv", t0)
 
         t0 = stage("bake")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .types import Mesh
+from .types import Mesh, SourceCamera
 from .validate import StageInputError
 
 PACK_ATTEMPTS = 12
@@ -36,7 +36,7 @@ THIN_CHART = 8.0        # ... with length^2 > this * their area are halved befor
 
 
 def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
-           method: str = "kiln") -> Mesh:
+           method: str = "kiln", source_camera: SourceCamera | None = None) -> Mesh:
     """Cut ``mesh`` into charts and pack them into one texture_size x texture_size atlas.
 
     mesh: vertices (V, 3) float32, faces (F, 3) int32, optional vertex_colors.
@@ -49,6 +49,9 @@ def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
     Charts are padded by ``gutter`` texels, so rasterized at texel centres
     two charts are at least 2 * gutter + 1 texels apart and each can be dilated
     by ``gutter`` texels without touching another (tests/test_uv.py checks this).
+    source_camera: the photo's camera in the mesh's frame (``Reconstruction.source_camera``);
+    with ``kiln``, the faces it sees squarely and unoccluded are laid out on the photo's
+    pixel grid, one texel per photo pixel where the atlas has room (``pipeline.photo_chart``).
     """
     if method not in METHODS:
         raise StageInputError(f"unknown unwrap method {method!r}; use one of {', '.join(METHODS)}")
@@ -58,8 +61,10 @@ def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
     if not (isinstance(gutter, (int, np.integer)) and 0 <= gutter <= texture_size // 8):
         raise StageInputError(f"gutter must be an integer in 0..{texture_size // 8} texels for a "
                               f"{texture_size} texture, got {gutter!r}")
+    if source_camera is not None:
+        source_camera.validate()
     if method == "kiln":
-        vmap, faces_out, uvs = _unwrap_kiln(mesh, int(texture_size), int(gutter))
+        vmap, faces_out, uvs = _unwrap_kiln(mesh, int(texture_size), int(gutter), source_camera)
     else:
         vmap, faces_out, uvs = _unwrap_xatlas(mesh, int(texture_size), int(gutter))
     uvs = np.clip(uvs, 0.0, 1.0).astype(np.float32)
@@ -72,18 +77,51 @@ def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
     ).validate("unwrapped mesh")
 
 
-def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int):
+def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int, camera: SourceCamera | None = None):
     """(vertex map (V',), faces (F, 3), uvs (V', 2) float64) from Kiln's own unwrap."""
-    from .charts import connected, face_graph, segment
+    from .charts import face_graph
+    from .lscm import chart_vertices
+    from .photo_chart import photo_chart
+
+    v = mesh.vertices.astype(np.float64)
+    f_all = mesh.faces.astype(np.int64)
+    whole = face_graph(v, f_all)
+    if not whole.areas.sum() > 0:
+        raise StageInputError("the mesh has no surface area; nothing to unwrap")
+    block = None if camera is None else photo_chart(v, f_all, whole.normals, whole.areas, camera,
+                                                     texture_size, gutter)
+    if block is None:
+        return _unwrap_charts(v, f_all, whole, texture_size, gutter, None)
+    rest = np.setdiff1d(np.arange(len(f_all)), block.faces)
+    f = f_all[rest]
+    vmap_r, corner_r, uvs_r, offset = _unwrap_charts(v, f, face_graph(v, f), texture_size, gutter,
+                                                     block.size)
+    corner_b, vmap_b, _ = chart_vertices(f_all[block.faces], np.zeros(len(block.faces), np.int64), len(v))
+    texels_b = np.zeros((vmap_b.size, 2))
+    texels_b[corner_b.ravel()] = block.corner.reshape(-1, 2)
+    faces_out = np.empty((len(f_all), 3), np.int64)
+    faces_out[rest] = corner_r
+    faces_out[block.faces] = corner_b + len(vmap_r)
+    uvs = np.concatenate([uvs_r, (texels_b + offset) / texture_size])
+    return np.concatenate([vmap_r, vmap_b]), faces_out, uvs
+
+
+def _unwrap_charts(v, f, graph, texture_size: int, gutter: int, fixed):
+    """Charts, LSCM and packing for faces ``f``; with ``fixed`` = (w, h), a block of that
+    many texels is packed too and its offset returned as a fourth value."""
+    from .charts import connected, segment
     from .lscm import chart_vertices, triangle_local
     from .pack import PackError, pack
     from .uv_metrics import coverage
 
-    v = mesh.vertices.astype(np.float64)
-    f = mesh.faces.astype(np.int64)
-    graph = face_graph(v, f)
-    if not graph.areas.sum() > 0:
-        raise StageInputError("the mesh has no surface area; nothing to unwrap")
+    if len(f) == 0:
+        try:
+            placed = pack(np.zeros((0, 2)), np.zeros(0, np.int64), np.zeros(0), texture_size, gutter,
+                          fixed=fixed)
+        except PackError as e:
+            raise StageInputError(f"the photo chart does not fit one {texture_size}x{texture_size} "
+                                  f"texture ({e})") from None
+        return np.zeros(0, np.int64), np.zeros((0, 3), np.int64), np.zeros((0, 2)), placed.fixed_offset
     charts = segment(graph)
     centroids = v[f].mean(1)
     charts = _bound_charts(v, f, graph, charts, centroids)
@@ -95,7 +133,7 @@ def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int):
         uv[corner.ravel()] = corner_uv.reshape(-1, 2)
         area = np.bincount(charts, graph.areas, minlength=int(charts.max()) + 1)
         try:
-            placed = pack(uv, cv_chart, area, texture_size, gutter)
+            placed = pack(uv, cv_chart, area, texture_size, gutter, fixed=fixed)
         except PackError as e:
             raise StageInputError(f"UV charts do not fit into one {texture_size}x{texture_size} "
                                   f"texture with a {gutter}-texel gutter ({e}); lower bake.gutter "
@@ -118,6 +156,8 @@ def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int):
             charts[over] = charts.max() + 1 + np.arange(over.size)
             corner_uv[over] = triangle_local(v, f[over])
             charts = connected(graph, charts)
+    if fixed is not None:
+        return cv_vertex, corner, uvs, placed.fixed_offset
     return cv_vertex, corner, uvs
 
 
