@@ -87,6 +87,8 @@ def images(tmp_path_factory):
     Image.fromarray(mask.astype(np.uint8) * 255).save(d / "mask.png")
     Image.fromarray(np.zeros((90, 120), np.uint8)).save(d / "wrong-size-mask.png")
     Image.fromarray(np.full((600, 600, 3), 128, np.uint8)).save(d / "too-many-pixels.png")
+    # over the byte limit that goes with MAX_PIXELS (kiln.imageio.upload_limit_bytes)
+    (d / "too-many-bytes.png").write_bytes(np.random.default_rng(0).bytes(4 << 20))
     return d
 
 
@@ -184,6 +186,13 @@ def test_inputs_and_settings_refused_with_what_to_fix(server, images, tmp_path):
                       api_name="/upload_image")
         with pytest.raises(AppError, match=r"600x600 = 360,000 pixels; the limit is 250,000"):
             c.predict(handle_file(str(images / "too-many-pixels.png")), api_name="/upload_image")
+        # gradio_client checks the server's byte limit before sending; the server refuses it anyway
+        big = images / "too-many-bytes.png"
+        with pytest.raises(ValueError, match="exceeds the maximum file size"):
+            c.predict(handle_file(str(big)), api_name="/upload_image")
+        sent = httpx.post(url + "gradio_api/upload", cookies=c.cookies,
+                          files={"files": (big.name, big.read_bytes())})
+        assert sent.status_code == 413 and "maximum allowed size" in sent.text
         c.predict(handle_file(str(images / "photo.png")), api_name="/upload_image")
         picked = c.predict([[80, 80, 1]], api_name="/select")
         assert picked["mask"]["source"] == "prompt" and 0.2 < picked["mask"]["share"] < 0.4
