@@ -43,8 +43,12 @@ def make_glb(client: Client, image: str, out: str, mask: str | None = None,
         print("warning:", warning)
 
     job = client.submit(**(settings or {}), api_name="/generate")
-    for status, _glb, _ply in job:   # one update whenever the job changes
-        print(f"  {status['state']:<8} {status['stage'] or '':<13} {100 * status['progress']:5.1f}%")
+    shown = None
+    for status, _glb, _ply in job:   # an update when the job changes, and every second
+        line = f"  {status['state']:<8} {status['stage'] or '':<13} {100 * status['progress']:5.1f}%"
+        if line != shown:
+            print(line, flush=True)
+            shown = line
     status, glb, ply = job.result()   # raises AppError with the reason if the job failed
     shutil.copyfile(glb, out)
     print(f"job {status['job']} done in {status.get('total_s', 0):.1f} s -> {out}")
