@@ -81,15 +81,15 @@ case "$mode" in
     example)
         mkdir -p var/examples var/out
         "$PY" -m kiln.examples var/examples
-        "$PY" -m kiln.cli run var/examples/toy.png -o var/out/toy.glb
+        "$PY" -m app.cli run var/examples/toy.png -o var/out/toy.glb
         log "GLB written to $ROOT/var/out/toy.glb" ;;
     kiln)
         shift
-        exec "$PY" -m kiln.cli "$@" ;;
+        exec "$PY" -m app.cli "$@" ;;
     serve)
         shift || true
-        "$PY" -m kiln.cli doctor --summary || log "doctor found problems (run ./run.sh kiln doctor for details)"
-        exec "$PY" -m kiln.cli serve "$@" ;;
+        "$PY" -m app.cli doctor --summary || log "doctor found problems (run ./run.sh kiln doctor for details)"
+        exec "$PY" -m app.cli serve "$@" ;;
     *)
         log "unknown command '$mode'; use: ./run.sh [serve|test|example|setup|kiln ARGS]"
         exit 2 ;;

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln import doctor
+from worker import doctor
 from kiln.settings import Settings
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kiln.cli import main as cli_main
+from app.cli import main as cli_main
 from worker import selftest
 from worker_helpers import small_settings
 

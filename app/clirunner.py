@@ -9,7 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
-from .runinputs import Loaded, NoSpace, no_space, writing_to
+from worker.inputs import Loaded, NoSpace, no_space, writing_to
 
 # How long Ctrl-C waits for the cancelled job's worker to exit (it is sent SIGTERM, and
 # SIGKILL a second later, so this is only reached when the machine is badly overloaded).
@@ -38,10 +38,10 @@ class Cancelled(CliError):
 
 def _copy_atomic(src, dst: Path) -> None:
     """Copy a job's output so an interrupted copy never leaves a torn file at ``dst``."""
-    from .atomic import atomic_write
+    from kiln.atomic import atomic_copy
 
-    with writing_to(dst.parent), open(src, "rb") as f:
-        atomic_write(dst, lambda out: shutil.copyfileobj(f, out))
+    with writing_to(dst.parent):
+        atomic_copy(src, dst)
 
 
 def show_events(events, display) -> None:

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional
 
-from . import settings as settings_mod
-from .checkpoints import DEFAULT_FOLDER, find_checkpoints, resolve_checkpoint
+from kiln import settings as settings_mod
+from kiln.checkpoints import DEFAULT_FOLDER, find_checkpoints, resolve_checkpoint
 
 GIB = 1024 ** 3
 SHM_MIN_BYTES = 1 * GIB

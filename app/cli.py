@@ -11,10 +11,11 @@ import textwrap
 import time
 from pathlib import Path
 
-from . import settings as settings_mod
+from kiln import settings as settings_mod
+from worker.inputs import InputProblem, NoSpace, is_no_space, no_space
+
 from .clirunner import Cancelled, CliError, InProcessRunner, JobFailed, WorkerRunner
 from .cliview import BatchLine, ItemResult, Progress, summary_table, timing_table
-from .runinputs import InputProblem, NoSpace, is_no_space, no_space
 
 EXIT_CODES = ("Exit status: 0 the GLB was written (every GLB, with several images); 1 the job "
               "failed (a stage error, a worker crash or hang, no worker could start, no space "
@@ -49,7 +50,7 @@ def _validate(items, settings, mask_dir, keep: bool) -> list:
     """Read every input completely before anything starts; refuse them all at once if any
     is unusable. Returns the loaded inputs (arrays dropped unless ``keep``: a batch
     reads each image again when its turn comes, so memory holds one image at a time)."""
-    from .runinputs import load
+    from worker.inputs import load
 
     loaded, problems = [], []
     for item in items:
@@ -73,7 +74,7 @@ def _validate(items, settings, mask_dir, keep: bool) -> list:
 def _space_check(items, settings) -> None:
     from PIL import Image
 
-    from .runinputs import check_space, job_bytes
+    from worker.inputs import check_space, job_bytes
 
     pixels = 0
     for item in items:
@@ -85,7 +86,7 @@ def _space_check(items, settings) -> None:
 
 
 def cmd_run(args) -> int:
-    from .runinputs import load, plan, writing_to
+    from worker.inputs import load, plan, writing_to
 
     settings = _settings_from_args(args)
     try:
@@ -182,7 +183,7 @@ def _run_batch(runner, items, load_item, args) -> int:
 def _write_report(path: str, data: dict) -> None:
     import json
 
-    from .runinputs import writing_to
+    from worker.inputs import writing_to
 
     with writing_to(Path(path).parent):
         Path(path).write_text(json.dumps(data, indent=2, default=str))
@@ -195,7 +196,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from .doctor import main as doctor_main
+    from worker.doctor import main as doctor_main
 
     return doctor_main(args.rest)
 

@@ -114,8 +114,8 @@ def _mask_names(image: Path) -> str:
 def load(item: RunItem, max_pixels: int, max_image_side: int, mask_dir: str | None = None) -> Loaded:
     """Read an item completely and run the reconstruction stage's own input checks.
     Raises ``InputProblem``."""
-    from .imageio import MIN_SIDE, ImageError, load_image
-    from .maskfile import load_mask, read_alpha
+    from kiln.imageio import MIN_SIDE, ImageError, load_image
+    from kiln.maskfile import load_mask, read_alpha
 
     try:
         rgb, alpha = load_image(item.image, max_pixels=max_pixels)
