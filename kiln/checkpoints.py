@@ -41,10 +41,6 @@ def config_name(family: str, size: str) -> str:
     return f"configs/{family}/{family}_hiera_{_SIZE_TAG[size]}.yaml"
 
 
-def official_filename(family: str, size: str) -> str:
-    return f"{family}_hiera_{size}.pt"
-
-
 def parse_name(filename: str) -> Optional[tuple[str, str]]:
     """(family, size) from a checkpoint or config file name, or None when unrecognised."""
     m = _NAME_RE.match(Path(filename).name)

@@ -19,11 +19,11 @@ import numpy as np
 from kiln.atomic import atomic_write
 from kiln.glb import GLBError
 
+from .gaussian_math import SH_C0
 from .geometry import vertex_normals
 from .types import Gaussians, Mesh, Texture
 from .validate import StageInputError, check_array
 
-SH_C0 = 0.28209479177387814      # band-0 spherical harmonic: colour = 0.5 + SH_C0 * f_dc
 ROUGHNESS = 0.9
 MAX_EXPORT_FACES = 10_000_000
 

@@ -3,16 +3,17 @@ EWA projection to the image plane, written to match gsplat 1.5.3's CUDA kernels
 (``projection_ewa_3dgs_fused_fwd_kernel`` and ``persp_proj``) in its default
 mode (pinhole, ``rasterize_mode="classic"``, ``radius_clip=0``).
 
-All functions take and return float32 torch tensors on any device. This module
-imports torch at the top, so import it lazily from code that must start fast.
+All functions take and return float32 torch tensors on any device. torch is
+imported inside them, so the constants (``SH_C0`` for the PLY export and SAM 3D's
+colours) cost nothing to import.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
+# degree-0 spherical harmonic (3DGS / gsplat): colour = 0.5 + SH_C0 * f_dc
+SH_C0 = 0.28209479177387814
 # gsplat's defaults; the CPU renderer and the gsplat call both use these so the
 # two backends compute the same image.
 EPS2D = 0.3            # added to the 2D covariance's diagonal (low-pass filter, >= ~1 px footprint)
@@ -30,6 +31,8 @@ def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
     quats: (N, 4) float, (w, x, y, z), any non-zero length (normalised here, as gsplat does)
     returns (N, 3, 3) float, R such that a local vector v maps to R @ v
     """
+    import torch
+
     q = quats / torch.linalg.norm(quats, dim=-1, keepdim=True)
     w, x, y, z = q.unbind(-1)
     r = torch.stack([
@@ -86,6 +89,8 @@ def project_gaussians(means: torch.Tensor, covars: torch.Tensor, opacities: torc
     viewmat:   (4, 4) float32, world -> camera (OpenCV axes)
     K:         (3, 3) float32, intrinsics; only fx, fy, cx, cy are used (gsplat ignores skew)
     """
+    import torch
+
     R = viewmat[:3, :3]
     t = viewmat[:3, 3]
     mean_c = means @ R.T + t

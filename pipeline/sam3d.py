@@ -73,13 +73,13 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from .gaussian_math import SH_C0
 from .geometry import signed_volume
 from .types import Gaussians, ImageInput, Mesh, Reconstruction, SourceCamera
 from .validate import StageInputError
 
 ProgressFn = Callable[[float, str], None]
 
-SH_C0 = 0.28209479177387814     # degree-0 spherical harmonic, as in 3DGS / gsplat
 MIN_OPACITY = 1.0 / 255.0       # gsplat skips fragments below this, so such Gaussians never show
 MIN_GPU_MEMORY_GIB = 32.0       # SAM 3D Objects' doc/setup.md: "a NVIDIA GPU with at least 32 Gb of VRAM"
 ALLOWED_TARGET_ROOTS = ("sam3d_objects", "torch", "torchvision", "moge")
@@ -636,10 +636,10 @@ def _colours_from_gaussians(verts: np.ndarray, means: np.ndarray, colors: np.nda
 
 def register() -> None:
     """Make ``reconstruct.backend: sam3d`` dispatch here (pipeline/reconstruct.py
-    imports this module on first use of the backend)."""
-    from .reconstruct import RECONSTRUCTORS
+    imports this module on first use of the backend, as it does ``pipeline/builtin.py``)."""
+    from .reconstruct import register_backend
 
-    RECONSTRUCTORS["sam3d"] = reconstruct_sam3d
+    register_backend("sam3d", reconstruct_sam3d)
 
 
 register()

@@ -28,3 +28,10 @@ def check_finite(name: str, arr: np.ndarray) -> None:
     if arr.size and not np.isfinite(arr).all():
         bad = int((~np.isfinite(arr)).sum())
         raise StageInputError(f"{name} contains {bad} non-finite values (NaN or inf)")
+
+
+def check_int(name: str, value, lo: int, hi: int) -> None:
+    """An integer (not a bool) in lo..hi. For a stage's own limits (memory, a divisor that
+    must not be zero), not for a setting's range: those are checked when settings are built."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+        raise StageInputError(f"{name} must be an integer in {lo}..{hi}, got {value!r}")

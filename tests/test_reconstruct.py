@@ -11,6 +11,7 @@ import pytest
 import trimesh
 
 from kiln.settings import ReconstructSettings
+from pipeline import builtin as B
 from pipeline import reconstruct as R
 from pipeline.types import ImageInput, Reconstruction
 from pipeline.validate import StageInputError
@@ -163,7 +164,7 @@ def test_far_side_does_not_show_through_the_near_side(blob, seed):
     from pipeline.types import Cameras, Gaussians
 
     _, _, recon = blob
-    g = R.sample_surface_gaussians(recon.mesh, SMALL.num_gaussians, seed)
+    g = B.sample_surface_gaussians(recon.mesh, SMALL.num_gaussians, seed)
     eye = np.array([0.0, 0.0, 2.4])
     normal = Rotation.from_quat(g.quats, scalar_first=True).as_matrix()[:, :, 2]
     facing = np.einsum("nd,nd->n", eye - g.means, normal) > 0
@@ -292,7 +293,7 @@ def test_registered_backend_gets_the_downscaled_image(monkeypatch):
     def fake(image, settings, seed, progress):
         seen["shape"] = image.rgb.shape
         seen["seed"] = seed
-        return R.reconstruct_builtin(image, replace(settings, resolution=64, num_gaussians=1000),
+        return B.reconstruct_builtin(image, replace(settings, resolution=64, num_gaussians=1000),
                                      seed, progress)
 
     monkeypatch.setitem(R.RECONSTRUCTORS, "sam3d", fake)
