@@ -26,6 +26,7 @@ from kiln.settings import Settings, SettingsError
 
 from . import form, history, jobs, messages, selection, statusview, uploads
 from .context import AppContext
+from .requestinfo import client_of, refusal, session_of
 
 # the endpoints, as gradio_client names them ("/generate")
 ENDPOINTS = ("upload_image", "select", "generate", "status", "result", "cancel")
@@ -49,7 +50,7 @@ def api_settings(base: Settings, values: dict[str, Any]) -> Settings:
         return base.override(setting_overrides(values))
     except SettingsError as e:
         text = str(e)
-        m = form._SETTING_RE.match(text)
+        m = form.SETTING_RE.match(text)
         if m is None or m.group(1) not in PARAM_OF:
             raise messages.UIError(text) from None
         raise messages.UIError(f"{PARAM_OF[m.group(1)]}: {text[m.end():].strip()} (setting '{m.group(1)}')") from None
@@ -97,9 +98,6 @@ def to_work_pixels(st: uploads.SessionState, x: float, y: float) -> tuple[float,
 def register(demo: gr.Blocks, ctx: AppContext) -> None:
     """Add the script endpoints to ``demo`` (after the page's events are defined) and hide
     the page's own events from the API listing."""
-    # app.ui imports this module: its request helpers are taken once both are loaded
-    from .ui import client_of, refusal, session_of
-
     s = ctx.settings
     page_fns = list(demo.fns.values())
     starting = threading.Lock()   # one Generate per session: busy check and pending mark together

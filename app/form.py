@@ -34,13 +34,13 @@ def ui_overrides(bake: bool, simplify_ratio: float, texture_size: Any, views: An
 FIELD_LABELS = {"bake.enabled": "Bake texture", "mesh.simplify_ratio": "Simplify ratio",
                 "bake.texture_size": "Texture size", "views.count": "Bake views",
                 "bake.mode": "Bake mode", "seed": "Seed", "export.gaussians_ply": "Also export Gaussians"}
-_SETTING_RE = re.compile(r"setting '([\w.]+)'(?: = )?")
+SETTING_RE = re.compile(r"setting '([\w.]+)'(?: = )?")
 
 
 def field_error(message: str) -> str:
     """A settings error as the form names it: "setting 'seed' = -1 is out of range; …" ->
     "Seed: -1 is out of range; …"."""
-    m = _SETTING_RE.match(message)
+    m = SETTING_RE.match(message)
     if m is None or m.group(1) not in FIELD_LABELS:
         return message
     return f"{FIELD_LABELS[m.group(1)]}: {message[m.end():]}"

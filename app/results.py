@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from kiln.atomic import atomic_copy
+
 from .browser import browser_of, same_browser
 from .messages import UIError
 
@@ -92,9 +94,7 @@ class ResultPublisher:
                 self._owners[(dest.name, name)] = (st.id, st.session)
             target = dest / name
             if not target.exists():
-                tmp = target.with_name(f".{name}.{secrets.token_hex(4)}.tmp")
-                shutil.copyfile(src, tmp)
-                tmp.replace(target)
+                atomic_copy(src, target)
             out[kind] = target
         with self._lock:
             self._done[key] = dict(out)

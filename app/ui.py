@@ -17,7 +17,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from . import browser, form, history, jobs, messages, selection, statusview, uploads
+from . import form, history, jobs, messages, selection, statusview, uploads
+from .requestinfo import client_of, refusal, session_of
 from . import api
 from .context import AppContext
 from .examples import EXAMPLES
@@ -99,24 +100,6 @@ BOX_JS = """
 
 TEXTURE_SIZES = [256, 512, 1024, 2048]
 GPU_GROUP = "gpu"
-
-
-def session_of(request: gr.Request | None) -> str:
-    """This browser tab's session name (see ``browser.session_name``)."""
-    cookies = getattr(request, "cookies", None) if request is not None else None
-    token = cookies.get(browser.BROWSER_COOKIE) if cookies is not None else None
-    return browser.session_name(token, getattr(request, "session_hash", None))
-
-
-def client_of(request: gr.Request | None) -> str:
-    """The client's network address: what the per-client limits count."""
-    client = getattr(request, "client", None) if request is not None else None
-    return str(getattr(client, "host", None) or "unknown")
-
-
-def refusal(message: str) -> gr.Error:
-    """A gr.Error for something the person can fix: shown, but no traceback in the log."""
-    return gr.Error(message, print_exception=False)
 
 
 def gpu_queue_counts(demo: gr.Blocks) -> tuple[int, int]:

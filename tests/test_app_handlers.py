@@ -987,3 +987,10 @@ def test_mask_file_on_the_page(tmp_path, blob):
     # a click goes back to prompting; the alpha-mode switch leaves the file too
     st3 = selection.add_click(st2, 128, 128, True, GrabCutSegmenter())
     assert st3.mask_file is None and st3.mask_note == ""
+
+
+def test_stage_labels_name_every_stage_and_no_other():
+    """The progress bar's labels follow the one stage list (kiln.stages)."""
+    from kiln.stages import STAGES
+
+    assert set(statusview.STAGE_LABELS) == set(STAGES)
