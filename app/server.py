@@ -445,7 +445,8 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
         # page; what a person should read is raised as gr.Error, which is shown regardless
         allowed_paths=[], blocked_paths=blocked, show_error=False, quiet=True,
         prevent_thread_lock=True, css=CSS, footer_links=["settings"], ssr_mode=False,
-        enable_monitoring=False, mcp_server=False)
+        # run_history off: Kiln keeps its own per-browser history (app/history.py)
+        enable_monitoring=False, mcp_server=False, run_history=False)
     if context is None:
         # after the page is up: spawning workers competes for the CPU with Gradio's start
         ctx.start()
