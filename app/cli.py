@@ -269,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("settings", help="list every setting with its default and allowed values")
     st.set_defaults(func=cmd_settings)
-    # listed for --help only: main() hands `kiln selftest ...` to worker.selftest, which owns its flags
+    # listed for --help only: main() hands `kiln selftest ...` to worker.selftest, which owns its
+    # flags, with the front end's own twin (SAM2)
     sub.add_parser("selftest", help="check each GPU backend against its CPU twin, a job in a worker, "
                                     "recovery from a sticky CUDA error", add_help=False)
     return p
@@ -280,7 +281,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["selftest"]:
         from worker.selftest import main as selftest_main
 
-        return selftest_main(argv[1:])
+        from .sam2_selftest import SAM2_TWIN
+
+        return selftest_main(argv[1:], extra_twins=[SAM2_TWIN])
     # serve and doctor own their flags; argparse's REMAINDER would reject a leading "-x"
     if argv and argv[0] in ("serve", "doctor"):
         args = argparse.Namespace(func=cmd_serve if argv[0] == "serve" else cmd_doctor, rest=argv[1:])

@@ -5,7 +5,6 @@ the exit status they stand for."""
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from pathlib import Path
 
@@ -150,13 +149,9 @@ class InProcessRunner:
         pass
 
     def run(self, item: Loaded, out: Path, display) -> dict:
-        from pipeline.run import run_pipeline
-        from pipeline.types import ImageInput
+        from worker.inprocess import run_in_process
 
-        cache = Path(self.settings.app.cache_dir)
         with writing_to(out.parent):
-            res = run_pipeline(ImageInput(item.rgb, item.mask), self.settings, out.parent,
-                               on_event=display.update, cache_dir=cache, name=out.stem)
-            if res.glb_path != out:
-                shutil.move(res.glb_path, out)
-        return {"timings": res.timings, "stats": res.stats, "ply": res.ply_path, "queued": 0.0}
+            res = run_in_process(item.rgb, item.mask, self.settings, out, on_event=display.update,
+                                 cache_dir=Path(self.settings.app.cache_dir))
+        return {**res, "queued": 0.0}

@@ -70,3 +70,32 @@ def test_a_crashing_check_is_a_failed_result_not_the_end(monkeypatch):
     rs.append(selftest.Result("c", "fail", needed=True))
     assert selftest.exit_code(rs) == 1
     assert "selftest: 2 failed (a, c)" in selftest.format_table(rs)
+
+
+def _front_end_twin(settings) -> dict:
+    """Stands in for a front end's check: runs in the spawned child, imported by name."""
+    return {"ok": settings.seed == 7, "max_diff": 0.0, "gpu_s": 0.01, "cpu_s": 0.02, "note": "ran in a child"}
+
+
+def test_a_front_ends_twin_runs_in_a_child_after_the_workers_own():
+    """The worker layer cannot import app/ (SAM2 lives there): the front end hands its twin in."""
+    runs = selftest.TwinCheck("front end twin", _front_end_twin, needs_cuda=False, needed=True)
+    skipped = selftest.TwinCheck("needs a checkpoint", _front_end_twin, skip=lambda s: "no checkpoint")
+    on_cuda = selftest.TwinCheck("needs CUDA", _front_end_twin)
+    rs = selftest.run_selftest(small_settings(seed=7), skip_jobs=True, extra_twins=[runs, skipped, on_cuda])
+    by = {r.check: r for r in rs}
+    assert [r.check for r in rs][4:7] == ["front end twin", "needs a checkpoint", "needs CUDA"]
+    assert by["front end twin"].result == "pass" and by["front end twin"].note == "ran in a child"
+    assert by["needs a checkpoint"].result == "skip" and by["needs a checkpoint"].note == "no checkpoint"
+    assert by["needs CUDA"].result == "skip" and "no CUDA device" in by["needs CUDA"].note
+    assert selftest.exit_code(rs) == 0
+    rs = selftest.run_selftest(small_settings(seed=8), skip_jobs=True, extra_twins=[runs])
+    assert [r.result for r in rs if r.check == "front end twin"] == ["fail"] and selftest.exit_code(rs) == 1
+
+
+def test_the_cli_selftest_adds_the_sam2_twin_from_the_front_end():
+    from app.sam2_selftest import SAM2_TWIN, twin_sam2
+
+    assert SAM2_TWIN.run is twin_sam2 and SAM2_TWIN.needs_cuda and not SAM2_TWIN.needed
+    empty = small_settings().override({"app.sam2_checkpoint": "/nonexistent/sam2.1_hiera_tiny.pt"})
+    assert "no SAM2 checkpoint found" in SAM2_TWIN.skip(empty)

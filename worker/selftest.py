@@ -5,7 +5,8 @@ Checks, each on data it makes itself (the built-in reconstruction of a drawn exa
 * gsplat vs Kiln's CPU Gaussian renderer (same cameras, premultiplied colour + alpha);
 * nvdiffrast vs moderngl, camera views and UV space (triangle ids, depth, barycentrics);
 * the bake on CUDA vs on CPU (same rasterizer, fast mode: deterministic);
-* SAM2 on CUDA vs CPU, when a checkpoint is found (mask IoU from one click);
+* twin checks a front end adds (``TwinCheck``): ``kiln selftest`` adds SAM2 on CUDA vs
+  CPU from app/, which owns segmentation (this layer cannot import it);
 * one whole job through a spawned worker with the backends the configuration picks here;
 * on CUDA, a real sticky CUDA error (a device-side assert from an out-of-range index,
   fault kind ``cuda_assert``) inside a worker: the job fails with it, the worker is
@@ -27,14 +28,13 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 # pass criteria; a GPU backend and its CPU twin compute the same thing up to float order
 GSPLAT_MEAN_TOL, GSPLAT_P99_TOL = 0.005, 0.05     # |premultiplied rgb / alpha| difference
 RASTER_MISMATCH_TOL = 0.005                       # fraction of covered pixels with another triangle
 RASTER_DEPTH_TOL, RASTER_BARY_TOL = 1e-3, 1e-2    # on pixels where both see the same triangle
 BAKE_MEAN_TOL, BAKE_P99_TOL = 0.5, 3.0            # texture difference in 8-bit levels
-SAM2_IOU_MIN = 0.98
 CHILD_TIMEOUT_S = 600.0
 # the GPU side of each twin; tests point these at the CPU twins to exercise the comparisons
 GPU_DEVICE, GPU_RENDER, GPU_RASTER = "cuda", "gsplat", "nvdiffrast"
@@ -49,6 +49,21 @@ class Result:
     cpu_s: Optional[float] = None
     note: str = ""
     needed: bool = False              # a failure here makes the self-test exit 1
+
+
+@dataclass(frozen=True)
+class TwinCheck:
+    """A twin check added by a layer above (worker/ imports nothing from a front end).
+
+    ``run(settings) -> dict`` runs in a spawned child, so it must be a module-level
+    function (the child imports it by name); it returns what a CHILD_CHECKS entry does.
+    ``skip(settings)`` says why it cannot run here, or None."""
+
+    check: str
+    run: Callable
+    skip: Callable = lambda settings: None
+    needs_cuda: bool = True
+    needed: bool = False
 
 
 # --------------------------------------------------------------------------- test data
@@ -171,57 +186,30 @@ def _twin_bake(settings) -> dict:
                     f"p99 {p99:.1f} (<= {BAKE_P99_TOL}) levels"}
 
 
-def _twin_sam2(settings) -> dict:
-    import numpy as np
-    import torch
-
-    from app.sam2_model import load_predictor
-    from kiln.checkpoints import resolve_checkpoint
-    from kiln.examples import draw_object
-
-    info = resolve_checkpoint(settings.app)
-    rgb, mask = draw_object(256, kind="toy", seed=1)
-    ys, xs = np.nonzero(mask)
-    click = np.array([[xs[len(xs) // 2], ys[len(ys) // 2]]], np.float32)
-
-    def segment(device):
-        pred = load_predictor(info)
-        pred.model.to(device)
-        pred.device = torch.device(device)
-        with torch.inference_mode():
-            pred.set_image(rgb)
-            masks, scores, _ = pred.predict(point_coords=click, point_labels=np.array([1]),
-                                            multimask_output=False)
-        return masks[0] > 0.5
-
-    gpu, gpu_s = _timed(lambda: segment("cuda"))
-    cpu, cpu_s = _timed(lambda: segment("cpu"))
-    iou = float((gpu & cpu).sum() / max(1, (gpu | cpu).sum()))
-    return {"ok": iou >= SAM2_IOU_MIN, "max_diff": 1.0 - iou, "gpu_s": gpu_s, "cpu_s": cpu_s,
-            "note": f"{Path(info.path).name}: mask IoU {iou:.4f} (>= {SAM2_IOU_MIN}); max diff = 1 - IoU"}
-
-
 CHILD_CHECKS = {"env": _env, "gsplat": _twin_gsplat, "raster_views": _twin_raster("views"),
-                "raster_uv": _twin_raster("uv"), "bake": _twin_bake, "sam2": _twin_sam2}
+                "raster_uv": _twin_raster("uv"), "bake": _twin_bake}
 
 
-def _child_main(name: str, settings_dict: dict, conn) -> None:
+def _child_main(check, settings_dict: dict, conn) -> None:
     from kiln.settings import from_dict
 
     try:
-        out = CHILD_CHECKS[name](from_dict(settings_dict))
+        fn = CHILD_CHECKS[check] if isinstance(check, str) else check
+        out = fn(from_dict(settings_dict))
     except BaseException as e:  # noqa: BLE001 - reported as the check's failure
         out = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
     conn.send(out)
     conn.close()
 
 
-def run_isolated(name: str, settings, timeout: float = CHILD_TIMEOUT_S) -> dict:
-    """Run CHILD_CHECKS[name] in a spawned process: its result, or {"ok": False,
-    "error": ...} when it crashed, hung past ``timeout`` or raised."""
+def run_isolated(check, settings, timeout: float = CHILD_TIMEOUT_S) -> dict:
+    """Run ``check`` (a CHILD_CHECKS name, or a module-level function) in a spawned
+    process: its result, or {"ok": False, "error": ...} when it crashed, hung past
+    ``timeout`` or raised."""
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_main, args=(name, settings.to_dict(), send),
+    name = check if isinstance(check, str) else check.__name__
+    proc = ctx.Process(target=_child_main, args=(check, settings.to_dict(), send),
                        name=f"kiln-selftest-{name}", daemon=True)
     proc.start()
     send.close()
@@ -340,7 +328,8 @@ def _needs(settings, cuda: bool, env: dict) -> dict:
 
 
 def run_selftest(settings, work_dir: Optional[Path] = None, skip_jobs: bool = False,
-                 log: Callable[[str], None] = lambda m: None) -> list[Result]:
+                 log: Callable[[str], None] = lambda m: None,
+                 extra_twins: Sequence[TwinCheck] = ()) -> list[Result]:
     results: list[Result] = []
     log("probing this machine (in a spawned process)")
     env = run_isolated("env", settings, timeout=300)
@@ -353,7 +342,7 @@ def run_selftest(settings, work_dir: Optional[Path] = None, skip_jobs: bool = Fa
     needs = _needs(settings, cuda, env)
     log(f"torch {env['torch']}, device {env['device']}, rasterizers {env.get('raster')}")
 
-    def twin(check: str, child: str, needed: bool, skip: Optional[str]):
+    def twin(check: str, child, needed: bool, skip: Optional[str]):
         if skip:
             results.append(Result(check, "skip", note=skip, needed=needed))
             if needed:   # the configuration names a backend this machine cannot run
@@ -375,16 +364,9 @@ def run_selftest(settings, work_dir: Optional[Path] = None, skip_jobs: bool = Fa
     twin("nvdiffrast vs moderngl, camera views", "raster_views", needs["nvdiffrast"], raster_skip)
     twin("nvdiffrast vs moderngl, UV space", "raster_uv", needs["nvdiffrast"], raster_skip)
     twin("bake on CUDA vs CPU", "bake", needs["bake"], None if device_ok else no_cuda)
-
-    from kiln.checkpoints import resolve_checkpoint
-
-    ckpt = resolve_checkpoint(settings.app)
-    sam2_skip = None
-    if ckpt is None or not ckpt.exists:
-        sam2_skip = "no SAM2 checkpoint found (app.sam2_checkpoint, checkpoints/)"
-    elif not cuda:
-        sam2_skip = no_cuda
-    twin("SAM2 on CUDA vs CPU", "sam2", False, sam2_skip)
+    for extra in extra_twins:
+        skip = extra.skip(settings) or (no_cuda if extra.needs_cuda and not cuda else None)
+        twin(extra.check, extra.run, extra.needed, skip)
 
     if skip_jobs:
         results.append(Result("whole job in a spawned worker", "skip", note="--skip-jobs"))
@@ -430,7 +412,8 @@ def format_table(results: list[Result]) -> str:
     return out
 
 
-def main(argv=None) -> int:
+def main(argv=None, extra_twins: Sequence[TwinCheck] = ()) -> int:
+    """``kiln selftest``; ``extra_twins``: the front end's own twin checks."""
     import argparse
     import sys
 
@@ -454,7 +437,7 @@ def main(argv=None) -> int:
         print(f"kiln selftest: {e}", file=sys.stderr)
         return 2
     log = (lambda m: None) if args.json else (lambda m: print(f"... {m}", file=sys.stderr, flush=True))
-    results = run_selftest(settings, skip_jobs=args.skip_jobs, log=log)
+    results = run_selftest(settings, skip_jobs=args.skip_jobs, log=log, extra_twins=extra_twins)
     code = exit_code(results)
     if args.json:
         print(json.dumps({"exit_code": code, "results": [asdict(r) for r in results]}, indent=2))
