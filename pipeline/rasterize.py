@@ -31,11 +31,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .types import Cameras, Mesh, Raster
+from .backends import check_backend
+from .types import MAX_IMAGE_SIDE, Cameras, Mesh, Raster
 from .validate import StageInputError, check_array, check_finite
 
-BACKENDS = ("moderngl", "nvdiffrast")
-MAX_RESOLUTION = 8192
+# The rasterizers' own limit on a target's side (a float32 RGBA target of 8192^2 is 1 GiB),
+# whatever a setting allows: settings' ranges are checked once, when settings are built.
+MAX_RESOLUTION = MAX_IMAGE_SIDE
 MAX_FACES = 5_000_000          # also keeps face ids exact in float32 render targets (< 2**24)
 MAX_TOTAL_PIXELS = 2 ** 28     # views x height x width; ~5.4 GB of Raster output
 _NV_TILE = 2048                # nvdiffrast's CUDA rasterizer is limited/fragile above this
@@ -78,7 +80,7 @@ def rasterize_views(mesh: Mesh, cameras: Cameras, backend: str = "moderngl",
     Returns Raster with tri_id (C, H, W) int32, bary (C, H, W, 3) float32,
     depth (C, H, W) float32 = camera-space z of the visible surface.
     """
-    _check_backend(backend)
+    check_backend("rasterizer", backend)
     mesh.validate("mesh", max_faces=MAX_FACES)
     cameras.validate("cameras")
     c, h, w = len(cameras), int(cameras.height), int(cameras.width)
@@ -104,7 +106,7 @@ def rasterize_uv(mesh: Mesh, size: int, backend: str = "moderngl", device: str =
     i.e. the weights of the texel centre inside the UV triangle), depth (1, S, S) zeros.
     Row 0 is v = 1 (top of the texture image).
     """
-    _check_backend(backend)
+    check_backend("rasterizer", backend)
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
         raise StageInputError(f"UV raster size must be an integer, got {size!r}")
     size = int(size)
@@ -272,11 +274,6 @@ def _store(raster: Raster, i: int, rows: slice, cols: slice, ids: np.ndarray, b0
     bary[cov] = b
     dep = raster.depth[i, rows, cols]
     dep[cov] = depth[cov]
-
-
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise StageInputError(f"unknown rasterizer backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
 def _check_raster(raster: Raster) -> None:

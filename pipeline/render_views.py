@@ -21,7 +21,10 @@ pixel's transmittance and "done" flag from chunk to chunk; spans that only
 cover finished pixels are dropped before any fragment is made, which skips
 most of the hidden back of an object.
 
-Both backends return straight (un-premultiplied) colour.
+gsplat renders a batch of cameras per ``rasterization`` call (``camera_batches``
+sizes the batches by memory). Both backends return straight (un-premultiplied)
+colour, as numpy arrays or, with ``as_tensors=True``, as torch tensors left on
+the render device for a stage that runs there too.
 """
 
 from __future__ import annotations
@@ -31,10 +34,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .backends import check_backend, torch_device
 from .types import Cameras, Gaussians, Views
 from .validate import StageInputError
-
-BACKENDS = ("cpu", "gsplat")
 
 # Fragments handled at once by the CPU renderer (~60 bytes each in flight). Smaller
 # chunks let finished pixels cull more of what lies behind them; 2^19 measured best.
@@ -50,38 +52,51 @@ SPAN_SLACK = 0.05
 # the most the bake settings can ask for (64 views of 2048^2).
 MAX_TOTAL_PIXELS = 2 ** 28
 
+# gsplat renders a batch of cameras per call; its memory grows with cameras x Gaussians
+# (packed=False keeps radii, means2d, depths, conics and tile counts per pair, ~48 bytes,
+# plus the tile intersections) and cameras x pixels (colour, alpha, last ids and the
+# straight-colour copy, ~48 bytes). Batches are sized to stay under this many bytes.
+GSPLAT_BATCH_BYTES = 1 << 30
+GSPLAT_PAIR_BYTES = 64
+GSPLAT_PIXEL_BYTES = 64
+
 ProgressFn = Callable[..., None]
 
 
 def render_gaussians(g: Gaussians, cameras: Cameras, backend: str = "cpu", device: str = "cpu",
-                     progress: Optional[ProgressFn] = None, chunk_scale: float = 1.0) -> Views:
+                     progress: Optional[ProgressFn] = None, chunk_scale: float = 1.0,
+                     as_tensors: bool = False) -> Views:
     """Render ``g`` from every camera.
 
-    g:       Gaussians (means (N, 3), scales (N, 3), quats (N, 4) wxyz, opacities (N,),
-             colors (N, 3), all float32; opacities and colours in [0, 1])
-    cameras: Cameras (viewmats (C, 4, 4), Ks (C, 3, 3) without skew, width, height)
-    backend: "cpu" (Kiln's renderer, runs with torch on ``device``) or "gsplat" (CUDA only)
+    g:       Gaussians (means [N, 3], scales [N, 3], quats [N, 4] wxyz, opacities [N],
+             colors [N, 3], all float32; opacities and colours in [0, 1])
+    cameras: Cameras (viewmats [C, 4, 4], Ks [C, 3, 3] without skew, width W, height H)
+    backend: "cpu" (Kiln's renderer, runs with torch on ``device``) or "gsplat" (CUDA only;
+             one ``gsplat.rasterization`` call per batch of cameras, batches sized by memory)
     device:  torch device string, "cpu" or "cuda[:n]"
-    progress: optional ``progress(fraction, message)``, called after each view
-    chunk_scale: multiplies the CPU renderer's fragment budget (< 1 after an out-of-memory retry)
-    returns Views: rgb (C, H, W, 3) float32 straight colour in [0, 1] (0 where alpha is 0),
-             alpha (C, H, W) float32 in [0, 1]
+    progress: optional ``progress(fraction, message)``, called after each view (gsplat: each batch)
+    chunk_scale: multiplies the memory-bound block sizes (the CPU renderer's fragment budget,
+             gsplat's camera batch) (< 1 after an out-of-memory retry)
+    as_tensors: return torch tensors left on ``device`` instead of numpy arrays, so a stage
+             on the same device (the bake) takes them without a round trip through the host
+    returns Views: rgb [C, H, W, 3] float32 straight colour in [0, 1] (0 where alpha is 0),
+             alpha [C, H, W] float32 in [0, 1]; numpy, or torch on ``device`` with ``as_tensors``
     """
     _validate(g, cameras, backend)
     if not (isinstance(chunk_scale, (int, float)) and 0 < chunk_scale <= 1e3):
         raise StageInputError(f"chunk_scale must be a positive number, got {chunk_scale!r}")
-    dev = _resolve_device(device, backend)
+    dev = torch_device(device, "render", backend)
     if backend == "gsplat":
-        rgb, alpha = _render_gsplat(g, cameras, dev, progress)
+        rgb, alpha = _render_gsplat(g, cameras, dev, progress, chunk_scale, as_tensors)
     else:
         budget = max(1 << 12, int(DEFAULT_FRAGMENT_BUDGET * chunk_scale))
-        rgb, alpha = _render_cpu(g, cameras, dev, progress, fragment_budget=budget)
+        rgb, alpha = _render_cpu(g, cameras, dev, progress, fragment_budget=budget,
+                                 as_tensors=as_tensors)
     return Views(rgb=rgb, alpha=alpha, cameras=cameras)
 
 
 def _validate(g: Gaussians, cameras: Cameras, backend: str) -> None:
-    if backend not in BACKENDS:
-        raise StageInputError(f"unknown render backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    check_backend("render", backend)
     if not isinstance(g, Gaussians):
         raise StageInputError(f"render_gaussians needs Gaussians, got {type(g).__name__}")
     if not isinstance(cameras, Cameras):
@@ -110,28 +125,6 @@ def _validate(g: Gaussians, cameras: Cameras, backend: str) -> None:
             not np.array_equal(Ks[:, 2], np.broadcast_to(np.float32([0, 0, 1]), Ks[:, 2].shape)):
         raise StageInputError("cameras.Ks must be pinhole intrinsics [[fx,0,cx],[0,fy,cy],[0,0,1]] "
                               "(gsplat ignores skew)")
-
-
-def _resolve_device(device: str, backend: str):
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise StageInputError(f"render device {device!r} is not a torch device: {e}") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise StageInputError(f"render device must be 'cpu' or 'cuda[:n]', got {device!r}")
-    if backend == "gsplat" and dev.type != "cuda":
-        raise StageInputError(f"render backend 'gsplat' runs only on CUDA, but device is {device!r}; "
-                              "use backend 'cpu' or a CUDA device")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise StageInputError(f"render device {device!r} requested but CUDA is not available here "
-                                  f"(torch {torch.__version__}); use device 'cpu' and backend 'cpu'")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise StageInputError(f"render device {device!r} does not exist; "
-                                  f"{torch.cuda.device_count()} CUDA device(s) visible")
-    return dev
 
 
 def _report(progress: Optional[ProgressFn], done: int, total: int) -> None:
@@ -166,7 +159,29 @@ def load_gsplat():
     return rasterization
 
 
-def _render_gsplat(g: Gaussians, cameras: Cameras, dev, progress):
+def camera_batches(n_cameras: int, n_gaussians: int, width: int, height: int,
+                   budget_bytes: int = GSPLAT_BATCH_BYTES) -> list[slice]:
+    """Consecutive camera ranges for gsplat calls, each within ``budget_bytes`` of working
+    memory by the per-pair and per-pixel estimates above; at least one camera a batch."""
+    per_camera = n_gaussians * GSPLAT_PAIR_BYTES + width * height * GSPLAT_PIXEL_BYTES
+    size = max(1, min(n_cameras, int(budget_bytes // max(per_camera, 1))))
+    # even batches (7 cameras at 3 a batch -> 3, 2, 2), so no call is left nearly empty
+    count = -(-n_cameras // size)
+    base, extra = divmod(n_cameras, count)
+    out, start = [], 0
+    for i in range(count):
+        stop = start + base + (1 if i < extra else 0)
+        out.append(slice(start, stop))
+        start = stop
+    return out
+
+
+def _render_gsplat(g: Gaussians, cameras: Cameras, dev, progress, chunk_scale: float = 1.0,
+                   as_tensors: bool = False):
+    """gsplat on ``dev``, one ``rasterization`` call per batch of cameras: for a batch of B
+    cameras it takes viewmats [B, 4, 4] and Ks [B, 3, 3] and returns premultiplied colours
+    [B, H, W, 3] and alphas [B, H, W, 1]; the Gaussians are uploaded once for all batches.
+    Returns (rgb [C, H, W, 3], alpha [C, H, W]) float32: numpy, or tensors on ``dev``."""
     import torch
 
     from .gaussian_math import EPS2D, FAR_PLANE, NEAR_PLANE
@@ -178,24 +193,32 @@ def _render_gsplat(g: Gaussians, cameras: Cameras, dev, progress):
 
     means, quats, scales = t(g.means), t(g.quats), t(g.scales)
     opacities, colors = t(g.opacities), t(g.colors)
+    viewmats, Ks = t(cameras.viewmats), t(cameras.Ks)
     C, H, W = len(cameras), cameras.height, cameras.width
-    rgb_out = np.empty((C, H, W, 3), np.float32)
-    alpha_out = np.empty((C, H, W), np.float32)
+    if as_tensors:
+        rgb_out = torch.empty((C, H, W, 3), dtype=torch.float32, device=dev)
+        alpha_out = torch.empty((C, H, W), dtype=torch.float32, device=dev)
+    else:
+        rgb_out = np.empty((C, H, W, 3), np.float32)
+        alpha_out = np.empty((C, H, W), np.float32)
+    batches = camera_batches(C, len(g), W, H, int(GSPLAT_BATCH_BYTES * chunk_scale))
     # gsplat launches on the current device's stream: make that the tensors' device.
     with torch.no_grad(), torch.cuda.device(dev):
-        # One camera per call keeps packed=False's (C, N) intermediates small and
-        # lets progress move per view.
-        for i in range(C):
+        for b in batches:
             premult, alphas, _meta = rasterization(
-                means, quats, scales, opacities, colors,
-                t(cameras.viewmats[i:i + 1]), t(cameras.Ks[i:i + 1]), W, H,
+                means, quats, scales, opacities, colors, viewmats[b], Ks[b], W, H,
                 near_plane=NEAR_PLANE, far_plane=FAR_PLANE, radius_clip=0.0, eps2d=EPS2D,
                 sh_degree=None, packed=False, backgrounds=None, render_mode="RGB",
                 rasterize_mode="classic", camera_model="pinhole")
-            a = alphas[0, ..., 0].float()
-            rgb_out[i] = _to_straight(premult[0].float(), a).cpu().numpy()
-            alpha_out[i] = a.clamp(0.0, 1.0).cpu().numpy()
-            _report(progress, i + 1, C)
+            a = alphas[..., 0].float()
+            rgb = _to_straight(premult.float(), a)
+            a = a.clamp(0.0, 1.0)
+            if as_tensors:
+                rgb_out[b], alpha_out[b] = rgb, a
+            else:
+                rgb_out[b], alpha_out[b] = rgb.cpu().numpy(), a.cpu().numpy()
+            del premult, alphas, _meta, rgb, a
+            _report(progress, b.stop, C)
     return rgb_out, alpha_out
 
 
@@ -203,7 +226,9 @@ def _render_gsplat(g: Gaussians, cameras: Cameras, dev, progress):
 
 
 def _render_cpu(g: Gaussians, cameras: Cameras, dev, progress,
-                fragment_budget: int = DEFAULT_FRAGMENT_BUDGET):
+                fragment_budget: int = DEFAULT_FRAGMENT_BUDGET, as_tensors: bool = False):
+    """Kiln's renderer on ``dev``, a view at a time (its fragment chunks bound the memory).
+    Returns (rgb [C, H, W, 3], alpha [C, H, W]) float32: numpy, or tensors on ``dev``."""
     import torch
 
     from .gaussian_math import covariance_3d
@@ -217,15 +242,22 @@ def _render_cpu(g: Gaussians, cameras: Cameras, dev, progress,
         opacities = t(g.opacities)
         colors = t(g.colors)
         C, H, W = len(cameras), cameras.height, cameras.width
-        rgb_out = np.empty((C, H, W, 3), np.float32)
-        alpha_out = np.empty((C, H, W), np.float32)
+        if as_tensors:
+            rgb_out = torch.empty((C, H, W, 3), dtype=torch.float32, device=dev)
+            alpha_out = torch.empty((C, H, W), dtype=torch.float32, device=dev)
+        else:
+            rgb_out = np.empty((C, H, W, 3), np.float32)
+            alpha_out = np.empty((C, H, W), np.float32)
         for i in range(C):
             viewmat = t(cameras.viewmats[i])
             K = t(cameras.Ks[i])
             premult, alpha = render_view(means, covars, opacities, colors, viewmat, K, W, H,
                                          fragment_budget=fragment_budget)
-            rgb_out[i] = _to_straight(premult, alpha).cpu().numpy()
-            alpha_out[i] = alpha.cpu().numpy()
+            rgb = _to_straight(premult, alpha)
+            if as_tensors:
+                rgb_out[i], alpha_out[i] = rgb, alpha
+            else:
+                rgb_out[i], alpha_out[i] = rgb.cpu().numpy(), alpha.cpu().numpy()
             _report(progress, i + 1, C)
     return rgb_out, alpha_out
 

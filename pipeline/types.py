@@ -130,6 +130,9 @@ class Gaussians:
 
 
 PROJECTIONS = ("perspective", "orthographic")
+# Largest image side any camera or raster may have: a float32 RGBA target of that size is
+# 1 GiB. A memory bound on the arrays, not a setting's range (kiln.settings holds those).
+MAX_IMAGE_SIDE = 8192
 
 
 @dataclass
@@ -165,8 +168,9 @@ class Cameras:
             if isinstance(side, bool) or not isinstance(side, (int, np.integer)):
                 raise StageInputError(f"{name} image size must be whole pixels, got "
                                       f"{self.width!r} x {self.height!r}")
-        if not (1 <= self.width <= 8192 and 1 <= self.height <= 8192):
-            raise StageInputError(f"{name} image size {self.width}x{self.height} is outside 1..8192")
+        if not (1 <= self.width <= MAX_IMAGE_SIDE and 1 <= self.height <= MAX_IMAGE_SIDE):
+            raise StageInputError(f"{name} image size {self.width}x{self.height} is outside "
+                                  f"1..{MAX_IMAGE_SIDE}")
         if self.projection not in PROJECTIONS:
             raise StageInputError(f"{name} projection {self.projection!r} is not one of "
                                   + ", ".join(PROJECTIONS))
@@ -179,11 +183,25 @@ class Views:
 
     rgb:   (C, H, W, 3) float32 in [0, 1], straight (not premultiplied) colour
     alpha: (C, H, W)    float32 in [0, 1], accumulated opacity
+    Both numpy arrays, or both torch tensors on the render device when the renderer was
+    asked to keep them there (``render_gaussians(..., as_tensors=True)``).
     """
 
     rgb: np.ndarray
     alpha: np.ndarray
     cameras: Cameras
+
+    @property
+    def on_device(self) -> bool:
+        """True when rgb and alpha are torch tensors (on whatever device rendered them)."""
+        return not isinstance(self.rgb, np.ndarray)
+
+    def to_numpy(self) -> "Views":
+        """These views with numpy arrays (copied off the device), or ``self`` when they are."""
+        if not self.on_device:
+            return self
+        return Views(rgb=self.rgb.detach().cpu().numpy(), alpha=self.alpha.detach().cpu().numpy(),
+                     cameras=self.cameras)
 
 
 @dataclass

@@ -322,6 +322,51 @@ def test_absurd_sizes_are_refused_before_anything_is_allocated():
         render_gaussians(g, front_camera(), chunk_scale=float("nan"))
 
 
+def test_wrong_dtype_shape_or_nan_is_refused():
+    good = make_gaussians([[0.0, 0.0, 0.0], [0.1, 0.0, 0.0]], 0.05, 0.5, [1, 0, 0])
+    cams = front_camera()
+    f64 = Gaussians(good.means.astype(np.float64), good.scales, good.quats, good.opacities, good.colors)
+    with pytest.raises(StageInputError, match="means.*float32"):
+        render_gaussians(f64, cams)
+    flat = Gaussians(good.means, good.scales[:, :2].copy(), good.quats, good.opacities, good.colors)
+    with pytest.raises(StageInputError, match="scales.*shape"):
+        render_gaussians(flat, cams)
+    nan_cam = Cameras(cams.viewmats.copy(), cams.Ks, cams.width, cams.height)
+    nan_cam.viewmats[0, 0, 3] = np.nan
+    with pytest.raises(StageInputError, match="viewmats.*non-finite"):
+        render_gaussians(good, nan_cam)
+
+
+@pytest.mark.parametrize("cams, n, size, budget", [
+    (16, 40_000, 512, 1 << 30), (7, 1000, 64, 3 * (1000 * 64 + 64 * 64 * 64)), (5, 10 ** 7, 2048, 1),
+    (1, 10, 8, 1 << 30)])
+def test_camera_batches_cover_every_camera_in_order_within_the_budget(cams, n, size, budget):
+    batches = render_views.camera_batches(cams, n, size, size, budget)
+    assert batches[0].start == 0 and batches[-1].stop == cams
+    assert all(a.stop == b.start for a, b in zip(batches, batches[1:]))
+    lengths = [b.stop - b.start for b in batches]
+    assert min(lengths) >= 1 and max(lengths) - min(lengths) <= 1
+    assert lengths == sorted(lengths, reverse=True)
+    per_camera = n * render_views.GSPLAT_PAIR_BYTES + size * size * render_views.GSPLAT_PIXEL_BYTES
+    assert max(lengths) == 1 or max(lengths) * per_camera <= budget
+    # no more calls than the budget needs
+    assert len(batches) == -(-cams // max(1, min(cams, budget // per_camera)))
+
+
+def test_views_can_stay_on_the_render_device_and_equal_the_numpy_ones():
+    g = random_scene(300, seed=4)
+    cams = sphere_cameras(3, 2.4, 40.0, 48)
+    host = render_gaussians(g, cams)
+    kept = render_gaussians(g, cams, as_tensors=True)
+    assert kept.on_device and not host.on_device
+    assert isinstance(kept.rgb, torch.Tensor) and kept.rgb.shape == (3, 48, 48, 3)
+    assert kept.alpha.shape == (3, 48, 48) and kept.rgb.dtype == kept.alpha.dtype == torch.float32
+    back = kept.to_numpy()
+    np.testing.assert_array_equal(back.rgb, host.rgb)
+    np.testing.assert_array_equal(back.alpha, host.alpha)
+    assert host.to_numpy() is host and host.alpha.max() > 0.5
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
 def test_gsplat_without_cuda_says_so():
     g = make_gaussians([0.0, 0.0, 0.0], 0.05, 0.5, [1, 0, 0])
@@ -352,3 +397,48 @@ def test_gsplat_matches_cpu_renderer():
     assert np.quantile(np.abs(got.alpha - ref.alpha), 0.999) < 1e-2
     cpu_on_gpu = render_gaussians(g, cams, backend="cpu", device="cuda")
     np.testing.assert_allclose(cpu_on_gpu.alpha, ref.alpha, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="gsplat needs CUDA; this machine has none")
+def test_batched_gsplat_matches_cpu_twin_and_single_camera_calls(monkeypatch):
+    """Several rasterization calls of several cameras each (7 cameras in batches of 3, 2, 2)
+    give the CPU twin's views, the same views as one camera per call, and the same numbers
+    whether they come back as numpy or stay on the GPU."""
+    from pipeline.render_views import load_gsplat
+
+    try:
+        load_gsplat()
+    except StageInputError as e:
+        pytest.skip(str(e))
+    g = random_scene(3000, seed=12, spread=0.5, scale=(0.004, 0.04))
+    cams = sphere_cameras(7, 2.0, 45.0, 96)
+    per_camera = len(g) * render_views.GSPLAT_PAIR_BYTES + 96 * 96 * render_views.GSPLAT_PIXEL_BYTES
+    calls = []
+    real = render_views.load_gsplat()
+
+    def counting(*args, **kwargs):
+        calls.append(len(args[5]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(render_views, "load_gsplat", lambda: counting)
+    monkeypatch.setattr(render_views, "GSPLAT_BATCH_BYTES", 3 * per_camera)
+    batched = render_gaussians(g, cams, backend="gsplat", device="cuda")
+    assert calls == [3, 2, 2]
+    on_gpu = render_gaussians(g, cams, backend="gsplat", device="cuda", as_tensors=True)
+    assert on_gpu.rgb.device.type == "cuda" and on_gpu.alpha.shape == (7, 96, 96)
+    monkeypatch.setattr(render_views, "GSPLAT_BATCH_BYTES", per_camera)
+    calls.clear()
+    single = render_gaussians(g, cams, backend="gsplat", device="cuda")
+    assert calls == [1] * 7
+    ref = render_gaussians(g, cams, backend="cpu")
+
+    np.testing.assert_allclose(batched.alpha, single.alpha, atol=1e-6)
+    np.testing.assert_allclose(batched.rgb, single.rgb, atol=1e-6)
+    np.testing.assert_array_equal(on_gpu.to_numpy().alpha, batched.alpha)
+    np.testing.assert_array_equal(on_gpu.to_numpy().rgb, batched.rgb)
+    assert ref.alpha.max() > 0.9
+    # same tolerances as the one-batch comparison above
+    assert np.abs(batched.alpha - ref.alpha).mean() < 1e-4
+    assert np.abs(premultiplied(batched) - premultiplied(ref)).mean() < 1e-4
+    assert np.quantile(np.abs(batched.alpha - ref.alpha), 0.999) < 1e-2
