@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 from kiln.settings import Settings
 
+from .backends import Backends, resolve_backends  # noqa: F401  (the worker imports them from here)
 from .types import ImageInput, Reconstruction
 
 # on_event(stage, fraction in [0, 1] within the stage, message)
@@ -27,32 +28,6 @@ class PipelineResult:
     timings: dict = field(default_factory=dict)   # stage -> seconds
     stats: dict = field(default_factory=dict)     # faces, vertices, psnr, backends used, cache hit
     reconstruction_cached: bool = False
-
-
-@dataclass
-class Backends:
-    """Which implementation each stage uses; resolved from settings + what works here."""
-
-    render: str = "cpu"        # "cpu" | "gsplat"
-    rasterize: str = "moderngl"  # "moderngl" | "nvdiffrast"
-    device: str = "cpu"        # torch device for bake optimisation / rendering
-    chunk_scale: float = 1.0   # < 1 shrinks memory-bound blocks (the worker's out-of-memory retry)
-
-
-def resolve_backends(settings: Settings, capabilities: Optional[dict] = None) -> Backends:
-    """Pick backends: explicit settings win; "auto" takes the GPU path only when the
-    capability probe (worker start-up) said it works."""
-    caps = capabilities or {}
-    device = settings.worker.device
-    if device == "auto":
-        device = "cuda" if caps.get("cuda") else "cpu"
-    render = settings.views.backend
-    if render == "auto":
-        render = "gsplat" if (device == "cuda" and caps.get("gsplat")) else "cpu"
-    raster = settings.rasterize.backend
-    if raster == "auto":
-        raster = "nvdiffrast" if (device == "cuda" and caps.get("nvdiffrast")) else "moderngl"
-    return Backends(render=render, rasterize=raster, device=device)
 
 
 def _noop(stage: str, fraction: float, message: str) -> None:

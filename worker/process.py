@@ -240,22 +240,12 @@ def worker_main(cfg: dict, inbox, outbox) -> None:
 
 def _check_backends(settings, backends, caps: dict) -> None:
     """Explicit backend settings this worker cannot honour fail the job up front, clearly."""
+    from pipeline.backends import unmet_requirements
     from pipeline.validate import StageInputError
 
-    why = caps.get("reasons", {})
-    need = []
-    if backends.device.startswith("cuda"):
-        need.append(("cuda", f"device '{backends.device}'"))
-    if settings.bake.enabled and backends.render == "gsplat":
-        need.append(("gsplat", "render backend 'gsplat'"))
-    if settings.bake.enabled:
-        need.append((backends.rasterize, f"rasterizer '{backends.rasterize}'"))
-    if settings.reconstruct.backend == "sam3d":
-        need.append(("sam3d", "reconstruction backend 'sam3d'"))
-    for cap, what in need:
-        if not caps.get(cap):
-            raise StageInputError(f"settings ask for {what}, which does not work on this worker: "
-                                  f"{why.get(cap, 'probe failed')}")
+    problem = unmet_requirements(settings, backends, caps)
+    if problem:
+        raise StageInputError(problem)
 
 
 def _json_default(o):
