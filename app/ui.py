@@ -17,6 +17,8 @@ from pathlib import Path
 
 import gradio as gr
 
+from kiln.settings import allowed_range, allowed_values
+
 from . import form, history, jobs, messages, selection, statusview, uploads
 from .requestinfo import client_of, refusal, session_of
 from . import api
@@ -98,7 +100,6 @@ BOX_JS = """
 """
 
 
-TEXTURE_SIZES = [256, 512, 1024, 2048]
 GPU_GROUP = "gpu"
 
 
@@ -205,17 +206,20 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                         ply = gr.Checkbox(label="Also export Gaussians (.ply)", value=s.export.gaussians_ply,
                                           elem_id="kiln-ply")
                     with gr.Row():
-                        tex_choices = ["auto"] + sorted((set(TEXTURE_SIZES) | {s.bake.texture_size}) - {"auto"})
+                        # widget limits come from the settings' own ranges (one source)
+                        tex_choices = ["auto"] + list(allowed_values("bake.texture_size"))
                         texture = gr.Dropdown(label="Texture size", choices=tex_choices,
                                               value=s.bake.texture_size, elem_id="kiln-texture",
                                               interactive=s.bake.enabled)
-                        mode = gr.Radio(label="Bake mode", choices=["fast", "opt"], value=s.bake.mode,
-                                        elem_id="kiln-mode", info="fast: back-projection; opt: optimised",
-                                        interactive=s.bake.enabled)
-                    views = gr.Slider(label="Bake views", minimum=1, maximum=64, step=1,
+                        mode = gr.Radio(label="Bake mode", choices=list(allowed_values("bake.mode")),
+                                        value=s.bake.mode, elem_id="kiln-mode",
+                                        info="fast: back-projection; opt: optimised", interactive=s.bake.enabled)
+                    views_lo, views_hi = allowed_range("views.count")
+                    views = gr.Slider(label="Bake views", minimum=views_lo, maximum=views_hi, step=1,
                                       value=s.views.count, elem_id="kiln-views")
-                    simplify = gr.Slider(label="Simplify ratio (fraction of faces removed)", minimum=0.0,
-                                         maximum=0.99, step=0.005, value=s.mesh.simplify_ratio,
+                    ratio_lo, ratio_hi = allowed_range("mesh.simplify_ratio")
+                    simplify = gr.Slider(label="Simplify ratio (fraction of faces removed)", minimum=ratio_lo,
+                                         maximum=ratio_hi, step=0.005, value=s.mesh.simplify_ratio,
                                          elem_id="kiln-simplify")
                     # no minimum here: Gradio's own refusal would not name the box; job_settings does
                     seed = gr.Number(label="Seed", value=s.seed, precision=0, elem_id="kiln-seed")

@@ -274,6 +274,46 @@ def load(path: str | Path | None = None, overrides: Mapping[str, Any] | None = N
     return settings.override(overrides or {})
 
 
+def field_metadata(key: str) -> Mapping[str, Any]:
+    """The metadata (``range``, ``choices``, ``power_of_two``, ``auto``) of the leaf setting
+    ``key`` (dotted, e.g. "mesh.simplify_ratio"): what front ends build their widgets from,
+    so a slider's limits are the ones ``load`` and ``override`` enforce."""
+    cls, parts = Settings, key.split(".")
+    for i, name in enumerate(parts):
+        known = {f.name: f for f in fields(cls)}
+        if name not in known:
+            raise SettingsError(f"unknown setting '{key}'")
+        f = known[name]
+        nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(nested):
+            cls = nested
+            continue
+        if i != len(parts) - 1:
+            raise SettingsError(f"unknown setting '{key}'")
+        return f.metadata
+    raise SettingsError(f"setting '{key}' is a section, not a value")
+
+
+def allowed_range(key: str) -> tuple[Any, Any]:
+    """(lo, hi) of a numeric setting, both allowed."""
+    meta = field_metadata(key)
+    if "range" not in meta:
+        raise SettingsError(f"setting '{key}' has no numeric range")
+    return meta["range"]
+
+
+def allowed_values(key: str) -> tuple:
+    """Every value a setting may take: its choices, or for a power-of-two setting the powers
+    of two in its range (``auto`` not included)."""
+    meta = field_metadata(key)
+    if "choices" in meta:
+        return tuple(meta["choices"])
+    if meta.get("power_of_two"):
+        lo, hi = meta["range"]
+        return tuple(1 << k for k in range(int(hi).bit_length()) if lo <= 1 << k <= hi)
+    raise SettingsError(f"setting '{key}' has no finite set of values")
+
+
 def describe() -> list[tuple[str, Any, str]]:
     """(dotted key, default, allowed) for every leaf setting; used by --help texts."""
     out = []

@@ -72,3 +72,35 @@ def test_settings_are_frozen_and_json_roundtrip():
         s.seed = 3
     import json
     assert S.from_dict(json.loads(s.to_json())) == s
+
+
+def test_ranges_and_values_are_read_from_the_field_metadata():
+    assert S.allowed_range("mesh.simplify_ratio") == (0.0, 0.999)
+    assert S.allowed_range("views.count") == (1, 64)
+    assert S.allowed_values("bake.texture_size") == (256, 512, 1024, 2048, 4096)
+    assert S.allowed_values("bake.mode") == ("fast", "opt")
+    for lo_hi_key in ("mesh.simplify_ratio", "views.count", "bake.texture_size"):
+        lo, hi = S.allowed_range(lo_hi_key)
+        S.Settings().override({lo_hi_key: lo})          # both ends are allowed ...
+        S.Settings().override({lo_hi_key: hi})
+    with pytest.raises(S.SettingsError, match="allowed 0.0 to 0.999"):   # ... and the message is the settings'
+        S.Settings().override({"mesh.simplify_ratio": 0.9995})
+    for key, needle in (("mesh", "is a section"), ("mesh.nope", "unknown setting"),
+                        ("bake.enabled", "no numeric range")):
+        with pytest.raises(S.SettingsError, match=needle):
+            S.allowed_range(key)
+
+
+def test_web_form_widgets_take_their_limits_from_the_settings(tmp_path):
+    """One source for a setting's range: the page's sliders and choices are the settings'."""
+    from app.context import AppContext
+    from app.ui import build_ui
+
+    demo = build_ui(AppContext(S.Settings(), tmp_path / "gradio"))
+    widgets = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    views, simplify = widgets["kiln-views"], widgets["kiln-simplify"]
+    assert (views.minimum, views.maximum) == S.allowed_range("views.count")
+    assert (simplify.minimum, simplify.maximum) == S.allowed_range("mesh.simplify_ratio")
+    texture = [c[1] for c in widgets["kiln-texture"].choices]
+    assert texture == ["auto", *S.allowed_values("bake.texture_size")]
+    assert [c[1] for c in widgets["kiln-mode"].choices] == list(S.allowed_values("bake.mode"))
