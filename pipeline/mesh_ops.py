@@ -38,6 +38,8 @@ def clean_mesh(mesh: Mesh, min_component_fraction: float, fill_holes: bool) -> M
     Returns a new Mesh with the same attributes, unreferenced vertices removed.
     """
     _validate(mesh)
+    # the fraction's domain, for any caller; mesh.min_component_fraction's narrower range is
+    # checked once, when settings are built (kiln.settings)
     if not 0.0 <= min_component_fraction <= 1.0:
         raise StageInputError(f"min_component_fraction must be in [0, 1], got {min_component_fraction}")
 
@@ -150,6 +152,8 @@ def simplify_mesh(mesh: Mesh, ratio: float) -> Mesh:
         ratio = float(ratio)
     except (TypeError, ValueError):
         ratio = float("nan")
+    # the ratio's domain (1 would remove every face), for any caller; mesh.simplify_ratio's
+    # range is checked once, when settings are built (kiln.settings)
     if not 0.0 <= ratio < 1.0:
         raise StageInputError(f"simplify ratio must be in [0, 1) (the fraction of faces removed), "
                               f"got {ratio!r}")
