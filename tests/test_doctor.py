@@ -7,13 +7,16 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 import time
 from pathlib import Path
 
 import pytest
 
-from worker import doctor
 from kiln.settings import Settings
+from worker import doctor
+from worker.proberun import run_probes
 
 
 def _has_gpu() -> bool:
@@ -142,7 +145,7 @@ def test_needed_backend_missing_fails(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "moderngl" else real(name, *a))
-    c = doctor.check_moderngl(quick=True, timeout=10, needed=True)
+    c = doctor.check_moderngl(quick=True, needed=True)
     assert c.status == "fail" and "not installed" in c.detail and "pip install moderngl" in c.fix[0]
     assert doctor.main(["--quick", "--set", "rasterize.backend=moderngl"]) == 1
     capsys.readouterr()
@@ -184,11 +187,64 @@ def test_small_shm_warns_with_docker_hint():
     assert doctor.check_shm("/dev/shm", min_bytes=1).status == "ok"
 
 
-def test_snippets_report_crash_and_timeout():
-    res, err = doctor.run_snippet("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", 30)
-    assert res is None and err.startswith("crashed with SIGSEGV")
+def test_probes_report_crash_and_timeout_and_the_rest_still_run():
+    """The worker's own probes in a child (worker.proberun): a probe that kills its process
+    or hangs in native code (SIGSTOP: no Python alarm can fire) is that probe's result, and
+    the probes after it run in a fresh child."""
+    env = dict(os.environ, KILN_TEST_FAULTS="segv@probe:cuda,freeze@probe:moderngl")
     t0 = time.perf_counter()
-    res, err = doctor.run_snippet("import subprocess, time; subprocess.Popen(['sleep', '30']); time.sleep(30)", 1)
-    assert res is None and err == "timed out after 1 s" and time.perf_counter() - t0 < 10
-    res, err = doctor.run_snippet("import json; print('noise'); print(json.dumps({'ok': True}))", 30)
-    assert res == {"ok": True} and err == ""
+    got = run_probes(["cuda", "moderngl", "gsplat"], {"moderngl": 1}, sys.executable, env)
+    assert got["cuda"].broke and got["cuda"].reason.startswith("crashed with SIGSEGV")
+    assert got["moderngl"].broke and got["moderngl"].reason == "timed out after 1 s"
+    assert time.perf_counter() - t0 < 60
+    # the restarted child counts the crashed probe as failed: gsplat is told CUDA is missing
+    assert not got["gsplat"].ok and not got["gsplat"].broke and got["gsplat"].reason == "needs CUDA"
+
+    # a hang in Python is cut short by the child itself, which then goes on
+    env["KILN_TEST_FAULTS"] = "hang@probe:cuda"
+    got = run_probes(["cuda", "moderngl"], {"cuda": 1}, sys.executable, env)
+    assert got["cuda"].broke and got["cuda"].reason == "timed out after 1 s"
+    assert got["moderngl"].ok, got["moderngl"]
+
+    got = run_probes(["cuda", "moderngl"], {}, "/nonexistent/python")
+    assert all(o.broke and "could not be run" in o.reason for o in got.values())
+
+
+def test_probe_protocol_keeps_stdout_for_itself():
+    """Whatever a library prints while a probe runs (a JIT build does) goes to stderr,
+    so the doctor reads only the probes' lines."""
+    code = ("import os, sys, worker.probe as p\n"
+            "def noisy(ctx):\n"
+            "    print('noise from Python'); os.write(1, b'noise from native code\\n'); return True, 'ok'\n"
+            "p.FUNCS['cpu'] = noisy\n"
+            "sys.exit(p.main(['--json', 'cpu']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [m["event"] for m in lines] == ["start", "result", "done"] and lines[1]["ok"]
+    assert "noise from Python" in r.stderr and "noise from native code" in r.stderr
+
+
+def _venv(where: Path, parent_packages: bool) -> Path:
+    """A second interpreter without Kiln installed; with ``parent_packages`` it reaches this
+    venv's packages through a .pth line (as a model's own env would hold torch)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True,
+                   capture_output=True, timeout=120)
+    python = where / "bin" / "python"
+    if parent_packages:
+        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        Path(site, "kiln_parent_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+def test_probes_run_under_worker_python(tmp_path, capsys):
+    """With worker.python set, the probes run where the workers will: that interpreter."""
+    second = _venv(tmp_path / "second", parent_packages=True)
+    code, report = _json_run(capsys, "--set", f"worker.python={second}", "--timeout", "120")
+    assert code == 0, [c for c in report["checks"] if c["status"] == "fail"]
+    assert _check(report, "moderngl/EGL")["status"] == "ok"
+    assert _check(report, "worker.python")["status"] == "ok"
+    bare = _venv(tmp_path / "bare", parent_packages=False)   # no numpy: the probes cannot even start
+    got = run_probes(["cuda", "moderngl"], {}, str(bare))
+    assert all(o.broke and "ModuleNotFoundError" in o.reason for o in got.values()), got

@@ -6,10 +6,12 @@ build locks, tiny ``/dev/shm`` in containers. The doctor checks those and tries
 each render backend on one triangle.
 
 It never initialises CUDA in its own process (it may be run next to a server):
-GPUs come from ``nvidia-smi``, and everything that touches CUDA or GL runs in a
-fresh Python subprocess with a time limit, in the environment a worker would
-get (``worker.env.prepare``: matching CUDA_HOME/PATH, project-local
-TORCH_EXTENSIONS_DIR), so a crash or a hang there is reported, not suffered.
+GPUs come from ``nvidia-smi``, and what touches CUDA or GL is the worker's own
+start-up probes (``worker.probe``: CUDA, moderngl, gsplat, nvdiffrast), run by
+``worker.proberun`` in a child under the interpreter workers use, in the
+environment a worker would get (``worker.env.prepare``: matching CUDA_HOME/PATH,
+project-local TORCH_EXTENSIONS_DIR), each with a time limit, so a crash or a hang
+there is reported, not suffered.
 
 Exit code: 0 when everything the configured pipeline needs works (warnings
 allowed), 1 when something it needs is broken, 2 on bad arguments.
@@ -23,7 +25,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -33,6 +34,8 @@ from typing import Mapping, Optional
 
 from kiln import settings as settings_mod
 from kiln.checkpoints import DEFAULT_FOLDER, find_checkpoints, resolve_checkpoint
+
+from .proberun import ProbeOutcome, run_probes
 
 GIB = 1024 ** 3
 SHM_MIN_BYTES = 1 * GIB
@@ -62,38 +65,6 @@ def _run(cmd: list[str], timeout: float = 15.0, env: Optional[Mapping] = None) -
     except (OSError, subprocess.SubprocessError):
         return None
     return res.stdout if res.returncode == 0 else None
-
-
-def run_snippet(code: str, timeout: float, env: Optional[Mapping] = None) -> tuple[Optional[dict], str]:
-    """Run ``code`` in a fresh Python; it prints one JSON object as its last stdout line.
-
-    Returns (that object, "") or (None, what went wrong: timeout, signal, traceback tail).
-    The child gets its own process group, so compilers it started die with it on timeout.
-    """
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(env) if env is not None else None, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        proc.communicate()
-        return None, f"timed out after {timeout:g} s"
-    if proc.returncode < 0:
-        try:
-            name = signal.Signals(-proc.returncode).name
-        except ValueError:
-            name = f"signal {-proc.returncode}"
-        return None, f"crashed with {name}" + _tail(err)
-    lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return None, f"exited with code {proc.returncode}" + _tail(err)
-    try:
-        return json.loads(lines[-1]), ""
-    except ValueError:
-        return None, "printed no result" + _tail(err)
 
 
 def _tail(err: str, n: int = 300) -> str:
@@ -178,31 +149,19 @@ def check_gpus(env: Mapping) -> Check:
     return Check("gpus", "ok", desc, data={"gpus": gpus})
 
 
-TORCH_CUDA_SNIPPET = r"""
-import json, torch
-d = {"version": torch.__version__, "built_cuda": torch.version.cuda, "cuda": torch.cuda.is_available()}
-if d["cuda"]:
-    d["count"] = torch.cuda.device_count()
-    d["names"] = [torch.cuda.get_device_name(i) for i in range(d["count"])]
-    d["capability"] = ["%d.%d" % torch.cuda.get_device_capability(i) for i in range(d["count"])]
-    x = torch.arange(8, device="cuda", dtype=torch.float32)
-    d["kernel_ok"] = float((x * 2).sum().item()) == 56.0
-print(json.dumps(d))
-"""
-
-
-def check_torch_cuda(env: Mapping, timeout: float) -> Check:
-    """Ask a subprocess whether torch can use CUDA (and run one kernel)."""
-    res, err = run_snippet(TORCH_CUDA_SNIPPET, timeout, env)
-    if res is None:
-        return Check("torch.cuda", "warn", f"CUDA check in a subprocess failed: {err}", data={"cuda": False})
-    if not res["cuda"]:
-        why = "CPU-only torch build" if not res.get("built_cuda") else "no usable GPU or driver"
-        return Check("torch.cuda", "info", f"not available ({why})", data={"cuda": False})
-    if not res.get("kernel_ok"):
-        return Check("torch.cuda", "fail", "a CUDA kernel returned a wrong result", data={"cuda": False})
-    names = ", ".join(f"{n} (sm {c})" for n, c in zip(res["names"], res["capability"]))
-    return Check("torch.cuda", "ok", f"{res['count']} device(s): {names}", data={"cuda": True, **res})
+def check_torch_cuda(probe: ProbeOutcome) -> Check:
+    """What the worker's CUDA probe found: devices, and one kernel's result."""
+    devices = probe.info.get("devices", [])
+    if probe.ok:
+        names = ", ".join(f"{d['name']} (sm {d['capability']})" for d in devices)
+        return Check("torch.cuda", "ok", f"{len(devices)} device(s): {names}",
+                     data={"cuda": True, "devices": devices})
+    if probe.broke:
+        return Check("torch.cuda", "warn", f"CUDA check in a subprocess failed: {probe.reason}",
+                     data={"cuda": False})
+    if devices:   # visible, yet the kernel's answer was wrong
+        return Check("torch.cuda", "fail", probe.reason, data={"cuda": False, "devices": devices})
+    return Check("torch.cuda", "info", f"not available ({probe.reason})", data={"cuda": False})
 
 
 def check_nvcc(torch_cuda: Optional[str], env: Mapping, needed: bool = False) -> Check:
@@ -350,57 +309,8 @@ def check_shm(path: str = "/dev/shm", min_bytes: int = SHM_MIN_BYTES) -> Check:
     return Check("/dev/shm", "ok", detail, data=data)
 
 
-MODERNGL_SNIPPET = r"""
-import json
-import numpy as np, moderngl
-ctx = moderngl.create_standalone_context(backend="egl")
-prog = ctx.program(
-    vertex_shader="#version 330\nin vec2 p;\nvoid main() { gl_Position = vec4(p, 0.0, 1.0); }",
-    fragment_shader="#version 330\nout vec4 c;\nvoid main() { c = vec4(1.0, 0.0, 0.0, 1.0); }")
-vbo = ctx.buffer(np.array([-0.8, -0.8, 0.8, -0.8, 0.0, 0.8], "f4").tobytes())
-vao = ctx.vertex_array(prog, [(vbo, "2f", "p")])
-fbo = ctx.simple_framebuffer((16, 16))
-fbo.use(); fbo.clear(0.0, 0.0, 0.0, 1.0); vao.render(moderngl.TRIANGLES)
-px = np.frombuffer(fbo.read(components=3), np.uint8).reshape(16, 16, 3)
-print(json.dumps({"ok": bool(px[8, 8, 0] > 200 and px[0, 0, 0] == 0),
-                  "renderer": ctx.info.get("GL_RENDERER"), "version": ctx.info.get("GL_VERSION")}))
-"""
-
-GSPLAT_SNIPPET = r"""
-import json, torch
-if not torch.cuda.is_available():
-    print(json.dumps({"na": True})); raise SystemExit
-import gsplat
-dev = "cuda"
-means = torch.tensor([[0.0, 0.0, 2.0]], device=dev)
-quats = torch.tensor([[1.0, 0.0, 0.0, 0.0]], device=dev)
-scales = torch.full((1, 3), 0.3, device=dev)
-opac = torch.tensor([0.9], device=dev)
-colors = torch.tensor([[1.0, 0.0, 0.0]], device=dev)
-viewmats = torch.eye(4, device=dev)[None]
-Ks = torch.tensor([[[16.0, 0.0, 8.0], [0.0, 16.0, 8.0], [0.0, 0.0, 1.0]]], device=dev)
-img, alpha, _ = gsplat.rasterization(means, quats, scales, opac, colors, viewmats, Ks, 16, 16)
-torch.cuda.synchronize()
-print(json.dumps({"ok": bool(alpha[0, 8, 8, 0] > 0.5 and alpha[0, 0, 0, 0] < 0.5),
-                  "version": getattr(gsplat, "__version__", "?")}))
-"""
-
-NVDIFFRAST_SNIPPET = r"""
-import json, torch
-if not torch.cuda.is_available():
-    print(json.dumps({"na": True})); raise SystemExit
-import nvdiffrast.torch as dr
-ctx = dr.RasterizeCudaContext()
-pos = torch.tensor([[[-0.8, -0.8, 0.0, 1.0], [0.8, -0.8, 0.0, 1.0], [0.0, 0.8, 0.0, 1.0]]],
-                   device="cuda", dtype=torch.float32).contiguous()
-tri = torch.tensor([[0, 1, 2]], device="cuda", dtype=torch.int32).contiguous()
-rast, _ = dr.rasterize(ctx, pos, tri, resolution=[16, 16])
-torch.cuda.synchronize()
-print(json.dumps({"ok": bool(rast[0, 8, 8, 3].item() == 1 and rast[0, 0, 0, 3].item() == 0)}))
-"""
-
-
-def check_moderngl(quick: bool, timeout: float, needed: bool) -> Check:
+def check_moderngl(quick: bool, needed: bool, probe: Optional[ProbeOutcome] = None) -> Check:
+    """moderngl on EGL; beyond --quick, the worker's probe rasterizes two triangles with it."""
     import ctypes.util
     import importlib.util
 
@@ -409,22 +319,24 @@ def check_moderngl(quick: bool, timeout: float, needed: bool) -> Check:
         return Check("moderngl/EGL", bad, "moderngl is not installed",
                      fix=[f"{sys.executable} -m pip install moderngl"])
     debs = "sudo apt-get install -y libegl1 libgl1-mesa-dri libegl-mesa0"
-    if quick:
+    if quick or probe is None:
         if ctypes.util.find_library("EGL") is None:
             return Check("moderngl/EGL", bad, "libEGL not found", fix=[debs])
         return Check("moderngl/EGL", "ok", "moderngl and libEGL present (not rendered: --quick)")
-    res, err = run_snippet(MODERNGL_SNIPPET, timeout)
-    if res is None:
-        return Check("moderngl/EGL", bad, f"EGL context / one-triangle render failed: {err}", fix=[debs])
-    if not res["ok"]:
-        return Check("moderngl/EGL", bad, f"rendered one triangle wrongly on {res['renderer']}", fix=[debs])
-    return Check("moderngl/EGL", "ok", f"one triangle rendered on {res['renderer']} (GL {res['version']})",
-                 data=res)
+    if probe.ok:
+        gl = probe.info
+        on = f"{gl['renderer']} (GL {gl.get('version')})" if gl.get("renderer") else "EGL"
+        return Check("moderngl/EGL", "ok", f"the worker's rasterizer drew its test triangles on {on}",
+                     data=gl)
+    if probe.broke:
+        return Check("moderngl/EGL", bad, f"EGL context / test rasterization failed: {probe.reason}",
+                     fix=[debs])
+    return Check("moderngl/EGL", bad, f"the test rasterization came out wrong: {probe.reason}", fix=[debs])
 
 
-def check_cuda_backend(name: str, snippet: str, package: str, install: str, fallback: str,
-                       quick: bool, cuda_ok: bool, timeout: float, needed: bool, env: Mapping) -> Check:
-    """gsplat / nvdiffrast: import, JIT-build and render one primitive in a subprocess."""
+def check_cuda_backend(name: str, package: str, install: str, fallback: str, quick: bool,
+                       cuda_ok: bool, needed: bool, probe: Optional[ProbeOutcome]) -> Check:
+    """gsplat / nvdiffrast: the worker's probe imported, JIT-built and ran it on CUDA."""
     import importlib.util
 
     bad = "fail" if needed else "warn"
@@ -434,18 +346,19 @@ def check_cuda_backend(name: str, snippet: str, package: str, install: str, fall
     if not cuda_ok:
         return Check(name, bad if needed else "info", "not available: no CUDA",
                      fix=[f"use {fallback}"] if needed else [])
-    if quick:
+    if quick or probe is None:
         return Check(name, "info", "installed; not built or rendered (--quick)")
-    res, err = run_snippet(snippet, timeout, env)
-    if res is None:
-        extra = " (a first JIT build can take minutes: rerun with --timeout 900)" if "timed out" in err else ""
-        return Check(name, bad, f"build / one-primitive render failed: {err}{extra}",
+    if probe.broke:
+        extra = (" (a first JIT build can take minutes: rerun with --timeout 900)"
+                 if "timed out" in probe.reason else "")
+        return Check(name, bad, f"build / one-primitive render failed: {probe.reason}{extra}",
                      fix=["fix the nvcc / CUDA_HOME items above, then rerun kiln doctor", f"or use {fallback}"])
-    if res.get("na"):
-        return Check(name, bad if needed else "info", "not available: no CUDA")
-    if not res["ok"]:
-        return Check(name, bad, "rendered one primitive wrongly", fix=[f"use {fallback}"])
-    return Check(name, "ok", "built and rendered one primitive on CUDA", data=res)
+    if not probe.info.get("installed", True):   # worker.python: another env than this one
+        return Check(name, bad if needed else "info", f"not installed in the worker's interpreter: "
+                     f"{probe.reason}; {fallback} is used instead", fix=[install] if needed else [])
+    if not probe.ok:
+        return Check(name, bad, f"rendered one primitive wrongly: {probe.reason}", fix=[f"use {fallback}"])
+    return Check(name, "ok", "built and rendered one primitive on CUDA", data=probe.info)
 
 
 def check_device(settings, cuda_ok: bool, gpus: list) -> Check:
@@ -592,6 +505,22 @@ def check_sam3d(settings, gpus: list) -> Check:
 
 # --------------------------------------------------------------------------- driver
 
+# the worker probes whose answers the report shows (the CPU renderer and SAM 3D's model load
+# are left to the worker's own start-up)
+DOCTOR_PROBES = ("cuda", "moderngl", "gsplat", "nvdiffrast")
+
+
+def worker_interpreter(settings) -> str:
+    """The interpreter a worker runs under: ``worker.python``, or this one (also when
+    ``worker.python`` is unusable: its own check says why)."""
+    from .interpreter import InterpreterError, resolve
+
+    try:
+        return resolve(settings.worker.python) or sys.executable
+    except InterpreterError:
+        return sys.executable
+
+
 def needs(settings) -> dict:
     """What the configured pipeline cannot run without."""
     bake = settings.bake.enabled
@@ -626,12 +555,18 @@ def run_checks(settings, quick: bool = False, timeout: float = 180.0,
     except Exception:  # noqa: BLE001 - the probes still run, in the plain environment
         probe_env = dict(env)
 
+    # the worker's own probes, all in one child (a crash or hang is that probe's result)
+    probes = {} if quick else run_probes(
+        list(DOCTOR_PROBES), {"cuda": min(timeout, 120.0), "moderngl": min(timeout, 60.0),
+                              "gsplat": timeout, "nvdiffrast": timeout},
+        worker_interpreter(settings), probe_env, settings.worker.device)
+
     if quick or torch_check.status == "fail":
         cuda_ok = bool(gpus) and bool(torch_cuda) and settings.worker.device != "cpu"
         if gpus and torch_cuda:
             checks.append(Check("torch.cuda", "info", "not checked (--quick); assuming a driver GPU works"))
     else:
-        tc = check_torch_cuda(probe_env, min(timeout, 120.0))
+        tc = check_torch_cuda(probes["cuda"])
         checks.append(tc)
         cuda_ok = bool(tc.data.get("cuda")) and settings.worker.device != "cpu"
     if settings.worker.device == "cpu":
@@ -644,16 +579,15 @@ def run_checks(settings, quick: bool = False, timeout: float = 180.0,
                                         extra=worker_extensions_dir(settings, cwd)))
     checks.append(check_shm())
     checks.append(check_device(settings, cuda_ok, gpus))
-    nvd = check_cuda_backend("nvdiffrast", NVDIFFRAST_SNIPPET, "nvdiffrast",
+    nvd = check_cuda_backend("nvdiffrast", "nvdiffrast",
                              f"{sys.executable} -m pip install diffrp-nvdiffrast==0.3.3.1",
-                             "rasterize.backend moderngl", quick, cuda_ok, timeout, need["nvdiffrast"],
-                             probe_env)
+                             "rasterize.backend moderngl", quick, cuda_ok, need["nvdiffrast"],
+                             probes.get("nvdiffrast"))
     # with 'auto', moderngl is only the fallback when nvdiffrast works on this GPU
     moderngl_needed = need["moderngl"] and not (settings.rasterize.backend == "auto" and nvd.status == "ok")
-    checks.append(check_moderngl(quick, min(timeout, 60.0), moderngl_needed))
-    checks.append(check_cuda_backend("gsplat", GSPLAT_SNIPPET, "gsplat",
-                                     f"{sys.executable} -m pip install gsplat==1.5.3",
-                                     "views.backend cpu", quick, cuda_ok, timeout, need["gsplat"], probe_env))
+    checks.append(check_moderngl(quick, moderngl_needed, probes.get("moderngl")))
+    checks.append(check_cuda_backend("gsplat", "gsplat", f"{sys.executable} -m pip install gsplat==1.5.3",
+                                     "views.backend cpu", quick, cuda_ok, need["gsplat"], probes.get("gsplat")))
     checks.append(nvd)
     checks.append(check_sam2(settings, checkpoints))
     checks.append(check_sam3d(settings, gpus))

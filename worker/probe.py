@@ -7,6 +7,11 @@ that raises or returns nonsense marks its backend unusable with the reason; one
 that hangs is cut short by an interval timer when it hangs in Python, and by the
 supervisor (which knows which probe was running and restarts the worker with
 that probe skipped) when it hangs or crashes in native code.
+
+``python -m worker.probe --json`` runs the same probes in a fresh interpreter and
+prints a line per probe: ``kiln doctor`` runs it (under ``worker.python`` when that is
+set, in the environment a worker gets) through ``worker.proberun``, which plays the
+supervisor's part for a crash or a native hang.
 """
 
 from __future__ import annotations
@@ -93,6 +98,10 @@ def probe_cuda(ctx: dict) -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, (f"torch {torch.__version__} sees no CUDA device"
                        + ("" if torch.version.cuda else " (CPU-only build)"))
+    # before the kernel runs: a wrong result on a visible device is a broken GPU, not a missing one
+    ctx["cuda_devices"] = [{"name": torch.cuda.get_device_name(i),
+                            "capability": "%d.%d" % torch.cuda.get_device_capability(i)}
+                           for i in range(torch.cuda.device_count())]
     x = torch.arange(8, device="cuda", dtype=torch.float32)
     if float((x * 2).sum().item()) != 56.0:
         return False, "a CUDA kernel returned a wrong result"
@@ -105,7 +114,23 @@ def probe_cpu(ctx: dict) -> tuple[bool, str]:
 
 
 def probe_moderngl(ctx: dict) -> tuple[bool, str]:
-    return _check_raster("moderngl", "cpu")
+    ok, reason = _check_raster("moderngl", "cpu")
+    if ok:
+        ctx["gl"] = _gl_driver()
+    return ok, reason
+
+
+def _gl_driver() -> dict:
+    """The GL driver under the rasterizer's context ("llvmpipe" is Mesa on the CPU), for
+    reports; {} when it cannot be read (never a reason to fail the probe)."""
+    try:
+        import moderngl
+
+        gl = moderngl.get_context()   # the context the rasterizer just created
+        with gl:   # its info reads empty unless it is current
+            return {"renderer": gl.info.get("GL_RENDERER"), "version": gl.info.get("GL_VERSION")}
+    except Exception:  # noqa: BLE001
+        return {}
 
 
 def _probe_cuda_backend(ctx: dict, module: str, missing: str, check) -> tuple[bool, str]:
@@ -146,12 +171,135 @@ FUNCS: dict[str, Callable[[dict], tuple[bool, str]]] = {
 
 def run_probe(name: str, ctx: dict, timeout_s: float) -> tuple[bool, str]:
     """Run one probe; never raises (the reason carries the exception)."""
+    ok, reason, _ = run_probe_detailed(name, ctx, timeout_s)
+    return ok, reason
+
+
+def run_probe_detailed(name: str, ctx: dict, timeout_s: float,
+                       before: Callable[[], None] | None = None) -> tuple[bool, str, bool]:
+    """``run_probe`` plus whether the probe broke (raised or timed out) rather than
+    answering no: a backend that is absent is not a backend that is broken. ``before``
+    runs first, inside the time limit (tests fire faults there)."""
+    broke = False
     try:
         with time_limit(timeout_s):
+            if before is not None:
+                before()
             ok, reason = FUNCS[name](ctx)
     except ProbeTimeout as e:
-        ok, reason = False, str(e)
+        ok, reason, broke = False, str(e), True
     except Exception as e:  # a probe failing is information, not an error
-        ok, reason = False, f"{type(e).__name__}: {e}"
+        ok, reason, broke = False, f"{type(e).__name__}: {e}", True
     ctx["results"][name] = ok
-    return ok, reason[:400]
+    return ok, reason[:400], broke
+
+
+# --------------------------------------------------------------------------- python -m worker.probe
+
+# the package each GPU backend probe needs; its installed version goes into the report
+_PACKAGES = {"gsplat": "gsplat", "nvdiffrast": "nvdiffrast"}
+_DISTRIBUTIONS = {"gsplat": ("gsplat",), "nvdiffrast": ("diffrp-nvdiffrast", "nvdiffrast")}
+
+
+def _info(name: str, ctx: dict) -> dict:
+    """What a report shows beside ok/reason: CUDA devices, a backend's package version."""
+    if name == "cuda":
+        return {"devices": ctx.get("cuda_devices", [])}
+    if name == "moderngl":
+        return dict(ctx.get("gl", {}))
+    if name in _PACKAGES:
+        import importlib.util
+        from importlib import metadata
+
+        out: dict = {"installed": importlib.util.find_spec(_PACKAGES[name]) is not None}
+        for dist in _DISTRIBUTIONS[name]:
+            try:
+                out["version"] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        return out
+    return {}
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in FUNCS:
+            raise SystemExit(f"worker.probe: {what} {item!r} must be NAME=VALUE with NAME one of "
+                             f"{', '.join(PROBES)}")
+        out[name] = value
+    return out
+
+
+def main(argv=None) -> int:
+    """Run the probes in this process, in PROBES order; with --json one JSON object per
+    line on stdout (``start`` before a probe, ``result`` after, ``done`` at the end) and
+    everything else, native libraries' output included, on stderr."""
+    import argparse
+    import json
+    import os
+    import sys
+    import time
+
+    p = argparse.ArgumentParser(prog="python -m worker.probe", description=(
+        "Run a worker's start-up probes in this interpreter, as a worker would: " + ", ".join(PROBES)))
+    p.add_argument("names", nargs="*", metavar="PROBE", help="probes to run (default: all)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="worker.device")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds a probe may take (default 120)")
+    p.add_argument("--limit", action="append", default=[], metavar="PROBE=SECONDS",
+                   help="another time limit for one probe")
+    p.add_argument("--skip", action="append", default=[], metavar="PROBE=REASON",
+                   help="count PROBE as failed with REASON without running it (it crashed a previous run)")
+    p.add_argument("--settings-json", help="the settings (Settings.to_dict() as JSON); default settings otherwise")
+    p.add_argument("--json", action="store_true", help="JSON lines for a program (kiln doctor)")
+    args = p.parse_args(argv)
+    unknown = [n for n in args.names if n not in FUNCS]
+    if unknown:
+        p.error(f"unknown probe(s) {', '.join(unknown)}; choose from {', '.join(PROBES)}")
+    limits = {k: float(v) for k, v in _pairs(args.limit, "--limit").items()}
+    skips = _pairs(args.skip, "--skip")
+    wanted = set(args.names or PROBES)
+
+    out = sys.stdout
+    if args.json:
+        # the protocol keeps fd 1 to itself; a library printing (a JIT build does) goes to stderr
+        sys.stdout.flush()
+        out = os.fdopen(os.dup(1), "w", buffering=1)
+        os.dup2(2, 1)
+
+    def say(obj: dict) -> None:
+        if args.json:
+            out.write(json.dumps(obj) + "\n")
+        elif obj["event"] == "result":
+            out.write(f"probe {obj['probe']}: {'ok' if obj['ok'] else obj['reason']} ({obj['seconds']} s)\n")
+        out.flush()
+
+    from kiln.settings import Settings, from_dict
+
+    from .faults import FaultPlan, fire
+
+    settings = from_dict(json.loads(args.settings_json)) if args.settings_json else Settings()
+    faults = FaultPlan.from_env()   # tests only: KILN_TEST_FAULTS="segv@probe:moderngl"
+    fault_at = faults.probe_faults() if faults else {}
+    ctx = {"device": args.device, "results": {}, "settings": settings}
+    for name in PROBES:
+        if name in skips:
+            ctx["results"][name] = False
+            continue
+        if name not in wanted:
+            continue
+        limit = limits.get(name, args.timeout)
+        say({"event": "start", "probe": name, "limit": limit})
+        t0 = time.perf_counter()
+        kind = fault_at.get(name)
+        ok, reason, broke = run_probe_detailed(name, ctx, limit, (lambda: fire(kind)) if kind else None)
+        say({"event": "result", "probe": name, "ok": ok, "reason": reason, "broke": broke,
+             "seconds": round(time.perf_counter() - t0, 3), "info": _info(name, ctx)})
+    say({"event": "done"})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
