@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from .validate import StageInputError, check_array, check_finite
+from .validate import StageInputError, check_array, check_finite, is_tensor
 
 # More Gaussians than any stage can hold (the renderers keep ~200 bytes each per
 # view in flight); such a count is a bug upstream, refused before any work.
@@ -195,6 +195,22 @@ class Views:
     def on_device(self) -> bool:
         """True when rgb and alpha are torch tensors (on whatever device rendered them)."""
         return not isinstance(self.rgb, np.ndarray)
+
+    def validate(self, name: str = "views") -> "Views":
+        """Shapes, dtypes and finiteness, for numpy arrays and device tensors alike (a
+        tensor is checked on its device, without copying it to the host)."""
+        if not isinstance(self.cameras, Cameras):
+            raise StageInputError(f"{name}.cameras must be Cameras, got {type(self.cameras).__name__}")
+        self.cameras.validate(f"{name}.cameras")
+        c, h, w = len(self.cameras), self.cameras.height, self.cameras.width
+        check_array(f"{name}.rgb", self.rgb, dtype=np.float32, shape=(c, h, w, 3), allow_tensor=True)
+        check_array(f"{name}.alpha", self.alpha, dtype=np.float32, shape=(c, h, w), allow_tensor=True)
+        if is_tensor(self.rgb) != is_tensor(self.alpha) or \
+                (is_tensor(self.rgb) and self.rgb.device != self.alpha.device):
+            raise StageInputError(f"{name}.rgb and {name}.alpha must be on one device")
+        check_finite(f"{name}.rgb", self.rgb)
+        check_finite(f"{name}.alpha", self.alpha)
+        return self
 
     def to_numpy(self) -> "Views":
         """These views with numpy arrays (copied off the device), or ``self`` when they are."""

@@ -12,11 +12,23 @@ class StageInputError(ValueError):
     """A stage was given data it cannot work on. The message says what and why."""
 
 
-def check_array(name: str, arr, dtype=None, shape: Sequence | None = None) -> None:
-    if not isinstance(arr, np.ndarray):
-        raise StageInputError(f"{name} must be a numpy array, got {type(arr).__name__}")
-    if dtype is not None and arr.dtype != np.dtype(dtype):
-        raise StageInputError(f"{name} must have dtype {np.dtype(dtype).name}, got {arr.dtype.name}")
+def is_tensor(arr) -> bool:
+    """A torch tensor (without importing torch: a process that never loaded it has none)."""
+    return type(arr).__module__.split(".")[0] == "torch" and hasattr(arr, "device")
+
+
+def check_array(name: str, arr, dtype=None, shape: Sequence | None = None,
+                allow_tensor: bool = False) -> None:
+    """``arr`` is a numpy array (or, with ``allow_tensor``, a torch tensor on any device) of
+    ``dtype`` and ``shape`` (None in ``shape``: any size on that axis)."""
+    tensor = allow_tensor and is_tensor(arr)
+    if not (tensor or isinstance(arr, np.ndarray)):
+        what = "a numpy array or torch tensor" if allow_tensor else "a numpy array"
+        raise StageInputError(f"{name} must be {what}, got {type(arr).__name__}")
+    if dtype is not None:
+        got = str(arr.dtype).removeprefix("torch.") if tensor else arr.dtype.name
+        if got != np.dtype(dtype).name:
+            raise StageInputError(f"{name} must have dtype {np.dtype(dtype).name}, got {got}")
     if shape is not None:
         shape = tuple(shape)
         if arr.ndim != len(shape) or any(s is not None and s != a for s, a in zip(shape, arr.shape)):
@@ -24,8 +36,15 @@ def check_array(name: str, arr, dtype=None, shape: Sequence | None = None) -> No
             raise StageInputError(f"{name} must have shape {want}, got {tuple(arr.shape)}")
 
 
-def check_finite(name: str, arr: np.ndarray) -> None:
-    if arr.size and not np.isfinite(arr).all():
+def check_finite(name: str, arr) -> None:
+    """No NaN or inf in ``arr`` (numpy array or torch tensor; a tensor is checked where it is)."""
+    if is_tensor(arr):
+        import torch
+
+        if arr.numel() and not bool(torch.isfinite(arr).all()):
+            bad = int((~torch.isfinite(arr)).sum())
+            raise StageInputError(f"{name} contains {bad} non-finite values (NaN or inf)")
+    elif arr.size and not np.isfinite(arr).all():
         bad = int((~np.isfinite(arr)).sum())
         raise StageInputError(f"{name} contains {bad} non-finite values (NaN or inf)")
 

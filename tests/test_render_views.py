@@ -14,7 +14,7 @@ from pipeline.cameras import intrinsics, look_at, project, sphere_cameras
 from pipeline.gaussian_math import covariance_3d, quat_to_rotmat
 from pipeline import render_views
 from pipeline.render_views import _render_cpu, render_gaussians
-from pipeline.types import Cameras, Gaussians
+from pipeline.types import Cameras, Gaussians, Views
 from pipeline.validate import StageInputError
 
 EPS2D = 0.3
@@ -365,6 +365,25 @@ def test_views_can_stay_on_the_render_device_and_equal_the_numpy_ones():
     np.testing.assert_array_equal(back.rgb, host.rgb)
     np.testing.assert_array_equal(back.alpha, host.alpha)
     assert host.to_numpy() is host and host.alpha.max() > 0.5
+
+
+def test_views_are_checked_the_same_on_the_host_and_on_the_device():
+    g = random_scene(50, seed=5)
+    cams = sphere_cameras(2, 2.4, 40.0, 16)
+    host = render_gaussians(g, cams).validate()
+    kept = render_gaussians(g, cams, as_tensors=True).validate()
+    nan = kept.rgb.clone()
+    nan[1, 3, 4, 2] = float("nan")
+    with pytest.raises(StageInputError, match="views.rgb contains 1 non-finite"):
+        Views(nan, kept.alpha, cams).validate()
+    with pytest.raises(StageInputError, match="views.alpha must have dtype float32, got float64"):
+        Views(kept.rgb, kept.alpha.double(), cams).validate()
+    with pytest.raises(StageInputError, match=r"views.rgb must have shape \(2, 16, 16, 3\)"):
+        Views(host.rgb[:1], host.alpha, cams).validate()
+    with pytest.raises(StageInputError, match="one device"):
+        Views(kept.rgb, host.alpha, cams).validate()
+    with pytest.raises(StageInputError, match="numpy array or torch tensor"):
+        Views(host.rgb.tolist(), host.alpha, cams).validate()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
