@@ -29,6 +29,7 @@ the render device for a stage that runs there too.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable, Optional
 
@@ -203,7 +204,9 @@ def _render_gsplat(g: Gaussians, cameras: Cameras, dev, progress, chunk_scale: f
         alpha_out = np.empty((C, H, W), np.float32)
     batches = camera_batches(C, len(g), W, H, int(GSPLAT_BATCH_BYTES * chunk_scale))
     # gsplat launches on the current device's stream: make that the tensors' device.
-    with torch.no_grad(), torch.cuda.device(dev):
+    # (A CPU device only reaches here in tests, with a stand-in for rasterization.)
+    on_device = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+    with torch.no_grad(), on_device:
         for b in batches:
             premult, alphas, _meta = rasterization(
                 means, quats, scales, opacities, colors, viewmats[b], Ks[b], W, H,

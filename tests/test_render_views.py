@@ -367,6 +367,42 @@ def test_views_can_stay_on_the_render_device_and_equal_the_numpy_ones():
     assert host.to_numpy() is host and host.alpha.max() > 0.5
 
 
+@pytest.mark.parametrize("budget_cameras, expected_calls", [(3, [3, 2, 2]), (100, [7]), (1, [1] * 7)])
+@pytest.mark.parametrize("as_tensors", [False, True])
+def test_gsplat_batches_are_assembled_in_camera_order(monkeypatch, budget_cameras, expected_calls,
+                                                      as_tensors):
+    """The gsplat path's batching and assembly, run on the CPU: a stand-in for
+    gsplat.rasterization with its batched signature (viewmats [B, 4, 4], Ks [B, 3, 3] ->
+    colours [B, H, W, 3], alphas [B, H, W, 1]) that renders each camera with the CPU twin.
+    The views must be the CPU twin's, bit for bit, however the cameras are batched."""
+    from pipeline.gaussian_math import covariance_3d
+
+    g = random_scene(400, seed=6)
+    cams = sphere_cameras(7, 2.4, 40.0, 32)
+    calls = []
+
+    def rasterization(means, quats, scales, opacities, colors, viewmats, Ks, width, height, **kw):
+        assert kw["packed"] is False and kw["rasterize_mode"] == "classic"
+        calls.append(len(viewmats))
+        covars = covariance_3d(quats, scales)
+        out = [render_views.render_view(means, covars, opacities, colors, v, k, width, height)
+               for v, k in zip(viewmats, Ks)]
+        return (torch.stack([p for p, _ in out]), torch.stack([a for _, a in out])[..., None], {})
+
+    monkeypatch.setattr(render_views, "load_gsplat", lambda: rasterization)
+    per_camera = len(g) * render_views.GSPLAT_PAIR_BYTES + 32 * 32 * render_views.GSPLAT_PIXEL_BYTES
+    monkeypatch.setattr(render_views, "GSPLAT_BATCH_BYTES", budget_cameras * per_camera)
+    fractions = []
+    rgb, alpha = render_views._render_gsplat(g, cams, torch.device("cpu"),
+                                             lambda f, m="": fractions.append(f), 1.0, as_tensors)
+    assert calls == expected_calls
+    assert fractions[-1] == 1.0 and fractions == sorted(fractions) and len(fractions) == len(calls)
+    got = Views(rgb, alpha, cams).to_numpy()
+    twin = render_gaussians(g, cams)
+    np.testing.assert_array_equal(got.rgb, twin.rgb)
+    np.testing.assert_array_equal(got.alpha, twin.alpha)
+
+
 def test_views_are_checked_the_same_on_the_host_and_on_the_device():
     g = random_scene(50, seed=5)
     cams = sphere_cameras(2, 2.4, 40.0, 16)
