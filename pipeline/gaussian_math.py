@@ -11,6 +11,10 @@ colours) cost nothing to import.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # degree-0 spherical harmonic (3DGS / gsplat): colour = 0.5 + SH_C0 * f_dc
 SH_C0 = 0.28209479177387814
