@@ -559,7 +559,8 @@ def run_checks(settings, quick: bool = False, timeout: float = 180.0,
     probes = {} if quick else run_probes(
         list(DOCTOR_PROBES), {"cuda": min(timeout, 120.0), "moderngl": min(timeout, 60.0),
                               "gsplat": timeout, "nvdiffrast": timeout},
-        worker_interpreter(settings), probe_env, settings.worker.device)
+        worker_interpreter(settings), probe_env, settings.worker.device,
+        json.dumps(settings.to_dict(), default=str))
 
     if quick or torch_check.status == "fail":
         cuda_ok = bool(gpus) and bool(torch_cuda) and settings.worker.device != "cpu"
