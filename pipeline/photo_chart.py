@@ -24,9 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .photo_projection import COS_ZERO
 from .types import SourceCamera
 
-PHOTO_CHART_COS = 0.5       # faces turned more than 60 degrees from the camera get ordinary charts
+# every face the photo colours at all: with 0.5, the faces between cos 0.15 and 0.5 got
+# LSCM charts and the front's outer rim its two resamplings back (bricks: -2.4 dB)
+PHOTO_CHART_COS = COS_ZERO
 BLOCK_SHARE = 0.45          # the block may fill at most this share of the atlas before it is halved
 MAX_VISIBILITY_SAMPLES = 4_000_000   # depth samples for the occlusion test (the grid coarsens beyond)
 DEPTH_TOLERANCE = 1e-4      # relative: a face this much behind another at one sample is hidden
