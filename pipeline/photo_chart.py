@@ -32,6 +32,7 @@ from .types import SourceCamera
 PHOTO_CHART_COS = COS_ZERO
 BLOCK_SHARE = 0.45          # the block may fill at most this share of the atlas before it is halved
 MAX_VISIBILITY_SAMPLES = 4_000_000   # depth samples for the occlusion test (the grid coarsens beyond)
+MIN_ISLAND_SHARE = 0.02     # islands of the block with less of its area get ordinary charts
 DEPTH_TOLERANCE = 1e-4      # relative: a face this much behind another at one sample is hidden
 
 
@@ -70,6 +71,7 @@ def photo_chart(vertices: np.ndarray, faces: np.ndarray, normals: np.ndarray, ar
     if not chosen.any():
         return None
     chosen &= ~_hidden(px, z, f, facing, camera.projection == "perspective")
+    chosen &= _large_islands(f, chosen, areas)
     if not chosen.any():
         return None
     ids = np.flatnonzero(chosen)
@@ -96,6 +98,31 @@ def photo_chart(vertices: np.ndarray, faces: np.ndarray, normals: np.ndarray, ar
     if not keep.any():
         return None
     return PhotoChart(faces=ids[keep], corner=corner[keep], size=size, scale=scale)
+
+
+def _large_islands(f: np.ndarray, chosen: np.ndarray, areas: np.ndarray) -> np.ndarray:
+    """(F,) the chosen faces in edge-connected islands with at least MIN_ISLAND_SHARE of
+    the chosen area. A face cut off by hidden or grazing neighbours would sit a texel
+    from the rest of the block, closer than the gutter keeps charts; it gets an ordinary
+    chart instead. Larger islands keep the photo's own spacing: the texels between them
+    hold what the photo shows between them."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    ids = np.flatnonzero(chosen)
+    sub = f[ids]
+    edges = np.sort(np.concatenate([sub[:, [0, 1]], sub[:, [1, 2]], sub[:, [2, 0]]]), axis=1)
+    owner = np.tile(np.arange(len(ids)), 3)
+    order = np.lexsort((edges[:, 1], edges[:, 0]))
+    e, o = edges[order], owner[order]
+    same = (e[1:] == e[:-1]).all(1)
+    a, b = o[:-1][same], o[1:][same]
+    graph = coo_matrix((np.ones(a.size), (a, b)), shape=(len(ids), len(ids)))
+    _, label = connected_components(graph, directed=False)
+    share = np.bincount(label, areas[ids]) / max(float(areas[ids].sum()), 1e-300)
+    keep = np.zeros(len(f), bool)
+    keep[ids[share[label] >= MIN_ISLAND_SHARE]] = True
+    return keep
 
 
 def _overlapping(corner: np.ndarray, size: tuple[int, int]) -> np.ndarray:

@@ -243,3 +243,118 @@ def test_kiln_unwrap_refuses_a_mesh_without_area():
     flat = Mesh(np.zeros((3, 3), np.float32), np.array([[0, 1, 2]], np.int32))
     with pytest.raises(StageInputError, match="no surface area"):
         unwrap(flat, texture_size=256, gutter=2, max_faces=100)
+
+
+# --------------------------------------------------------------------------- the photo chart
+
+@pytest.fixture(scope="module")
+def seen_blob():
+    """The small blob and the camera its photo was taken with (orthographic, built-in backend)."""
+    rgb, mask = make_object_image(256, "blob", seed=2)
+    recon = reconstruct(ImageInput(rgb, mask), ReconstructSettings(resolution=80, num_gaussians=1000),
+                        seed=0)
+    return simplify_mesh(recon.mesh, 0.9), recon.source_camera
+
+
+def photo_offsets(out: Mesh, camera, size: int) -> np.ndarray:
+    """(V, 2) texel position (x right, y down, texel centres at .5) minus photo pixel position."""
+    px, _ = camera.project(out.vertices)
+    tex = np.stack([out.uvs[:, 0] * size, (1.0 - out.uvs[:, 1]) * size], 1).astype(np.float64)
+    return tex - px
+
+
+def facing(out: Mesh, camera, cos_min: float) -> np.ndarray:
+    v = out.vertices.astype(np.float64)[out.faces]
+    n = np.cross(v[:, 1] - v[:, 0], v[:, 2] - v[:, 0])
+    n /= np.maximum(np.linalg.norm(n, axis=1, keepdims=True), 1e-12)
+    if camera.projection == "orthographic":
+        to_cam = -camera.viewmat[2, :3].astype(np.float64)
+    else:
+        R, t = camera.viewmat[:3, :3].astype(np.float64), camera.viewmat[:3, 3].astype(np.float64)
+        to_cam = -(R.T @ t) - v.mean(1)
+        to_cam /= np.linalg.norm(to_cam, axis=1, keepdims=True)
+    return (n * to_cam).sum(-1) >= cos_min
+
+
+def test_photo_chart_puts_texel_centres_on_photo_pixel_centres(seen_blob):
+    """Faces the photo sees squarely get UV = their projection into the photo at one texel
+    per pixel, shifted by whole texels: a photo pixel centre is a texel centre, so the bake
+    copies the photo and a viewer at the photo's camera shows it without resampling."""
+    mesh, camera = seen_blob
+    size, gutter = 512, 2
+    out = unwrap(mesh, texture_size=size, gutter=gutter, max_faces=100_000, source_camera=camera)
+    assert np.array_equal(out.vertices[out.faces], mesh.vertices[mesh.faces])
+    count, label = rasterize_charts(out, size)
+    assert count.max() == 1, "UV triangles overlap"
+    assert min_chart_distance(label) >= 2 * gutter + 1
+    front = facing(out, camera, 0.5)
+    assert front.mean() > 0.3
+    d = photo_offsets(out, camera, size)[out.faces[front]]             # (K, 3, 2)
+    offset = np.median(d.reshape(-1, 2), axis=0)
+    on_grid = (np.abs(d - offset).max(axis=(1, 2)) < 1e-3)
+    # all but faces cut off from the rest (they get ordinary charts) are one rigid, unscaled copy
+    assert on_grid.mean() > 0.98, on_grid.mean()
+    assert np.abs(offset - np.round(offset)).max() < 1e-3, "photo pixel centres miss the texel centres"
+    # without the camera the same faces are laid out by LSCM, off the photo's grid
+    plain = unwrap(mesh, texture_size=size, gutter=gutter, max_faces=100_000)
+    assert np.ptp(photo_offsets(plain, camera, size)[plain.faces[front]].reshape(-1, 2), axis=0).max() > 1.0
+
+
+def test_photo_chart_halves_when_the_photo_is_larger_than_the_atlas_holds(seen_blob):
+    mesh, camera = seen_blob
+    big = camera.scaled(8.0)                           # the same view on a 2048 px photo
+    size = 512
+    out = unwrap(mesh, texture_size=size, gutter=2, max_faces=100_000, source_camera=big)
+    count, _ = rasterize_charts(out, size)
+    assert count.max() == 1
+    front = facing(out, big, 0.5)
+    px, _ = big.project(out.vertices)
+    tex = np.stack([out.uvs[:, 0] * size, (1.0 - out.uvs[:, 1]) * size], 1).astype(np.float64)
+    f = out.faces[front]
+    scale = np.linalg.norm(tex[f[:, 1]] - tex[f[:, 0]], axis=1) / np.maximum(
+        np.linalg.norm(px[f[:, 1]] - px[f[:, 0]], axis=1), 1e-9)
+    s = float(np.median(scale))
+    assert min(abs(s - k) for k in (0.5, 0.25, 0.125)) < 1e-5, s      # a whole mip level
+    assert (np.abs(scale - s) < 1e-3).mean() > 0.98
+
+
+@pytest.mark.parametrize("projection", ["orthographic", "perspective"])
+def test_photo_chart_leaves_out_surface_the_photo_cannot_see(projection):
+    """A small square in front of a large one, both facing the camera: the large one is
+    partly hidden, so it must not share the photo's grid (it would overlap the small one)."""
+    from pipeline.cameras import intrinsics, look_at
+    from pipeline.types import SourceCamera
+
+    def square(half, z, n=4):
+        g = np.linspace(-half, half, n + 1)
+        xx, yy = np.meshgrid(g, g)
+        v = np.stack([xx.ravel(), yy.ravel(), np.full(xx.size, z)], 1)
+        f = []
+        for r in range(n):
+            for c in range(n):
+                a, b, d, e = r * (n + 1) + c, r * (n + 1) + c + 1, (r + 1) * (n + 1) + c, (r + 1) * (n + 1) + c + 1
+                f += [(a, b, e), (a, e, d)]                    # counter-clockwise seen from +z
+        return v, np.array(f)
+
+    v1, f1 = square(0.15, 0.2)
+    v2, f2 = square(0.4, -0.2)
+    mesh = Mesh(vertices=np.concatenate([v1, v2]).astype(np.float32),
+                faces=np.concatenate([f1, f2 + len(v1)]).astype(np.int32))
+    if projection == "orthographic":
+        vm = np.diag([1.0, -1.0, -1.0, 1.0])
+        vm[2, 3] = 2.0
+        K = np.array([[200.0, 0, 128], [0, 200.0, 128], [0, 0, 1]])
+    else:
+        vm = look_at(np.array([0.0, 0.0, 2.0]), np.zeros(3))
+        K = intrinsics(40.0, 256, 256)
+    camera = SourceCamera(viewmat=np.asarray(vm, np.float32), K=np.asarray(K, np.float32),
+                          width=256, height=256, projection=projection)
+    size = 512
+    out = unwrap(mesh, texture_size=size, gutter=2, max_faces=1000, source_camera=camera)
+    count, _ = rasterize_charts(out, size)
+    assert count.max() == 1, "hidden surface shares texels with what hides it"
+    d = photo_offsets(out, camera, size)
+    near = d[out.faces[: len(f1)]].reshape(-1, 2)
+    assert np.ptp(near, axis=0).max() < 1e-3 and np.abs(near[0] - np.round(near[0])).max() < 1e-3
+    hidden = d[out.faces[len(f1):]].reshape(-1, 2)
+    assert np.abs(hidden - near[0]).max() > 1.0
