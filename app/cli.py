@@ -244,12 +244,18 @@ def build_parser() -> argparse.ArgumentParser:
     bake = r.add_mutually_exclusive_group()
     bake.add_argument("--bake", dest="bake", action="store_true", default=None, help="bake a texture (default)")
     bake.add_argument("--no-bake", dest="bake", action="store_false", help="export vertex colours instead of a texture")
-    r.add_argument("--simplify-ratio", type=float, help="fraction of faces removed, 0-0.999 (default 0.95)")
-    r.add_argument("--texture-size", help="texture size in texels, power of two 256-4096, or auto: "
-                   "sized so the photo's detail fits (default 1024)")
-    r.add_argument("--views", type=int, help="number of bake views, 1-64 (default 16)")
-    r.add_argument("--bake-mode", choices=["fast", "opt"], help="texture bake mode (default opt)")
-    r.add_argument("--seed", type=int, help="random seed (default 0)")
+    # ranges and defaults as the settings define them (one source; see kiln.settings)
+    rng, dflt = settings_mod.allowed_range, settings_mod.Settings()
+    r.add_argument("--simplify-ratio", type=float, help="fraction of faces removed, %g-%g (default %g)"
+                   % (*rng("mesh.simplify_ratio"), dflt.mesh.simplify_ratio))
+    r.add_argument("--texture-size", help="texture size in texels, power of two %d-%d, or auto: "
+                   "sized so the photo's detail fits (default %s)"
+                   % (*rng("bake.texture_size"), dflt.bake.texture_size))
+    r.add_argument("--views", type=int, help="number of bake views, %d-%d (default %d)"
+                   % (*rng("views.count"), dflt.views.count))
+    r.add_argument("--bake-mode", choices=list(settings_mod.allowed_values("bake.mode")),
+                   help="texture bake mode (default %s)" % dflt.bake.mode)
+    r.add_argument("--seed", type=int, help="random seed, %d-%d (default %d)" % (*rng("seed"), dflt.seed))
     r.add_argument("--ply", action="store_true", help="also write the Gaussians as a 3DGS .ply next to the GLB")
     r.add_argument("--device", choices=["auto", "cpu", "cuda"], help="worker device (default auto)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",

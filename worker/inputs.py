@@ -201,7 +201,9 @@ def job_bytes(pixels: int, texture_size: int | str) -> int:
     """A generous estimate of what one job writes to each place: its inputs as PNG
     (≤ 4 bytes per pixel with the mask), the GLB (texture + mesh) and room for the rest."""
     if texture_size == "auto":
-        texture_size = 4096      # the largest size auto can choose
+        from kiln.settings import allowed_range
+
+        texture_size = allowed_range("bake.texture_size")[1]   # the largest size auto can choose
     return 4 * pixels + 8 * texture_size * texture_size + 32 * 1024 * 1024
 
 

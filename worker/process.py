@@ -177,7 +177,7 @@ def _import_pipeline(cfg: dict) -> None:
 
     _startup_fault(cfg, "imports")
 
-    for mod in ("run", "reconstruct", "render_views", "mesh_ops", "uv", "rasterize", "bake", "export", "cache"):
+    for mod in ("run", "reconstruct", "builtin", "render_views", "mesh_ops", "uv", "rasterize", "bake", "export", "cache"):
         importlib.import_module(f"pipeline.{mod}")
 
 
