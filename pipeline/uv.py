@@ -50,8 +50,12 @@ def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
     two charts are at least 2 * gutter + 1 texels apart and each can be dilated
     by ``gutter`` texels without touching another (tests/test_uv.py checks this).
     source_camera: the photo's camera in the mesh's frame (``Reconstruction.source_camera``);
-    with ``kiln``, the faces it sees squarely and unoccluded are laid out on the photo's
-    pixel grid, one texel per photo pixel where the atlas has room (``pipeline.photo_chart``).
+    with ``kiln``, the faces it sees unoccluded (cos >= ``photo_chart.PHOTO_CHART_COS``) are
+    laid out as one block on the photo's pixel grid, 2^-k texels per photo pixel (k = 0
+    where the atlas has room) at a whole-texel offset (``pipeline.photo_chart``). The block
+    keeps ``gutter`` + 1 texels from every other chart; islands inside it keep the photo's
+    own spacing (the texels between them hold what the photo shows there). ``xatlas``
+    ignores the camera.
     """
     if method not in METHODS:
         raise StageInputError(f"unknown unwrap method {method!r}; use one of {', '.join(METHODS)}")
