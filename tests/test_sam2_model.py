@@ -243,3 +243,40 @@ def test_sam2_on_cuda_matches_cpu(tiny_ckpt):
         outs.append(logits.ravel())
     corr = np.corrcoef(outs[0], outs[1])[0, 1]
     assert corr > 0.99, corr
+
+
+def test_box_prompt_reaches_sam2_and_bounds_the_mask(tiny_ckpt, monkeypatch):
+    """The page's dragged box goes to SAM2 as its box prompt (with the clicks, when there
+    are some), and nothing outside the box is ever selected."""
+    from app.segment import Sam2Segmenter
+
+    path, _ = tiny_ckpt
+    _trap_cuda(monkeypatch)
+    info = resolve_checkpoint(AppSettings(), folder=path.parent)
+    predictor = load_predictor(info)
+    asked = []
+    real_predict = predictor.predict
+
+    def spy(**kw):
+        asked.append(kw)
+        return real_predict(**kw)
+
+    predictor.predict = spy
+    seg = Sam2Segmenter(predictor, info.label)
+    rgb = _image()
+    box = (18.0, 10.0, 46.0, 38.0)
+    outside = np.ones(rgb.shape[:2], bool)
+    outside[10:39, 18:47] = False
+
+    mask = seg.segment(rgb, [], box)
+    kw = asked[-1]
+    np.testing.assert_array_equal(kw["box"], np.asarray(box, np.float32))
+    assert kw["point_coords"] is None and kw["multimask_output"] is False
+    assert mask.shape == rgb.shape[:2] and mask.dtype == bool and not mask[outside].any()
+
+    mask = seg.segment(rgb, [(30.0, 20.0, 1), (5.0, 5.0, 0)], box)
+    kw = asked[-1]
+    np.testing.assert_array_equal(kw["box"], np.asarray(box, np.float32))
+    np.testing.assert_array_equal(np.asarray(kw["point_coords"], float), [[30.0, 20.0], [5.0, 5.0]])
+    np.testing.assert_array_equal(np.asarray(kw["point_labels"]), [1, 0])
+    assert not mask[outside].any()
