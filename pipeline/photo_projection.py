@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kiln.settings import allowed_range
+
 from .types import ImageInput, Mesh, Raster, SourceCamera
 from .validate import StageInputError, check_array, check_finite
 
@@ -413,7 +415,7 @@ def suggested_texture_size(density: np.ndarray, weight: np.ndarray, size: int) -
     return int(2 ** math.ceil(math.log2(size * math.sqrt(need))))
 
 
-AUTO_SIZES = (512, 4096)     # the range ``bake.texture_size: auto`` chooses from
+AUTO_SIZES = (512, allowed_range("bake.texture_size")[1])   # what ``bake.texture_size: auto`` picks from
 AUTO_UTILISATION = 0.6       # share of the atlas the charts fill (measured: 0.6-0.75)
 
 
