@@ -14,7 +14,8 @@ import pytest
 from kiln.settings import BakeSettings, load
 from pipeline import bake, mesh_ops, rasterize as rz, uv
 from pipeline.cameras import look_at, sphere_cameras
-from pipeline.reconstruct import builtin_source_camera, reconstruct
+from pipeline.builtin import builtin_source_camera
+from pipeline.reconstruct import reconstruct
 from pipeline.types import Cameras, ImageInput, Mesh, SourceCamera, Texture, Views
 
 from synthetic import make_object_image
