@@ -32,18 +32,21 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from kiln.settings import BakeSettings
+from kiln.settings import BakeSettings, allowed_range
 
+from .backends import torch_device
 from .cameras import camera_centers
 from .geometry import vertex_normals
-from .types import Cameras, ImageInput, Mesh, Raster, SourceCamera, Texture, Views
-from .validate import StageInputError, check_array, check_finite
+from .types import MAX_IMAGE_SIDE, Cameras, ImageInput, Mesh, Raster, SourceCamera, Texture, Views
+from .validate import StageInputError, check_array, is_tensor
 
 ProgressFn = Callable[[float, str], None]
 
 MODES = ("fast", "opt")
-MIN_TEXTURE_SIZE = 16          # below this a chart cannot hold a gutter; tests use small sizes
-MAX_TEXTURE_SIZE = 4096
+# capability limits, not the setting's range (kiln.settings holds that, checked when settings
+# are built): below 16 texels a chart cannot hold a gutter (tests bake small sizes); above
+# MAX_IMAGE_SIDE the UV raster is past what a raster may be. Power of two because opt halves it.
+MIN_TEXTURE_SIZE = 16
 ALPHA_MIN = 0.9                # view pixels at least this opaque are bake targets and count in the PSNR
 FAST_COS_POWER = 4.0           # sharpens the view weighting towards the most frontal view
 FAST_MIN_WEIGHT = 1e-4         # a texel with less total weight than this counts as unseen
@@ -68,7 +71,8 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
     """Bake ``views`` onto ``mesh``'s UV layout.
 
     mesh:  validated Mesh with ``uvs`` (V, 2) float32 in [0, 1]
-    views: rgb (C, H, W, 3) float32, alpha (C, H, W) float32, cameras of C views
+    views: rgb (C, H, W, 3) float32, alpha (C, H, W) float32, cameras of C views; numpy
+           arrays, or torch tensors left on the render device (read there, not via the host)
     seed:  seeds the random pixel subset opt uses when there are more than
            MAX_OPT_PIXELS target pixels (nothing else is random)
     progress(fraction, message): monotonic fractions in [0, 1]
@@ -93,7 +97,7 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
     from . import rasterize as rz
 
     _validate_inputs(mesh, views, settings)
-    dev = _torch_device(device)
+    dev = torch_device(device, "bake")
     report = _Progress(progress)
     size = int(settings.texture_size)
     timings: dict[str, float] = {}
@@ -109,7 +113,15 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
                               "its uvs are degenerate")
     view_raster = rz.rasterize_views(mesh, views.cameras, raster_backend, **where)
     pix_uv = np.asarray(rz.interpolate(view_raster, mesh, mesh.uvs), np.float32)  # (C, H, W, 2)
-    target_mask = np.asarray(view_raster.tri_id >= 0) & (views.alpha > ALPHA_MIN)  # (C, H, W)
+    if views.on_device:
+        # views the renderer left on its device are read there: only the covered-pixel mask
+        # (one byte a pixel) crosses to the host, to pick the pixels' uvs; the stack is not
+        # moved whole (it can be gigabytes), only the picked colours and one view at a time
+        target_t = torch.as_tensor(np.asarray(view_raster.tri_id) >= 0, device=views.alpha.device) \
+            & (views.alpha > ALPHA_MIN)
+        target_mask = target_t.cpu().numpy()
+    else:
+        target_mask = np.asarray(view_raster.tri_id >= 0) & (views.alpha > ALPHA_MIN)  # (C, H, W)
     if not target_mask.any():
         raise StageInputError("no view sees the mesh where the view is opaque "
                               f"(alpha > {ALPHA_MIN}); the views and the mesh do not line up")
@@ -137,7 +149,7 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
 
     stats: dict = {"bake_mode": settings.mode}
     pixel_uv = pix_uv[target_mask]                                            # (M, 2)
-    target = views.rgb[target_mask]                                           # (M, 3)
+    target = views.rgb[target_t].to(dev) if views.on_device else views.rgb[target_mask]   # (M, 3)
     if settings.mode == "opt":
         t0 = time.perf_counter()
         report(0.2, "optimising texture")
@@ -146,8 +158,9 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
         if len(pixel_uv) > max_opt_pixels:
             # a seeded subset bounds memory (64 views at 2048^2 would be ~80M pixels)
             gen = torch.Generator().manual_seed(int(seed))
-            pick = torch.randperm(len(pixel_uv), generator=gen)[:max_opt_pixels].sort().values.numpy()
-            opt_uv, opt_target = pixel_uv[pick], target[pick]
+            pick = torch.randperm(len(pixel_uv), generator=gen)[:max_opt_pixels].sort().values
+            opt_uv = pixel_uv[pick.numpy()]
+            opt_target = target[pick.to(target.device)] if is_tensor(target) else target[pick.numpy()]
         opt_size = _opt_texture_size(size, int(chart.sum()), len(opt_uv))
         step_report = lambda f, m: report(0.2 + 0.65 * f, m)   # noqa: E731
         if opt_size == size:
@@ -179,6 +192,8 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
 
     t0 = time.perf_counter()
     rendered = sample_texture(final, pixel_uv, dev, chunk=sample_chunk)
+    if is_tensor(target):
+        target = target.cpu().numpy()        # the stats are host numbers: one way, not back
     psnr = masked_psnr(rendered, target, np.ones(len(target), bool))
     l1 = float(np.abs(rendered - target).mean())
     timings["psnr"] = time.perf_counter() - t0
@@ -315,11 +330,15 @@ def _fast_bake(positions: np.ndarray, normals: np.ndarray, view_raster: Raster,
     Ks = torch.as_tensor(cams.Ks, device=dev)
     centers = torch.as_tensor(camera_centers(cams), device=dev)
     acc = torch.zeros(len(positions), 4, device=dev)     # weighted premultiplied rgb, weighted alpha
-    # one view on the device at a time: the whole stack can be gigabytes at high resolution
+    # one premultiplied view at a time: the whole stack can be gigabytes at high resolution
     for c in range(len(cams)):
-        alpha = views.alpha[c][..., None]
         # premultiplied, so bilinear taps straddling the silhouette do not mix in background colour
-        rgba = torch.as_tensor(np.concatenate([views.rgb[c] * alpha, alpha], -1), device=dev)
+        if views.on_device:
+            alpha = views.alpha[c].to(dev)[..., None]
+            rgba = torch.cat([views.rgb[c].to(dev) * alpha, alpha], -1)
+        else:
+            alpha = views.alpha[c][..., None]
+            rgba = torch.as_tensor(np.concatenate([views.rgb[c] * alpha, alpha], -1), device=dev)
         rgba = rgba.permute(2, 0, 1).contiguous()                              # (4, H, W)
         depth = torch.as_tensor(np.asarray(view_raster.depth[c], np.float32), device=dev)
         for start in range(0, len(positions), chunk):
@@ -394,7 +413,7 @@ def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, mesh: M
         stats["warnings"] = [
             f"the photo shows the object's front with about {stats['photo_pixels_per_texel']:.1f} "
             f"photo pixels per texel at texture size {size}: fine detail is averaged away; "
-            f"texture size {min(better, MAX_TEXTURE_SIZE)} (or auto) would keep it"]
+            f"texture size {min(better, allowed_range('bake.texture_size')[1])} (or auto) would keep it"]
     return stats
 
 
@@ -428,7 +447,11 @@ def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_backend
         chart_o = np.ones((opt_size, opt_size), bool)
     # fit the correction to what the full-resolution init still gets wrong
     fast_pred = sample_texture(init, pixel_uv, dev, chunk=sample_chunk)
-    residual = (target - fast_pred).astype(np.float32)
+    if is_tensor(target):       # views kept on the device: so is their target list
+        fast_pred = torch.as_tensor(fast_pred, device=target.device)
+        residual = target - fast_pred
+    else:
+        residual = (target - fast_pred).astype(np.float32)
     zero = np.zeros((opt_size, opt_size, 3), np.float32)
     delta, _, _ = _optimise(zero, chart_o, pixel_uv, residual, settings, dev, progress,
                             bounds=(-1.0, 1.0))
@@ -623,18 +646,6 @@ class _Progress:
             self.fn(self.last, message)
 
 
-def _torch_device(device: str):
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise StageInputError(f"bake device {device!r} is not a torch device name") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise StageInputError(f"bake device {device!r} requested but CUDA is not available")
-    return dev
-
-
 def _validate_mesh(mesh: Mesh) -> None:
     if not isinstance(mesh, Mesh):
         raise StageInputError(f"mesh must be a Mesh, got {type(mesh).__name__}")
@@ -651,10 +662,10 @@ def _validate_inputs(mesh: Mesh, views: Views, settings: BakeSettings) -> None:
     if settings.mode not in MODES:
         raise StageInputError(f"bake mode {settings.mode!r} is unknown; choose one of {', '.join(MODES)}")
     size = settings.texture_size
-    if (not isinstance(size, (int, np.integer)) or size < MIN_TEXTURE_SIZE or size > MAX_TEXTURE_SIZE
-            or size & (size - 1)):
+    if (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < MIN_TEXTURE_SIZE
+            or size > MAX_IMAGE_SIDE or size & (size - 1)):
         raise StageInputError(f"texture size {size!r} must be a power of two between "
-                              f"{MIN_TEXTURE_SIZE} and {MAX_TEXTURE_SIZE}")
+                              f"{MIN_TEXTURE_SIZE} and {MAX_IMAGE_SIDE}")
     if settings.mode == "opt":
         if settings.steps < 0:
             raise StageInputError(f"bake steps must be >= 0, got {settings.steps}")
@@ -664,10 +675,4 @@ def _validate_inputs(mesh: Mesh, views: Views, settings: BakeSettings) -> None:
             raise StageInputError(f"bake tv_weight must be >= 0, got {settings.tv_weight}")
     if not isinstance(views, Views):
         raise StageInputError(f"views must be Views, got {type(views).__name__}")
-    cams = views.cameras
-    cams.validate("views.cameras")
-    c, h, w = len(cams), cams.height, cams.width
-    check_array("views.rgb", views.rgb, dtype=np.float32, shape=(c, h, w, 3))
-    check_array("views.alpha", views.alpha, dtype=np.float32, shape=(c, h, w))
-    check_finite("views.rgb", views.rgb)
-    check_finite("views.alpha", views.alpha)
+    views.validate("views")

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from kiln.settings import Settings
 
 from .backends import Backends, resolve_backends  # noqa: F401  (the worker imports them from here)
-from .types import ImageInput, Reconstruction
+from .types import ImageInput, Reconstruction, Views
 
 # on_event(stage, fraction in [0, 1] within the stage, message)
 EventFn = Callable[[str, float, str], None]
@@ -176,14 +176,23 @@ def _render_views_cached(image: ImageInput, recon: Reconstruction, settings: Set
         views = cache_mod.load_views(Path(cache_dir), key, cams)
         if views is not None:
             return views, True
+    # on a GPU the views stay there for the bake, which reads them on the same device
     views = render_views.render_gaussians(
         recon.gaussians, cams, backend=backends.render, device=backends.device,
-        progress=lambda f, m="": emit("render_views", f, m), chunk_scale=backends.chunk_scale)
+        progress=lambda f, m="": emit("render_views", f, m), chunk_scale=backends.chunk_scale,
+        as_tensors=backends.device.startswith("cuda"))
     if key is not None:
         # bake from what a later cache hit will load, so both runs give the same texture
-        views = cache_mod.quantise_views(views)
+        stored = cache_mod.quantise_views(views.to_numpy())
+        if views.on_device:
+            # the same float16 rounding (IEEE, to nearest even) done where the views are, so
+            # the bake's copy need not travel back from the host
+            views = Views(rgb=views.rgb.half().float(), alpha=views.alpha.half().float(),
+                          cameras=views.cameras)
+        else:
+            views = stored
         try:
-            cache_mod.save_views(Path(cache_dir), key, views)
+            cache_mod.save_views(Path(cache_dir), key, stored)
         except OSError as e:
             stats["views_cache_error"] = f"{type(e).__name__}: {e}"
     return views, False

@@ -14,7 +14,7 @@ import torch
 from kiln.settings import BakeSettings
 from pipeline import bake
 from pipeline.cameras import look_at, sphere_cameras
-from pipeline.types import Cameras, Mesh, Texture, Views
+from pipeline.types import MAX_IMAGE_SIDE, Cameras, Mesh, Texture, Views
 from pipeline.validate import StageInputError
 
 from synthetic import object_colors
@@ -357,7 +357,9 @@ def test_rejects_views_not_matching_cameras(scene):
                           settings("fast"), RASTER, "cpu", seed=0)
 
 
-@pytest.mark.parametrize("size", [100, 8, 8192])
+# past the capability limit: the raster side limit (the settings' own range is checked when
+# settings are built)
+@pytest.mark.parametrize("size", [100, 8, 2 * MAX_IMAGE_SIDE])
 def test_rejects_bad_texture_size(scene, size):
     mesh, _, _, views = scene
     with pytest.raises(StageInputError, match="power of two"):
@@ -378,6 +380,51 @@ def test_rejects_views_that_miss_the_mesh(scene):
         bake.bake_texture(mesh, away, settings("fast"), RASTER, "cpu", seed=0)
 
 
+# --------------------------------------------------------------------------- views on the device
+
+def as_tensor_views(views: Views, device: str) -> Views:
+    """``views`` as the renderer leaves them with ``as_tensors=True``: torch tensors on ``device``."""
+    return Views(rgb=torch.as_tensor(views.rgb, device=device),
+                 alpha=torch.as_tensor(views.alpha, device=device), cameras=views.cameras)
+
+
+def _bake_both(scene, bake_settings, device, **kw):
+    mesh, _, _, views = scene
+    a, sa = bake.bake_texture(mesh, views, bake_settings, RASTER, device, seed=0, **kw)
+    b, sb = bake.bake_texture(mesh, as_tensor_views(views, device), bake_settings, RASTER, device,
+                              seed=0, **kw)
+    return (a, sa), (b, sb)
+
+
+@pytest.mark.parametrize("mode, kw", [("fast", {}),
+                                      # a small chunk_scale takes the seeded pixel subset and
+                                      # the coarse correction: the paths that index the targets
+                                      ("opt", {"chunk_scale": 1e-3})])
+def test_tensor_views_bake_like_numpy_views(scene, mode, kw):
+    (a, sa), (b, sb) = _bake_both(scene, settings(mode, steps=30), "cpu", **kw)
+    assert np.abs(a.image / 255.0 - b.image / 255.0).max() <= 1e-5
+    assert np.array_equal(a.seen, b.seen)
+    for k in ("bake_psnr_db", "bake_l1", "texels_seen_fraction", "bake_pixels"):
+        assert sa[k] == pytest.approx(sb[k], abs=1e-5), k
+    if mode == "opt":
+        assert sa["bake_opt_texture_size"] == sb["bake_opt_texture_size"] < TEX
+
+
+def test_tensor_views_are_checked_like_numpy_views(scene):
+    mesh, _, _, views = scene
+    rgb = views.rgb.copy()
+    rgb[0, 10, 10, 1] = np.nan
+    with pytest.raises(StageInputError, match="views.rgb contains 1 non-finite"):
+        bake.bake_texture(mesh, as_tensor_views(Views(rgb, views.alpha, views.cameras), "cpu"),
+                          settings("fast"), RASTER, "cpu", seed=0)
+    half = Views(torch.as_tensor(views.rgb).half(), torch.as_tensor(views.alpha), views.cameras)
+    with pytest.raises(StageInputError, match="views.rgb must have dtype float32"):
+        bake.bake_texture(mesh, half, settings("fast"), RASTER, "cpu", seed=0)
+    with pytest.raises(StageInputError, match="views.rgb must have shape"):
+        bake.bake_texture(mesh, as_tensor_views(Views(views.rgb[:3], views.alpha[:3], views.cameras),
+                                                "cpu"), settings("fast"), RASTER, "cpu", seed=0)
+
+
 # --------------------------------------------------------------------------- GPU path
 
 @pytest.mark.gpu
@@ -392,6 +439,17 @@ def test_cuda_bake_matches_cpu(scene, opt_bake):
     fast_gpu = bake.bake_texture(mesh, views, settings("fast"), RASTER, "cuda", seed=0)[0]
     fast_cpu = bake.bake_texture(mesh, views, settings("fast"), RASTER, "cpu", seed=0)[0]
     assert np.abs(fast_gpu.image.astype(int) - fast_cpu.image.astype(int)).max() <= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="views left on a CUDA device need one; the CPU-tensor test covers the code")
+@pytest.mark.parametrize("mode, kw", [("fast", {}), ("opt", {"chunk_scale": 1e-3})])
+def test_cuda_tensor_views_bake_like_numpy_views(scene, mode, kw):
+    """Views the renderer left on the GPU bake as the same views handed over as numpy."""
+    (a, sa), (b, sb) = _bake_both(scene, settings(mode, steps=30), "cuda", **kw)
+    assert np.abs(a.image / 255.0 - b.image / 255.0).max() <= 1e-5
+    assert sa["bake_psnr_db"] == pytest.approx(sb["bake_psnr_db"], abs=1e-3)
 
 
 # --------------------------------------------------------------------------- end to end

@@ -127,3 +127,49 @@ def test_least_recently_used_views_are_evicted(tmp_path, monkeypatch):
     monkeypatch.setattr(cache, "VIEWS_MAX_TOTAL_BYTES", int(3.5 * one))
     paths.append(cache.save_views(tmp_path, "d" * 64, v))
     assert not paths[0].exists() and all(p.exists() for p in paths[1:])
+
+
+def test_views_kept_as_tensors_store_the_same_cache_and_bake_the_same(tmp_path, monkeypatch):
+    """On a GPU the renderer leaves the views on the device (run.py asks for tensors when the
+    device is CUDA); forced here on the CPU, the cache entry holds the same arrays, the bake
+    gets tensors holding the same values as the numpy run's, and the textures agree."""
+    import torch
+    import trimesh
+
+    from pipeline import bake, render_views
+    from pipeline.run import run_pipeline
+
+    baked = []
+    real_bake = bake.bake_texture
+
+    def recording_bake(mesh, views, *a, **k):
+        baked.append(views)
+        return real_bake(mesh, views, *a, **k)
+
+    monkeypatch.setattr(bake, "bake_texture", recording_bake)
+    img, s = _input(seed=5), small_settings(**{"bake.mode": "fast"})
+    a = run_pipeline(img, s, tmp_path / "a", cache_dir=tmp_path / "ca")
+
+    real_render = render_views.render_gaussians
+    monkeypatch.setattr(render_views, "render_gaussians",
+                        lambda *a_, **k: real_render(*a_, **{**k, "as_tensors": True}))
+    b = run_pipeline(img, s, tmp_path / "b", cache_dir=tmp_path / "cb")
+    assert not a.stats["views_cached"] and not b.stats["views_cached"]
+
+    assert isinstance(baked[0].rgb, np.ndarray) and isinstance(baked[1].rgb, torch.Tensor)
+    assert np.array_equal(baked[1].rgb.numpy(), baked[0].rgb)
+    assert np.array_equal(baked[1].alpha.numpy(), baked[0].alpha)
+
+    (entry_a,) = (tmp_path / "ca").rglob("views-*.npz")
+    (entry_b,) = (tmp_path / "cb").rglob("views-*.npz")
+    assert entry_a.name == entry_b.name
+    with np.load(entry_a) as za, np.load(entry_b) as zb:
+        assert sorted(za.files) == sorted(zb.files)
+        for name in za.files:    # the zip's timestamps differ; every array's bytes must not
+            assert za[name].dtype == zb[name].dtype and za[name].tobytes() == zb[name].tobytes(), name
+
+    def texture(path):
+        geom = next(iter(trimesh.load(path).geometry.values()))
+        return np.asarray(geom.visual.material.baseColorTexture)
+
+    assert np.array_equal(texture(a.glb_path), texture(b.glb_path))
