@@ -9,20 +9,24 @@ multi-view``. The weight is the product of
 * visibility: the texel's surface point is the first surface along its pixel's
   ray, tested against the *mesh* rasterized from the source camera (not the
   Gaussians, which are fuzzy and offset from the mesh);
-* view angle: full weight when the surface faces the camera within
-  ``COS_FULL``, falling smoothly to 0 at ``COS_ZERO`` (grazing texels get
-  few photo pixels spread thin, so the multi-view bake takes over);
+* view angle: 0 where the surface is more grazing than ``COS_ZERO`` (grazing
+  texels get few photo pixels spread thin, so the multi-view bake takes over),
+  rising to 1 over ``ANGLE_RAMP_WIDTH`` of the object's size of surface;
 * distance from occlusion edges in the photo: where one part of the surface
   passes in front of another, the hidden side's texels next to the edge fade
   in over ``FEATHER_FRACTION`` of the object's size, so the photo/multi-view
   transition is a ramp and not a seam. Because the weight is computed from
   3D positions and photo pixels, never from texel neighbourhoods, it is
   continuous across UV chart seams too;
-* the mask: texels that land outside the object's mask (background pixels)
-  get no photo colour.
+* the mask: texels inside it get full weight; where the mesh runs on past the
+  mask's edge, its texels keep the edge's colours with a weight that falls to 0
+  over the same width of surface. The ramps are measured in 3D between texels,
+  so they are as wide on the surface wherever it turns away from the camera,
+  and start exactly where the texels' own normals and photo positions cross.
 
-Colours are read (bicubic) from a pyramid of the mask-premultiplied photo
-(so the background never bleeds in at the rim), at the level that matches the
+Colours are read (bicubic) from a pyramid of the photo whose background pixels
+take the nearest mask pixel's colour (so the background never bleeds in at the
+rim), at the level that matches the
 texel's footprint in photo pixels: where the photo is denser than the texture,
 each texel gets the area average of the photo pixels it covers, not an
 aliased point sample.
@@ -40,14 +44,11 @@ from kiln.settings import allowed_range
 from .types import ImageInput, Mesh, Raster, SourceCamera
 from .validate import StageInputError, check_array, check_finite
 
-COS_FULL = 0.5               # cos 60 deg: full photo weight up to here
 COS_ZERO = 0.15              # cos 81 deg: no photo weight beyond here
+COS_BAND = 0.3               # grazing texels within this much of COS_ZERO anchor the angle ramp
 FEATHER_FRACTION = 0.02      # occlusion-edge feather, as a fraction of the object's size in photo pixels
 MIN_FEATHER_PIXELS = 3.0
-ANGLE_RAMP_WIDTH = 0.04      # the view-angle ramp spans at least this fraction of the object on its surface
-MASK_FEATHER_PIXELS = 1.5    # the mask's own edge: a ramp at least this wide ...
-MASK_FEATHER_SHARE = 1.0     # ... and this share of the occlusion feather: where the mesh's silhouette
-                             # overshoots the mask, the hand-over must not be a cliff
+ANGLE_RAMP_WIDTH = 0.04      # the view-angle and mask-edge ramps span this fraction of the object on its surface
 OCCLUSION_SLOPE = 8.0        # depth steps larger than this many pixel footprints are occlusion edges
 DEPTH_REL_TOL = 0.004        # visibility tolerance, as in the multi-view bake ...
 DEPTH_SLOPE_PIXELS = 1.5     # ... plus this many pixel footprints stretched by the surface slope
@@ -106,12 +107,13 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
     mask = crop.mask
     footprint = _pixel_footprint(cam)
     edges = _occlusion_weight(depth, covered, mask, cam, footprint)
-    pyramid = _premultiplied_pyramid(crop.rgb, mask)
+    pyramid = _filled_pyramid(crop.rgb, mask)
     # the crop may be a downscaled photo: its pixels are coarser by this factor (by area)
     crop_scale = (cam.width * cam.height) / float(camera.width * camera.height)
     levels = 0.5 * np.log2(np.maximum(density * crop_scale, 1.0))
-    vertex_angle = _surface_angle_weight(mesh, camera)
-    angle = np.einsum("nk,nk->n", bary, vertex_angle[mesh.faces[face_ids]]).astype(np.float32)
+    signed = _signed_mask_distance(mask)
+    # the hand-overs span this much surface whatever the shape
+    ramp = ANGLE_RAMP_WIDTH * (float(np.ptp(mesh.vertices, axis=0).max()) or 1.0)
 
     R = torch.as_tensor(cam.viewmat[:3, :3], dtype=torch.float32, device=dev)
     t = torch.as_tensor(cam.viewmat[:3, 3], dtype=torch.float32, device=dev)
@@ -119,23 +121,35 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
     center = -(R.T @ t)
     depth_t = torch.as_tensor(depth, device=dev)
     edges_t = torch.as_tensor(edges, device=dev)
+    signed_t = torch.as_tensor(signed, device=dev)
     pyr = [torch.as_tensor(level, device=dev).permute(2, 0, 1)[None].contiguous() for level in pyramid]
+    signed_at = np.zeros(n, np.float32)
+    cos_at = np.zeros(n, np.float32)
     ortho = cam.projection == "orthographic"
     for start in range(0, n, CHUNK):
         sl = slice(start, start + CHUNK)
         p = torch.as_tensor(positions[sl], device=dev)
         nrm = torch.nn.functional.normalize(torch.as_tensor(normals[sl], device=dev), dim=1)
-        c, w = _project_chunk(p, nrm, R, t, K, center, ortho, footprint, depth_t, edges_t, pyr,
-                              torch.as_tensor(levels[sl], device=dev),
-                              torch.as_tensor(angle[sl], device=dev), cam.width, cam.height)
+        c, w, sd, cos = _project_chunk(p, nrm, R, t, K, center, ortho, footprint, depth_t, edges_t,
+                                       pyr, torch.as_tensor(levels[sl], device=dev), signed_t,
+                                       cam.width, cam.height)
         out_colors[sl] = c.cpu().numpy()
         out_weight[sl] = w.cpu().numpy()
+        signed_at[sl] = sd.cpu().numpy()
+        cos_at[sl] = cos.cpu().numpy()
+    out_weight *= _angle_weight(positions, out_weight > 0, cos_at, ramp)
+    # a texel spans about 2**level crop pixels
+    out_weight *= _beyond_mask_weight(positions, out_weight > 0, signed_at, 2.0 + 2.0 * 2.0 ** levels,
+                                      ramp)
+    out_colors[out_weight <= 0] = 0.0
     return PhotoProjection(out_colors, out_weight, density)
 
 
 def _project_chunk(p, nrm, R, t, K, center, ortho: bool, footprint: float, depth, edges, pyr,
-                   levels, angle, width: int, height: int):
-    """(colors (N, 3), weight (N,)) for one block of texels."""
+                   levels, signed, width: int, height: int):
+    """(colors (N, 3), weight (N,) before the view angle's and the mask's, signed distance
+    (N,) in photo pixels from the mask's edge (> 0 inside), cos of the view angle (N,)) for
+    one block of texels."""
     import torch
 
     cam = p @ R.T + t
@@ -156,28 +170,35 @@ def _project_chunk(p, nrm, R, t, K, center, ortho: bool, footprint: float, depth
     cos = (nrm * to_cam).sum(1)
     col, row = px.floor().long(), py.floor().long()
     inside = in_front & (col >= 0) & (col < width) & (row >= 0) & (row < height) & (cos > 0)
-    rc, cc = row.clamp(0, height - 1), col.clamp(0, width - 1)
-    d = depth[rc, cc]
     tan = (1.0 - cos.clamp(0, 1) ** 2).sqrt() / cos.clamp(min=1.0 / MAX_SLOPE)
     tol = DEPTH_REL_TOL * z.abs() + DEPTH_SLOPE_PIXELS * pixel * tan
-    visible = inside & (d > 0) & ((z - d).abs() <= tol)
+    # the depth of any of the four pixel centres around the texel will do: one pixel's
+    # depth alone (a flat face, maybe a steeper neighbour's) misses grazing texels here and
+    # there, and each miss is a hole in the photo's weight. Texels that close to a real
+    # occlusion edge get no weight from the edge feather anyway.
+    visible = torch.zeros_like(inside)
+    c0, r0 = (px - 0.5).floor().long(), (py - 0.5).floor().long()
+    for dr in (0, 1):
+        for dc in (0, 1):
+            rc, cc = (r0 + dr).clamp(0, height - 1), (c0 + dc).clamp(0, width - 1)
+            d = depth[rc, cc]
+            visible |= (d > 0) & ((z - d).abs() <= tol)
+    visible &= inside
 
     grid = torch.stack([2.0 * px / width - 1.0, 2.0 * py / height - 1.0], 1)[None, None]
     edge_w = torch.nn.functional.grid_sample(edges[None, None], grid, mode="bilinear",
                                              padding_mode="border", align_corners=False)[0, 0, 0]
-    rgbm = _sample_pyramid(pyr, grid, levels)                                  # (N, 4)
-    m = rgbm[:, 3].clamp(0.0, 1.0)        # bicubic overshoots a little at the mask's edge
-    colors = (rgbm[:, :3] / m.clamp(min=1e-6)[:, None]).clamp(0.0, 1.0)
-    mask_w = _smoothstep(0.5, 0.95, m)
-    weight = torch.where(visible, angle * edge_w * mask_w, torch.zeros_like(angle))
-    colors = torch.where((weight > 0)[:, None], colors, torch.zeros_like(colors))
-    return colors, weight
+    colors = _sample_pyramid(pyr, grid, levels).clamp(0.0, 1.0)               # (N, 3)
+    sd = torch.nn.functional.grid_sample(signed[None, None], grid, mode="bilinear",
+                                         padding_mode="border", align_corners=False)[0, 0, 0]
+    weight = torch.where(visible, edge_w, torch.zeros_like(edge_w))
+    return colors, weight, sd, cos
 
 
 def _sample_pyramid(pyr, grid, levels):
-    """Lookup between the two pyramid levels around ``levels`` (N,), bicubic in each, blended.
+    """Lookup between the two pyramid levels around ``levels`` (N,), bicubic in each, blended; (N, C).
 
-    pyr: list of (1, 4, h_l, w_l) tensors, level 0 the crop itself; grid (1, 1, N, 2) in
+    pyr: list of (1, C, h_l, w_l) tensors, level 0 the crop itself; grid (1, 1, N, 2) in
     grid_sample's normalised coordinates, which name the same photo point at every level.
     """
     import torch
@@ -186,7 +207,7 @@ def _sample_pyramid(pyr, grid, levels):
     levels = levels.clamp(0.0, float(top))
     lo = levels.floor().long()
     frac = (levels - lo.float())[:, None]
-    out = torch.zeros(grid.shape[2], 4, device=grid.device)
+    out = torch.zeros(grid.shape[2], pyr[0].shape[1], device=grid.device)
     for level in torch.unique(lo).tolist():
         sel = lo == level
         g = grid[:, :, sel]
@@ -211,53 +232,31 @@ def _smoothstep(lo: float, hi: float, x):
     return s * s * (3.0 - 2.0 * s)
 
 
-def _surface_angle_weight(mesh: Mesh, camera: SourceCamera) -> np.ndarray:
-    """(V,) float32 view-angle weight per vertex, smoothed over the surface.
+def _angle_weight(positions: np.ndarray, seen: np.ndarray, cos: np.ndarray, ramp: float) -> np.ndarray:
+    """(N,) float32 view-angle weight: 0 where the surface is more grazing than COS_ZERO,
+    rising with the distance on the surface from there to 1 at ``ramp`` (world units).
 
-    Vertices whose (welded) normal is more grazing than COS_ZERO get 0; the weight then
-    rises with the geodesic distance from them (Dijkstra over mesh edges) to 1 at
-    ANGLE_RAMP_WIDTH of the object's size, so the photo/multi-view hand-over spans that
-    much surface whatever the shape. With a ramp in cos alone, an object whose
-    silhouette rim turns sharply (the built-in backend's) changed over within a couple
-    of texels, which showed as a seam. A second, steeper ramp in cos keeps the weight
-    low where the surface itself is still grazing.
+    A ramp in cos alone is steep on the surface where it turns sharply (the built-in
+    backend's silhouette rim goes from facing the camera to edge-on within a few texels),
+    which showed as a seam. The distance is measured between texels in 3D, as for the mask
+    (``_beyond_mask_weight``): per texel, so it starts where the texels' own normals turn
+    grazing (the visibility test cuts at theirs), and continuous across UV seams.
     """
-    import scipy.sparse as sp
-    from scipy.sparse import csgraph
+    from scipy.spatial import cKDTree
 
-    from .geometry import vertex_normals
-
-    v = mesh.vertices.astype(np.float64)
-    _, weld = np.unique(v, axis=0, return_inverse=True)
-    weld = weld.reshape(-1)
-    nw = int(weld.max()) + 1
-    first = np.zeros(nw, np.int64)
-    first[weld] = np.arange(len(weld))
-    pos = v[first]
-    nrm = vertex_normals(v, mesh.faces)[first]
-    if camera.projection == "orthographic":
-        to_cam = np.broadcast_to(-camera.viewmat[2, :3].astype(np.float64), pos.shape)
-    else:
-        R, t = camera.viewmat[:3, :3].astype(np.float64), camera.viewmat[:3, 3].astype(np.float64)
-        to_cam = -(R.T @ t) - pos
-        to_cam = to_cam / np.maximum(np.linalg.norm(to_cam, axis=1, keepdims=True), 1e-12)
-    cos = (nrm * to_cam).sum(1)
-    f = weld[mesh.faces]
-    rows = np.concatenate([f[:, 0], f[:, 1], f[:, 2]])
-    cols = np.concatenate([f[:, 1], f[:, 2], f[:, 0]])
-    length = np.linalg.norm(pos[rows] - pos[cols], axis=1) + 1e-12
-    graph = sp.csr_matrix((length, (rows, cols)), shape=(nw, nw))
-    grazing = np.flatnonzero(cos < COS_ZERO)
-    extent = float(np.ptp(pos, axis=0).max()) or 1.0
-    ramp = ANGLE_RAMP_WIDTH * extent
-    if len(grazing) == 0:
-        dist = np.full(nw, np.inf)
-    else:
-        dist = csgraph.dijkstra(graph, directed=False, indices=grazing, min_only=True,
-                                limit=ramp * 1.01)
-    w = np.minimum(_smooth_np(np.where(np.isfinite(dist), dist, ramp) / ramp),
-                   _smooth_np((cos - COS_ZERO) / (COS_FULL - COS_ZERO) * 4.0))
-    return w[weld].astype(np.float32)
+    w = np.zeros(len(positions), np.float32)
+    facing = seen & (cos >= COS_ZERO)
+    # any path on the surface from a facing texel to a grazing one crosses cos = COS_ZERO,
+    # so the grazing texels near it are the only ones that can be nearest
+    grazing = (cos < COS_ZERO) & (cos > COS_ZERO - COS_BAND)
+    if not facing.any():
+        return w
+    if not grazing.any():
+        w[facing] = 1.0
+        return w
+    dist, _ = cKDTree(positions[grazing]).query(positions[facing], distance_upper_bound=ramp)
+    w[facing] = _smooth_np(np.minimum(dist, ramp) / ramp)
+    return w
 
 
 # --------------------------------------------------------------------------- photo side
@@ -297,13 +296,19 @@ def _crop_and_scale(photo: ImageInput, camera: SourceCamera, texture_size: int):
     return ImageInput(rgb=np.ascontiguousarray(rgb), mask=np.ascontiguousarray(m)), cam
 
 
-def _premultiplied_pyramid(rgb: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
-    """Levels of (r*m, g*m, b*m, m) float32, each half the size of the one before
-    (Gaussian-filtered, ``cv2.pyrDown``), down to a few pixels."""
+def _filled_pyramid(rgb: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+    """Levels of (r, g, b) float32, each half the size of the one before (Gaussian-filtered,
+    ``cv2.pyrDown``), down to a few pixels. Background pixels take the colour of the nearest
+    mask pixel first, so the background never bleeds in at the rim and the surface beyond the
+    mask's edge reads the edge's colours."""
     import cv2
+    from scipy import ndimage
 
-    m = mask.astype(np.float32)[..., None]
-    level = np.concatenate([rgb.astype(np.float32) / 255.0 * m, m], -1)
+    rgb = rgb.astype(np.float32) / 255.0
+    if mask.any() and not mask.all():
+        idx = ndimage.distance_transform_edt(~mask, return_distances=False, return_indices=True)
+        rgb = rgb[idx[0], idx[1]]
+    level = np.ascontiguousarray(rgb)
     out = [level]
     while min(level.shape[:2]) >= 8:
         level = cv2.pyrDown(level)
@@ -346,11 +351,49 @@ def _occlusion_weight(depth: np.ndarray, covered: np.ndarray, mask: np.ndarray,
     if step.any():
         dist = ndimage.distance_transform_edt(~step)
         w = np.minimum(w, _smooth_np(dist / feather))
-    if mask.any() and not mask.all():
-        # inside the mask: distance to the nearest background pixel
-        dist = ndimage.distance_transform_edt(mask)
-        w = np.minimum(w, _smooth_np((dist - 0.5) / max(MASK_FEATHER_PIXELS, MASK_FEATHER_SHARE * feather)))
     return w.astype(np.float32)
+
+
+def _signed_mask_distance(mask: np.ndarray) -> np.ndarray:
+    """(h, w) float32 distance in pixels from the mask's edge (between pixels), > 0 inside."""
+    from scipy import ndimage
+
+    if mask.all() or not mask.any():
+        return np.where(mask, 1e6, -1e6).astype(np.float32)
+    inner = ndimage.distance_transform_edt(mask)
+    outer = ndimage.distance_transform_edt(~mask)
+    return np.where(mask, inner - 0.5, 0.5 - outer).astype(np.float32)
+
+
+def _beyond_mask_weight(positions: np.ndarray, seen: np.ndarray, signed: np.ndarray,
+                        band: np.ndarray, ramp: float) -> np.ndarray:
+    """(N,) float32 in [0, 1]: 1 for texels inside the mask (``signed`` > 0, its distance from
+    the mask's edge in photo pixels), falling with the distance on the
+    surface from the nearest seen texel inside it to 0 at ``ramp`` (world units).
+
+    Where the mesh's silhouette overshoots the mask, the photo's information ends at the
+    mask's edge but the surface goes on: the hand-over ramp belongs on that surface, a fixed
+    width of it, and not inside the mask, where it would replace the photo's own pixels with
+    the blurrier multi-view colour. It is measured between texels in 3D (straight lines are
+    as good as geodesics over a few percent of the object, and 3D does not stop at UV seams);
+    photo pixels cannot measure it: at a silhouette one of them can span more than the ramp.
+    """
+    from scipy.spatial import cKDTree
+
+    w = np.ones(len(positions), np.float32)
+    beyond = seen & (signed <= 0)
+    # only texels within about a texel (``band``, photo pixels) of the mask's edge can be the
+    # nearest inside one to a texel beyond it
+    anchors = seen & (signed > 0) & (signed <= band)
+    if not beyond.any():
+        return w
+    if not anchors.any():
+        w[beyond] = 0.0
+        return w
+    tree = cKDTree(positions[anchors])
+    dist, _ = tree.query(positions[beyond], distance_upper_bound=ramp)
+    w[beyond] = 1.0 - _smooth_np(np.minimum(dist, ramp) / ramp)
+    return w
 
 
 def _smooth_np(x: np.ndarray) -> np.ndarray:
