@@ -254,7 +254,8 @@ def _angle_weight(positions: np.ndarray, seen: np.ndarray, cos: np.ndarray, ramp
     if not grazing.any():
         w[facing] = 1.0
         return w
-    dist, _ = cKDTree(positions[grazing]).query(positions[facing], distance_upper_bound=ramp)
+    dist, _ = cKDTree(positions[grazing]).query(positions[facing], distance_upper_bound=ramp,
+                                                      workers=-1)
     w[facing] = _smooth_np(np.minimum(dist, ramp) / ramp)
     return w
 
@@ -391,7 +392,7 @@ def _beyond_mask_weight(positions: np.ndarray, seen: np.ndarray, signed: np.ndar
         w[beyond] = 0.0
         return w
     tree = cKDTree(positions[anchors])
-    dist, _ = tree.query(positions[beyond], distance_upper_bound=ramp)
+    dist, _ = tree.query(positions[beyond], distance_upper_bound=ramp, workers=-1)
     w[beyond] = 1.0 - _smooth_np(np.minimum(dist, ramp) / ramp)
     return w
 
