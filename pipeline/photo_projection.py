@@ -41,7 +41,7 @@ import numpy as np
 
 from kiln.settings import allowed_range
 
-from .types import ImageInput, Mesh, Raster, SourceCamera
+from .types import ImageInput, Mesh, SourceCamera
 from .validate import StageInputError, check_array, check_finite
 
 COS_ZERO = 0.15              # cos 81 deg: no photo weight beyond here
