@@ -196,12 +196,7 @@ def _render_gsplat(g: Gaussians, cameras: Cameras, dev, progress, chunk_scale: f
     opacities, colors = t(g.opacities), t(g.colors)
     viewmats, Ks = t(cameras.viewmats), t(cameras.Ks)
     C, H, W = len(cameras), cameras.height, cameras.width
-    if as_tensors:
-        rgb_out = torch.empty((C, H, W, 3), dtype=torch.float32, device=dev)
-        alpha_out = torch.empty((C, H, W), dtype=torch.float32, device=dev)
-    else:
-        rgb_out = np.empty((C, H, W, 3), np.float32)
-        alpha_out = np.empty((C, H, W), np.float32)
+    rgb_out, alpha_out = _view_buffers(C, H, W, dev, as_tensors)
     batches = camera_batches(C, len(g), W, H, int(GSPLAT_BATCH_BYTES * chunk_scale))
     # gsplat launches on the current device's stream: make that the tensors' device.
     # (A CPU device only reaches here in tests, with a stand-in for rasterization.)
@@ -216,13 +211,27 @@ def _render_gsplat(g: Gaussians, cameras: Cameras, dev, progress, chunk_scale: f
             a = alphas[..., 0].float()
             rgb = _to_straight(premult.float(), a)
             a = a.clamp(0.0, 1.0)
-            if as_tensors:
-                rgb_out[b], alpha_out[b] = rgb, a
-            else:
-                rgb_out[b], alpha_out[b] = rgb.cpu().numpy(), a.cpu().numpy()
+            _store(rgb_out, alpha_out, b, rgb, a)
             del premult, alphas, _meta, rgb, a
             _report(progress, b.stop, C)
     return rgb_out, alpha_out
+
+
+def _view_buffers(C: int, H: int, W: int, dev, as_tensors: bool):
+    """Empty (rgb [C, H, W, 3], alpha [C, H, W]) float32 outputs: tensors on ``dev`` or numpy."""
+    if as_tensors:
+        import torch
+
+        return (torch.empty((C, H, W, 3), dtype=torch.float32, device=dev),
+                torch.empty((C, H, W), dtype=torch.float32, device=dev))
+    return np.empty((C, H, W, 3), np.float32), np.empty((C, H, W), np.float32)
+
+
+def _store(rgb_out, alpha_out, index, rgb, alpha) -> None:
+    """Put rendered tensors at ``index`` (an int or a slice of views) of the outputs."""
+    if isinstance(rgb_out, np.ndarray):
+        rgb, alpha = rgb.cpu().numpy(), alpha.cpu().numpy()
+    rgb_out[index], alpha_out[index] = rgb, alpha
 
 
 # ----------------------------------------------------------------------------- own renderer
@@ -245,22 +254,14 @@ def _render_cpu(g: Gaussians, cameras: Cameras, dev, progress,
         opacities = t(g.opacities)
         colors = t(g.colors)
         C, H, W = len(cameras), cameras.height, cameras.width
-        if as_tensors:
-            rgb_out = torch.empty((C, H, W, 3), dtype=torch.float32, device=dev)
-            alpha_out = torch.empty((C, H, W), dtype=torch.float32, device=dev)
-        else:
-            rgb_out = np.empty((C, H, W, 3), np.float32)
-            alpha_out = np.empty((C, H, W), np.float32)
+        rgb_out, alpha_out = _view_buffers(C, H, W, dev, as_tensors)
         for i in range(C):
             viewmat = t(cameras.viewmats[i])
             K = t(cameras.Ks[i])
             premult, alpha = render_view(means, covars, opacities, colors, viewmat, K, W, H,
                                          fragment_budget=fragment_budget)
             rgb = _to_straight(premult, alpha)
-            if as_tensors:
-                rgb_out[i], alpha_out[i] = rgb, alpha
-            else:
-                rgb_out[i], alpha_out[i] = rgb.cpu().numpy(), alpha.cpu().numpy()
+            _store(rgb_out, alpha_out, i, rgb, alpha)
             _report(progress, i + 1, C)
     return rgb_out, alpha_out
 
