@@ -114,16 +114,6 @@ def _import_backend(backend: str) -> None:
                                  "use backend 'builtin'") from e
 
 
-def __getattr__(name: str):
-    # Kept while tests/test_photo_projection.py still imports builtin_source_camera from
-    # here; its home is pipeline/builtin.py. Drop once that import moves.
-    if name == "builtin_source_camera":
-        from .builtin import builtin_source_camera
-
-        return builtin_source_camera
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # --------------------------------------------------------------------------- input checks
 
 def check_mask(mask: np.ndarray, name: str = "mask") -> None:
