@@ -221,13 +221,35 @@ def test_a_worker_stopped_mid_bake_is_caught_by_its_cpu_time_and_the_job_retried
     stall = 2.0
     job = sup.submit(*image(seed=31), small_settings(worker__stall_timeout_s=stall),
                      session="freeze-bake")
+    # measured from the moment the worker really stopped, not from the start of bake: how
+    # much of the bake runs before the fault fires depends on the machine's load
+    stopped_at, done_sampling = [], threading.Event()
+
+    def watch_stop():
+        import psutil
+
+        proc = psutil.Process(pid0)
+        while not done_sampling.is_set() and not stopped_at:
+            try:
+                if proc.status() == psutil.STATUS_STOPPED:
+                    stopped_at.append(time.monotonic())
+            except psutil.NoSuchProcess:
+                return
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=watch_stop, daemon=True)
+    sampler.start()
     t_bake = None
     for ev in job.follow(timeout=JOB_TIMEOUT):
         if ev.stage == "bake" and t_bake is None:
             t_bake = time.monotonic()
         if ev.state == "queued" and t_bake is not None:   # the retry was queued
             break
-    caught_after = time.monotonic() - t_bake
+    t_caught = time.monotonic()
+    done_sampling.set()
+    sampler.join()
+    assert stopped_at, "the worker was never seen stopped"
+    caught_after = t_caught - stopped_at[0]
     # the window, a sample interval, and the kill (SIGTERM, SIGKILL at worst 1 s later)
     assert caught_after < stall + 4.0, caught_after
     st = job.wait(timeout=JOB_TIMEOUT)
