@@ -30,6 +30,19 @@ def ui_overrides(bake: bool, simplify_ratio: float, texture_size: Any, views: An
     }
 
 
+def form_values(settings: Optional[dict]) -> Optional[tuple]:
+    """The web form's boxes (``ui_overrides``' arguments, in order) showing a job's
+    settings (``Settings.to_dict()``), so a reloaded page shows what its last job used;
+    None when ``settings`` is not such a dict."""
+    try:
+        b, m = settings["bake"], settings["mesh"]
+        return (bool(b["enabled"]), float(m["simplify_ratio"]), b["texture_size"],
+                int(settings["views"]["count"]), str(b["mode"]), int(settings["seed"]),
+                bool(settings["export"]["gaussians_ply"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 # the form's labels for the setting keys it sets, so an error names the box to fix
 FIELD_LABELS = {"bake.enabled": "Bake texture", "mesh.simplify_ratio": "Simplify ratio",
                 "bake.texture_size": "Texture size", "views.count": "Bake views",

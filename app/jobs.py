@@ -14,6 +14,7 @@ its browser picked it up again.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -173,6 +174,15 @@ def _job_dir(ctx, job_id: str):
     try:
         return ctx.sup.job(job_id).dir
     except (AttributeError, KeyError):
+        return None
+
+
+def job_settings(ctx, job_id: str) -> Optional[dict]:
+    """The settings a job ran with (its ``settings.json``), None when unreadable."""
+    d = _job_dir(ctx, job_id) if ctx.sup is not None else None
+    try:
+        return json.loads((d / "settings.json").read_text()) if d is not None else None
+    except (OSError, ValueError):
         return None
 
 

@@ -8,6 +8,12 @@ holds what it is given in memory for hours: a 154 KB PNG that decodes to 40 MP p
 <= 1024 px working copy, the mask) and memory holds a small record; the full-size pixels
 are decoded again only when a job is submitted (``WorkImage.full``).
 
+A reload is a new tab to Gradio. So that it does not lose the person's image and clicks,
+a closed tab's state is parked under its browser (``park``; one per browser) and the
+browser's next page takes over its newest state, parked or in another open tab
+(``adopt``). Parked states count towards the byte limits but give way (oldest first) to
+any upload that would otherwise be refused.
+
 A client is a network address (``request.client.host``): cookies cost nothing to mint,
 addresses do. Behind a reverse proxy every person shares the proxy's address, so raise
 the per-client limits there.
@@ -16,6 +22,7 @@ the per-client limits there.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import shutil
 import threading
@@ -27,6 +34,7 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
+from .browser import browser_of
 from .messages import UIError
 from .uploads import STATE_EXTRA_FIELDS, SessionState, WorkImage
 
@@ -85,7 +93,8 @@ def _mb(n: int) -> str:
 class SessionStore:
     """``get(session)`` -> SessionState; ``edit(session, client)`` a context manager that
     yields the state and a setter, serialised per session; ``admit`` checks the limits
-    before an upload is decoded; ``drop`` forgets a tab (closed). Thread-safe."""
+    before an upload is decoded; ``drop`` forgets a tab; ``park`` keeps a closed tab's
+    state for its browser's next page, which ``adopt`` hands it to. Thread-safe."""
 
     def __init__(self, root: Path, limits: SessionLimits, clock: Callable[[], float] = time.monotonic):
         self.root = Path(root)
@@ -96,12 +105,29 @@ class SessionStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._records: dict[str, _Record] = {}
+        self._parked: dict[str, _Record] = {}     # browser id -> its last closed tab's state
         self._session_locks: dict[str, threading.Lock] = {}
 
     # -- limits ------------------------------------------------------------------
     def _expire(self, now: float) -> None:
         for name in [n for n, r in self._records.items() if now - r.touched > self.limits.ttl_s]:
             self._remove(name)
+        for b in [b for b, r in self._parked.items() if now - r.touched > self.limits.ttl_s]:
+            shutil.rmtree(self._parked.pop(b).dir, ignore_errors=True)
+
+    def _make_room(self, client: str, nbytes: int, others: list) -> None:
+        """Let parked states go, oldest first (this client's before anyone's), until
+        ``nbytes`` more fits the byte limits. Under the lock."""
+        L = self.limits
+        def fits() -> bool:
+            parked = list(self._parked.values())
+            mine = [r for r in others + parked if r.client == client]
+            return (sum(r.bytes for r in mine) + nbytes <= L.max_bytes_per_client
+                    and sum(r.bytes for r in others + parked) + nbytes <= L.max_bytes)
+        for b, _ in sorted(self._parked.items(), key=lambda kv: (kv[1].client != client, kv[1].touched)):
+            if fits():
+                return
+            shutil.rmtree(self._parked.pop(b).dir, ignore_errors=True)
 
     def _remove(self, session: str) -> None:
         rec = self._records.pop(session, None)
@@ -113,13 +139,17 @@ class SessionStore:
         The session's own image does not count: it is being replaced. Under the lock."""
         L = self.limits
         others = [r for n, r in self._records.items() if n != session]
+        self._make_room(client, nbytes, others)
+        others += list(self._parked.values())   # what is left of them still takes room
         mine = [r for r in others if r.client == client]
-        if len(mine) >= L.max_sessions_per_client:
-            raise UIError(f"this computer already has {len(mine)} tabs with an image open here "
+        tabs = sum(1 for n, r in self._records.items() if n != session and r.client == client)
+        if tabs >= L.max_sessions_per_client:
+            raise UIError(f"this computer already has {tabs} tabs with an image open here "
                           f"(the limit is {L.max_sessions_per_client}); close one, or wait until "
                           "unused tabs expire, then upload again")
-        if len(others) >= L.max_sessions:
-            raise UIError(f"the server is holding images for {len(others)} tabs, its limit; "
+        open_tabs = len(self._records) - (session in self._records)
+        if open_tabs >= L.max_sessions:
+            raise UIError(f"the server is holding images for {open_tabs} tabs, its limit; "
                           "try again in a while")
         if sum(r.bytes for r in mine) + nbytes > L.max_bytes_per_client:
             raise UIError(f"the images open in this computer's tabs take "
@@ -223,20 +253,89 @@ class SessionStore:
             yield self.get(session), lambda st: self.put(session, client, st)
 
     def drop(self, session: str) -> None:
-        """The tab is gone: free its image now."""
+        """The person removed the image, or the tab is gone for good: free it now."""
         with self._lock:
             self._remove(session)
             self._session_locks.pop(session, None)
 
+    def park(self, session: str) -> None:
+        """The tab closed (or is being reloaded): keep its state for the browser's next
+        page (replacing what the browser had parked), or free it when the tab has no
+        browser cookie."""
+        with self._lock:
+            rec = self._records.pop(session, None)
+            self._session_locks.pop(session, None)
+            bid = browser_of(session)
+            if rec is None:
+                return
+            if bid is None:
+                shutil.rmtree(rec.dir, ignore_errors=True)
+                return
+            old = self._parked.pop(bid, None)
+            if old is not None:
+                shutil.rmtree(old.dir, ignore_errors=True)
+            rec.touched = self._clock()
+            self._parked[bid] = rec
+
+    def adopt(self, session: str, client: str) -> SessionState:
+        """A page just loaded as ``session``: when it has no state yet, give it its
+        browser's newest one: the parked state of a closed tab (moved), or that of a tab
+        still open (copied; on a reload the old tab's close may arrive after the new
+        page's load). Returns the session's state; empty when there was nothing to take
+        or the limits refuse the copy."""
+        bid = browser_of(session)
+        with self._lock:
+            if bid is None or session in self._records:
+                rec = None
+            else:
+                live = [(r.touched, n, r) for n, r in self._records.items() if browser_of(n) == bid]
+                parked = self._parked.get(bid)
+                newest = max(live, key=lambda t: t[0], default=None)
+                if parked is not None and (newest is None or parked.touched >= newest[0]):
+                    del self._parked[bid]
+                    parked.client, parked.touched = client, self._clock()
+                    self._records[session] = parked
+                    rec = None
+                else:
+                    rec = newest[2] if newest is not None else None
+                    rec = replace(rec) if rec is not None else None   # a snapshot to copy
+        if rec is not None:
+            self._copy_in(session, client, rec)
+        return self.get(session)
+
+    def _copy_in(self, session: str, client: str, rec: _Record) -> None:
+        d = self.root / secrets.token_hex(16)
+        d.mkdir()
+        try:
+            for f in rec.dir.iterdir():
+                if f.name.endswith(".tmp.npy"):
+                    continue
+                try:
+                    os.link(f, d / f.name)   # files are replaced, never written in place
+                except OSError:
+                    shutil.copyfile(f, d / f.name)
+            new = replace(rec, dir=d, client=client, touched=self._clock(),
+                          image=replace(rec.image, source=d / "upload"))
+            with self._lock:
+                if session in self._records:
+                    raise UIError("taken meanwhile")
+                self._check(session, client, new.bytes)
+                self._records[session] = new
+        except (OSError, UIError) as e:
+            log.info("not restoring %s into a new page: %s", rec.dir.name, e)
+            shutil.rmtree(d, ignore_errors=True)
+
     def usage(self) -> dict:
-        """{'sessions': n, 'bytes': n, 'clients': {address: sessions}}."""
+        """{'sessions': n, 'parked': n, 'bytes': n, 'clients': {address: sessions}}; bytes
+        include the parked states."""
         with self._lock:
             self._expire(self._clock())
             clients: dict[str, int] = {}
             for r in self._records.values():
                 clients[r.client] = clients.get(r.client, 0) + 1
-            return {"sessions": len(self._records), "bytes": sum(r.bytes for r in self._records.values()),
-                    "clients": clients}
+            kept = list(self._records.values()) + list(self._parked.values())
+            return {"sessions": len(self._records), "parked": len(self._parked),
+                    "bytes": sum(r.bytes for r in kept), "clients": clients}
 
 
 def _save(path: Path, arr: np.ndarray) -> None:

@@ -451,10 +451,12 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
 
         def follow_on_load(request: gr.Request):
             """A page just loaded (a reload, another tab): once the workers are up, show the
-            browser's history and, if one of its jobs is queued or running, follow it here
-            with live progress (Cancel works on it; the result lands here when done)."""
+            browser's history, its newest job's settings in the form and, if that job is
+            queued or running, follow it here with live progress (Cancel works on it; the
+            result lands here when done); if it ended, show its outcome as before the reload."""
             session = session_of(request)
-            skip = (gr.skip(),) * 5
+            n_form = len(settings_inputs)
+            skip = (gr.skip(),) * (5 + n_form)
             while not ctx.sup_ready.is_set():
                 yield skip      # a beat a second: Gradio drops the generator of a closed page
                 ctx.sup_ready.wait(1.0)
@@ -463,25 +465,33 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
                 return
             statuses = jobs.browser_jobs(ctx, session)
             live = jobs.live_job(statuses)
+            newest = statuses[-1] if statuses else None
             hist_md, hist_files = session_history(session, statuses)
+            shown_form = (form.form_values(jobs.job_settings(ctx, newest.id)) if newest is not None
+                          and not busy(session) else None) or (gr.skip(),) * n_form
             if live is None or busy(session):
-                yield gr.skip(), gr.skip(), gr.skip(), hist_md, hist_files
+                if newest is not None and not busy(session):
+                    # the page looks as it did before the reload: the last result in the viewer
+                    info = jobs.job_infos(ctx, [newest]).get(newest.id)
+                    keep_outcome(session, newest, info.waited_s if info is not None else 0.0)
+                yield (gr.skip(), gr.skip(), gr.skip(), hist_md, hist_files, *shown_form)
                 return
             info = jobs.job_infos(ctx, [live]).get(live.id)
-            yield (statusview.progress_html(live), *running_buttons(), hist_md, hist_files)
+            yield (statusview.progress_html(live), *running_buttons(), hist_md, hist_files, *shown_form)
             last, shown = live, live.seq
             for _, last in jobs.follow_existing(ctx, session, live.id):
                 if last.terminal or last.seq == shown:
                     yield skip
                 else:
                     shown = last.seq
-                    yield statusview.progress_html(last), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                    yield (statusview.progress_html(last),) + (gr.skip(),) * (4 + n_form)
             if last.terminal:
                 keep_outcome(session, last, info.waited_s if info is not None else 0.0)
             yield skip
 
         load_event = demo.load(follow_on_load, None,
-                               [progress, generate_btn, cancel_btn, history_md, history_files],
+                               [progress, generate_btn, cancel_btn, history_md, history_files,
+                                *settings_inputs],
                                concurrency_id="follow", concurrency_limit=None, show_progress="hidden")
         def show_followed_outcome(request: gr.Request):
             return show_outcome(request, idle_when_empty=False)
@@ -522,11 +532,26 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
 
         demo.load(on_load, None, [status_md, history_md, history_files], queue=False)
 
+        def on_restore(request: gr.Request):
+            """A page loaded: a reload (or a new tab) takes over the browser's newest image,
+            clicks and mask (app/sessions.py ``adopt``)."""
+            st = ctx.sessions.adopt(session_of(request), client_of(request))
+            if st.image is None:
+                return (gr.skip(),) * 4
+            return (*view(st), gr.update(value=st.show_mask))
+
+        def prepare_restored(request: gr.Request):
+            selection.prepare_segmenter(ctx.sessions.get(session_of(request)), ctx.segmenter)
+
+        demo.load(on_restore, None, seg_outputs + [show_mask], queue=False).then(
+            prepare_restored, None, None, **{**seg_kw, "show_progress": "hidden"})
+
         def on_unload(request: gr.Request):
-            # the tab closed (its heartbeat ended): free its image and outcome now; its job
-            # goes on for the browser's next page until app.orphan_grace_s passes unfollowed
+            # the tab closed (its heartbeat ended): park its image for the browser's next
+            # page (a reload), free its outcome now; its job goes on for the browser's next
+            # page until app.orphan_grace_s passes unfollowed
             session = session_of(request)
-            ctx.sessions.drop(session)
+            ctx.sessions.park(session)
             ctx.outcomes.pop(session, None)
             ctx.active.drop_session(session)
 

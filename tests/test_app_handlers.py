@@ -994,3 +994,14 @@ def test_stage_labels_name_every_stage_and_no_other():
     from kiln.stages import STAGES
 
     assert set(statusview.STAGE_LABELS) == set(STAGES)
+
+
+def test_a_jobs_settings_come_back_into_the_form_as_they_were_used():
+    from app import form
+    from kiln.settings import load
+
+    base = load()
+    values = (True, 0.8, 512, 12, "opt", 7, True)
+    used = form.job_settings(base, form.ui_overrides(*values))
+    assert form.form_values(used.to_dict()) == values
+    assert form.form_values({"bake": {}}) is None and form.form_values(None) is None

@@ -4,6 +4,7 @@ login on every route, says nosniff, and shows no server paths."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import socket
@@ -90,6 +91,78 @@ def test_limits_per_client_and_in_total_refuse_politely_before_decoding(tmp_path
     store.drop("web-a-1")                               # a tab closed
     store.admit("web-c-1", "3.3.3.3", len(blob_png))
     assert len(list((tmp_path / "s").iterdir())) == 2   # the dropped tab's files are gone
+
+
+def _tab(browser_token: str, tab: str) -> str:
+    return browser.session_name(browser_token, tab)
+
+
+A_COOKIE, B_COOKIE = "a" * 43, "b" * 43
+
+
+def test_a_reloaded_page_takes_over_the_closed_tabs_image_clicks_and_mask(tmp_path, blob_png):
+    store = SessionStore(tmp_path / "s", SessionLimits())
+    old, new = _tab(A_COOKIE, "tab-1"), _tab(A_COOKIE, "tab-2")
+    st = selection.add_click(uploads.load_upload(blob_png, APP, name="horse.png"), 128, 128, False, _Seg())
+    st = uploads.set_show_mask(st, False)
+    store.put(old, "1.1.1.1", st)
+    store.park(old)                                     # the old page's close came first
+    assert store.get(old).image is None and store.usage() | {"bytes": 0} == \
+        {"sessions": 0, "parked": 1, "bytes": 0, "clients": {}}
+    back = store.adopt(new, "1.1.1.1")
+    assert back.image.name == "horse.png" and back.clicks == st.clicks and not back.show_mask
+    assert np.array_equal(back.mask, st.mask) and np.array_equal(back.image.work, st.image.work)
+    assert store.usage()["parked"] == 0 and len(list((tmp_path / "s").iterdir())) == 1   # moved, not copied
+    assert back.image.full()[0].shape[:2] == st.image.size   # the full-size upload came along
+    # a page that already has an image keeps it
+    other = uploads.load_upload(_png(np.full((64, 64, 3), 9, np.uint8)), APP, name="other.png")
+    store.put(_tab(A_COOKIE, "tab-3"), "1.1.1.1", other)
+    store.park(new)
+    assert store.adopt(_tab(A_COOKIE, "tab-3"), "1.1.1.1").image.name == "other.png"
+
+
+def test_a_page_loaded_before_the_old_tab_closed_gets_a_copy_it_can_change_alone(tmp_path, blob_png):
+    store = SessionStore(tmp_path / "s", SessionLimits())
+    old, new = _tab(A_COOKIE, "tab-1"), _tab(A_COOKIE, "tab-2")
+    st = selection.add_click(uploads.load_upload(blob_png, APP, name="horse.png"), 128, 128, False, _Seg())
+    store.put(old, "1.1.1.1", st)
+    copy = store.adopt(new, "1.1.1.1")                  # the reload's load came first
+    assert copy.image.name == "horse.png" and np.array_equal(copy.mask, st.mask)
+    store.put(new, "1.1.1.1", dataclasses.replace(copy, mask=~copy.mask, clicks=()))
+    assert np.array_equal(store.get(old).mask, st.mask)          # the original is untouched
+    assert np.array_equal(store.get(new).mask, ~st.mask)
+    store.drop(old)                                     # the old tab's files go, the copy's stay
+    assert store.get(new).image.full()[0].shape[:2] == st.image.size
+
+
+def test_nothing_passes_between_browsers_or_to_cookie_less_pages(tmp_path, blob_png):
+    store = SessionStore(tmp_path / "s", SessionLimits())
+    st = uploads.load_upload(blob_png, APP, name="horse.png")
+    a = _tab(A_COOKIE, "tab-1")
+    store.put(a, "1.1.1.1", st)
+    assert store.adopt(_tab(B_COOKIE, "tab-1"), "1.1.1.1").image is None
+    store.park(a)
+    assert store.adopt(_tab(B_COOKIE, "tab-2"), "1.1.1.1").image is None
+    assert store.adopt(_tab(None, "tab-1"), "1.1.1.1").image is None
+    anon = _tab(None, "tab-9")
+    store.put(anon, "1.1.1.1", st)
+    store.park(anon)                                    # no browser to keep it for: freed
+    assert store.usage()["parked"] == 1 and store.adopt(_tab(None, "tab-9"), "1.1.1.1").image is None
+
+
+def test_parked_states_give_way_to_new_uploads_and_are_not_tabs(tmp_path, blob_png):
+    st = uploads.load_upload(blob_png, APP)
+    one = SessionStore(tmp_path / "probe", SessionLimits())
+    one.put("web-x-1", "c", st)
+    size = one.usage()["bytes"]
+    store = SessionStore(tmp_path / "s", SessionLimits(max_sessions_per_client=1,
+                                                       max_bytes_per_client=int(1.5 * size)))
+    for i, cookie in enumerate((A_COOKIE, B_COOKIE)):
+        store.put(_tab(cookie, "t"), "1.1.1.1", st)
+        store.park(_tab(cookie, "t"))
+        assert store.usage()["parked"] == 1             # the older browser's gave way
+    store.put(_tab(A_COOKIE, "u"), "1.1.1.1", st)       # one tab, one parked: over the bytes
+    assert store.usage()["parked"] == 0 and store.usage()["sessions"] == 1
 
 
 def test_unused_sessions_expire(tmp_path, blob_png):

@@ -524,6 +524,7 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         page.wait_for_function("() => document.querySelector('#kiln-status').innerText.includes('CPU only')")
         _upload(page, img)
         _click_image(page, 0.5, 0.5, "Mask:")
+        selected = _shown_image(page)
         # the seed box takes 2.6; the job uses 3, and the box says so after Generate
         page.locator("#kiln-seed input").fill("2.6")
         page.locator("#kiln-seed input").press("Tab")
@@ -543,7 +544,12 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
                                " return e && e.dataset.job === j && e.dataset.state === 'running'; }",
                                arg=job, timeout=30_000)
         assert "Simplifying mesh" in _progress(page)[2]
+        # the image and its selection came back with the page: the same overlay as before
+        page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('Mask:')")
+        assert np.abs(_shown_image(page).astype(int) - selected.astype(int)).mean() < 3
         page.wait_for_function("() => document.querySelector('#kiln-generate').disabled")
+        # and the form shows the settings the job runs with (the seed as used: 3)
+        page.wait_for_function("() => document.querySelector('#kiln-seed input').value === '3'")
         assert "Running" in page.inner_text("#kiln-generate") and page.locator("#kiln-cancel").is_enabled()
         _open_history(page)
         page.wait_for_function("(j) => document.querySelector('#kiln-history').innerText.includes(j)", arg=job)
@@ -580,7 +586,13 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         assert "teapot.png" in hist and "teapot-1.glb" in hist and "done" in hist, hist
         thumb = page.locator(f"#kiln-history li[data-job='{job}'] img.kiln-thumb")
         assert thumb.count() == 1 and thumb.evaluate("e => e.naturalWidth") > 0
-        assert _progress(page)[0] == "idle"                      # nothing to reconnect to
+        # nothing to reconnect to: the page shows the last result as it did before
+        assert _wait_state(page, ("done",), timeout=30)[1] == job
+        page.wait_for_selector("#kiln-dl-glb", state="visible")
+        _assert_viewer_draws(page)
+        assert page.locator("#kiln-generate").is_enabled() and page.locator("#kiln-cancel").is_disabled()
+        assert np.abs(_shown_image(page).astype(int) - selected.astype(int)).mean() < 3
+        assert page.locator("#kiln-seed input").input_value() == "3"
         assert "teapot-1.glb" in _file_list(page)
         files = page.locator("#kiln-history-files tr", has_text="teapot-1").locator("a[download]")
         with page.expect_download() as dl:
@@ -592,6 +604,8 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         other_ctx, other = _open(browser, url)
         _open_history(other)
         assert job not in other.inner_text("#kiln-history")
+        assert other.locator("#kiln-canvas img").count() == 0        # nor this browser's image
+        assert _progress(other)[1] != job
         assert other.request.get(result_url).status == 403
         assert page.request.get(result_url).status == 200
     finally:
