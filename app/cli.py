@@ -55,7 +55,7 @@ def _validate(items, settings, mask_dir, keep: bool) -> list:
     loaded, problems = [], []
     for item in items:
         try:
-            got = load(item, settings.app.max_pixels, settings.reconstruct.max_image_side, mask_dir)
+            got = load(item, settings.app.max_pixels, settings.reconstruct, mask_dir)
         except InputProblem as e:
             problems.append(str(e))
             loaded.append(None)
@@ -108,8 +108,7 @@ def cmd_run(args) -> int:
     if not batch:
         return _run_one(runner, items[0], loaded[0], args)
     return _run_batch(runner, items, lambda item: load(item, settings.app.max_pixels,
-                                                     settings.reconstruct.max_image_side,
-                                                     args.mask_dir), args)
+                                                     settings.reconstruct, args.mask_dir), args)
 
 
 def _run_one(runner, item, got, args) -> int:

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import numpy as np
 
 from kiln.settings import Settings, SettingsError
+from worker.inputs import InputProblem, check_reconstructable
 
 from .messages import UIError
 from .selection import MIN_MASK_PIXELS, check_mask
@@ -137,7 +138,12 @@ def check_job_request(state: SessionState, base: Settings, *form) -> Settings:
     if mc.speck:
         raise UIError(f"the selection is only a speck ({100 * mc.share:.2f} % of the image); "
                       "drag a box around the whole object or click on more of it")
-    return job_settings(base, ui_overrides(*form))
+    used = job_settings(base, ui_overrides(*form))
+    try:   # what the reconstruction would refuse (e.g. a selection too thin for its grid)
+        check_reconstructable(img.work, mask, used.reconstruct, "the selection")
+    except InputProblem as e:
+        raise UIError(str(e)) from None
+    return used
 
 
 def job_request(state: SessionState, base: Settings, *form) -> tuple[np.ndarray, np.ndarray, Settings]:

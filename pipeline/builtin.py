@@ -44,10 +44,7 @@ def reconstruct_builtin(image: ImageInput, settings: ReconstructSettings, seed: 
     _check_builtin_settings(settings)
     image, scale = prepare_image(image, settings.max_image_side)
     report(0.02, "cleaning mask")
-    mask = _clean_mask(image.mask, hole_cells=max(MIN_MASK_PIXELS, 0.002 * image.mask.sum()),
-                       diagonal=True)
-
-    grid = _silhouette_grid(mask, settings.resolution)
+    mask, grid = _mask_and_grid(image.mask, settings.resolution)
     report(0.15, "solving inflation height field")
     h = _poisson_height(grid.mask, grid.coverage)
     if not h.max() > 0.0:
@@ -99,6 +96,20 @@ def builtin_source_camera(center: np.ndarray, extent: float, shape: tuple) -> So
     return SourceCamera(viewmat=viewmat.astype(np.float32), K=K.astype(np.float32),
                         width=int(shape[1]), height=int(shape[0]),
                         projection="orthographic").validate()
+
+
+def _mask_and_grid(mask: np.ndarray, resolution: int) -> tuple[np.ndarray, "_Grid"]:
+    """The cleaned mask and its silhouette grid; StageInputError when too little is left."""
+    mask = _clean_mask(mask, hole_cells=max(MIN_MASK_PIXELS, 0.002 * mask.sum()), diagonal=True)
+    return mask, _silhouette_grid(mask, resolution)
+
+
+def check_builtin_input(image: ImageInput, settings: ReconstructSettings) -> None:
+    """What ``reconstruct_builtin`` refuses before its solve (a mask too thin or small for
+    the grid at ``reconstruct.resolution``), without the solve: ~0.1 s at 1024 px.
+    ``image`` as the backend gets it (validated, downscaled)."""
+    _check_builtin_settings(settings)
+    _mask_and_grid(image.mask, settings.resolution)
 
 
 def _check_builtin_settings(settings: ReconstructSettings) -> None:
@@ -413,7 +424,7 @@ def register() -> None:
     imports this module on first use of the backend, as it does ``pipeline/sam3d.py``)."""
     from .reconstruct import register_backend
 
-    register_backend("builtin", reconstruct_builtin)
+    register_backend("builtin", reconstruct_builtin, check_builtin_input)
 
 
 register()

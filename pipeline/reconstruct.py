@@ -30,6 +30,10 @@ ProgressFn = Callable[[float, str], None]
 Reconstructor = Callable[[ImageInput, ReconstructSettings, int, Optional[ProgressFn]], Reconstruction]
 
 RECONSTRUCTORS: dict[str, Reconstructor] = {}
+# fn(image, settings) -> None, raising StageInputError: the backend's own refusals of an
+# input, cheap enough to run before a worker starts (image already validated and downscaled)
+InputCheck = Callable[[ImageInput, ReconstructSettings], None]
+INPUT_CHECKS: dict[str, InputCheck] = {}
 
 MIN_MASK_PIXELS = 16
 MAX_INPUT_PIXELS = 200_000_000   # the largest image app.max_pixels can ever admit
@@ -45,9 +49,28 @@ class BackendUnavailable(StageInputError):
 
 # --------------------------------------------------------------------------- dispatch
 
-def register_backend(name: str, fn: Reconstructor) -> None:
-    """Make ``reconstruct.backend: <name>`` call ``fn``; backend modules call this on import."""
+def register_backend(name: str, fn: Reconstructor, check_input: Optional[InputCheck] = None) -> None:
+    """Make ``reconstruct.backend: <name>`` call ``fn``; backend modules call this on import.
+    ``check_input``: the refusals ``fn`` would start with, for ``check_input()``."""
     RECONSTRUCTORS[name] = fn
+    if check_input is not None:
+        INPUT_CHECKS[name] = check_input
+
+
+def check_input(image: ImageInput, settings: ReconstructSettings) -> None:
+    """Everything ``reconstruct`` would refuse ``image`` for before doing real work: the
+    general checks (validation, empty/full mask, a speck, also after the downscale) and
+    the backend's own (builtin: a mask too thin for the grid). For front ends, before a
+    worker starts. A backend that cannot be loaded here is left to the worker, whose
+    probe says why."""
+    prepared, _ = prepare_image(image, settings.max_image_side)
+    try:
+        lookup(settings.backend)
+    except BackendUnavailable:
+        return
+    check = INPUT_CHECKS.get(settings.backend)
+    if check is not None:
+        check(prepared, settings)
 
 
 def reconstruct(image: ImageInput, settings: ReconstructSettings, seed: int,

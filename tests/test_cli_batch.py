@@ -33,8 +33,8 @@ def test_several_images_through_one_worker(tmp_path):
     rgb = np.asarray(Image.open(ex / "toy_rgb.png").convert("RGB"))
     obj = np.asarray(Image.open(ex / "toy_mask.png").convert("L")) > 127
     # a: its own transparency; b: an RGBA mask whose colour channels hold other data (read
-    # by its alpha); c: a soft grey mask (thresholded, and said); d: a one-pixel line that
-    # passes the checks before the start but that the reconstruction refuses: it fails alone
+    # by its alpha); c: a soft grey mask (thresholded, and said); d: a photo that trips a
+    # stage in the worker (a test fault bound to d's input digest): it fails alone
     Image.open(ex / "toy.png").save(photos / "a.png")
     for name in "bcd":
         Image.fromarray(rgb).save(photos / f"{name}.jpg", quality=95)
@@ -43,16 +43,20 @@ def test_several_images_through_one_worker(tmp_path):
     soft = np.where(obj, 220, 20).astype(np.uint8)
     soft[::9, ::7] = 128
     Image.fromarray(soft).save(masks / "c_mask.png")
-    line = np.zeros(obj.shape, np.uint8)
-    line[100, 40:200] = 255
-    Image.fromarray(line).save(masks / "d-mask.png")
+    # (shifted by a pixel: same photo as b, so the mask must make d's digest its own)
+    Image.fromarray(np.where(np.roll(obj, 1, axis=1), 255, 0).astype(np.uint8)).save(masks / "d-mask.png")
+    from kiln.digest import input_digest
+    from kiln.settings import ReconstructSettings
+    from worker.inputs import RunItem, load
+    d = load(RunItem(photos / "d.jpg", masks / "d-mask.png", tmp_path / "d.glb"), 10**7, ReconstructSettings())
+    env = {**os.environ, "KILN_TEST_FAULTS": f"error@reconstruct:input={input_digest(d.rgb, d.mask)[:16]}"}
 
     out, report = tmp_path / "out", tmp_path / "report.json"
     images = [photos / n for n in ("a.png", "b.jpg", "c.jpg", "d.jpg")]
     r = subprocess.run([sys.executable, "-m", "app.cli", "run", *map(str, images), "--mask-dir", str(masks),
                         "-o", str(out), "--report", str(report), *SMALL,
                         "--set", f"app.jobs_dir={tmp_path / 'jobs'}", "--set", f"app.cache_dir={tmp_path / 'cache'}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+                       cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 1, r.stderr[-3000:]          # one of them failed
     assert "Traceback" not in r.stderr
     # piped: one line per image, in order, plus the thresholding note said before the start
@@ -60,9 +64,9 @@ def test_several_images_through_one_worker(tmp_path):
     assert [ln.split()[1] for ln in lines] == ["a.png", "b.jpg", "c.jpg", "d.jpg"], r.stderr
     assert [ln.split()[2] for ln in lines] == ["done", "done", "done", "failed"], r.stderr
     assert "c.jpg: mask" in r.stderr and "thresholded at 120" in r.stderr
-    assert "too thin" in lines[3]
+    assert "injected fault" in lines[3]
     # the summary table on stdout
-    assert re.search(r"^d\.jpg\s+failed\s+[\d.]+\s+-\s+.*too thin", r.stdout, re.M), r.stdout
+    assert re.search(r"^d\.jpg\s+failed\s+[\d.]+\s+-\s+.*injected fault", r.stdout, re.M), r.stdout
     assert re.search(r"^a\.png\s+done\s+[\d.]+\s+\d+\s+" + re.escape(str(out / "a.glb")), r.stdout, re.M)
     assert "4 images: 3 done, 1 failed" in r.stdout
     assert sorted(p.name for p in out.iterdir()) == ["a.glb", "b.glb", "c.glb"]

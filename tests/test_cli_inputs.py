@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from kiln.settings import ReconstructSettings
 from worker.inputs import InputProblem, NoSpace, RunItem, load, plan, writing_to
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +78,25 @@ def test_unusable_masks_are_refused_up_front(toy, tmp_path, make, needle):
     assert _no_worker_started(tmp_path)
 
 
+def test_a_mask_too_thin_for_the_builtin_grid_is_refused_up_front(tmp_path):
+    """A 2-pixel line across a 512 px photo is enough pixels, but leaves no cell of the
+    silhouette grid (160 cells over 492 px): the built-in backend's own refusal, said before
+    a worker starts (it used to come after)."""
+    img = _save(tmp_path / "photo.png", np.full((512, 512, 3), 120, np.uint8))
+    line = np.zeros((512, 512), np.uint8)
+    line[256:258, 10:502] = 255
+    mask = _save(tmp_path / "line.png", line)
+    r = kiln("run", img, "--mask", mask, "-o", tmp_path / "o.glb", *_workdirs(tmp_path))
+    assert r.returncode == 2, r.stderr
+    assert "line.png" in r.stderr and "too thin" in r.stderr and "Traceback" not in r.stderr
+    assert _no_worker_started(tmp_path)
+    # three pixels wide is enough for the grid: accepted by the same check
+    from kiln.settings import load as load_settings
+    from worker.inputs import check_reconstructable
+    line[258] = 255
+    check_reconstructable(np.zeros((512, 512, 3), np.uint8), line > 0, load_settings().reconstruct)
+
+
 def test_a_mask_emptied_by_the_stage_downscale_is_refused_up_front(tmp_path):
     img = _save(tmp_path / "big.png", np.full((1024, 1024, 3), 90, np.uint8))
     m = np.zeros((1024, 1024), np.uint8)
@@ -94,7 +114,7 @@ def test_rgba_mask_is_read_by_its_alpha(toy):
     obj = np.asarray(Image.open(toy / "toy_mask.png").convert("L")) > 127
     rgba = np.dstack([np.full_like(rgb, 230), np.where(obj, 255, 0).astype(np.uint8)])
     _save(toy / "sam3d.png", rgba, "RGBA")
-    got = load(RunItem(toy / "toy_rgb.png", toy / "sam3d.png", Path("o.glb")), 10**7, 1024)
+    got = load(RunItem(toy / "toy_rgb.png", toy / "sam3d.png", Path("o.glb")), 10**7, ReconstructSettings())
     assert np.array_equal(got.mask, obj)
     assert "alpha channel" in got.notes[0] and f"{100 * obj.mean():.1f} %" in got.notes[0]
 

@@ -417,3 +417,17 @@ def test_supervisor_modules_import_neither_torch_nor_pipeline():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_fault_rules_bind_to_an_input_digest_and_an_error_leaves_the_worker_alive():
+    from worker import faults
+
+    plan = FaultPlan(["error@reconstruct:input=abcd12", "segv@bake:session=s:attempt=2"])
+    assert plan.pick("x", 1, "abcd12ff00") == "error@reconstruct"
+    assert plan.pick("x", 1, "abcd13ff00") is None and plan.pick("x", 1) is None
+    assert plan.pick("s", 2, "0000") == "segv@bake"
+    for bad in ("error@reconstruct:input=xyz", "error@reconstruct:input=ab"):
+        with pytest.raises(ValueError, match="unknown option"):
+            faults.parse(bad)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        faults.fire("error")            # raises in the calling process; it does not end it

@@ -291,7 +291,7 @@ class Dispatcher:
                 continue
             job = self.queue[0]
             attempt = job.attempt + 1
-            fault = self.faults.pick(job.status.session, attempt) if self.faults else None
+            fault = self.faults.pick(job.status.session, attempt, job.digest) if self.faults else None
             run = Run(job=job.status.id, dir=str(job.dir), attempt=attempt, overrides=job.overrides,
                       chunk_scale=job.chunk_scale,
                       cache_dir=str(self.cache_dir) if self.cache_dir else None, fault=fault)

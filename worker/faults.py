@@ -8,7 +8,7 @@ callback, so ``pipeline/`` itself carries no fault code.
 
 Spec grammar, comma-separated rules::
 
-    KIND@STAGE[:attempt=N][:session=NAME]
+    KIND@STAGE[:attempt=N][:session=NAME][:input=HEX]
 
 KIND is one of ``KINDS``; STAGE a pipeline stage name, or ``probe:NAME`` for a
 start-up backend probe (``worker.probe.PROBES``) or ``probe:imports`` for the
@@ -16,7 +16,8 @@ start-up step after the probes, where a worker imports the stages' libraries
 (a native library crashing on load); ``attempt`` limits the rule to
 that attempt of a job (1 = first run, 2 = the retry), or for a probe rule to that
 start of the worker slot (1 = its first worker); ``session`` to jobs submitted
-under that session name.
+under that session name; ``input`` to jobs whose input digest (``kiln.digest``: image
+and mask) starts with HEX, the way one bad photo in a batch trips a library.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ ENV_VAR = "KILN_TEST_FAULTS"
 PROBE_PREFIX = "probe:"
 
 KINDS = {
+    "error": "the stage raises RuntimeError (a stage's bug; the worker survives)",
     "segv": "invalid memory read (SIGSEGV)",
     "abort": "abort() (SIGABRT)",
     "exit": "process exits with status 3",
@@ -47,6 +49,7 @@ class Fault:
     stage: str
     attempt: Optional[int] = None
     session: Optional[str] = None
+    input: Optional[str] = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -59,9 +62,10 @@ class Fault:
         """What crosses the queue to the worker: ``kind@stage``."""
         return f"{self.kind}@{self.stage}"
 
-    def matches(self, session: str, attempt: int) -> bool:
+    def matches(self, session: str, attempt: int, digest: str = "") -> bool:
         return ((self.attempt is None or self.attempt == attempt)
-                and (self.session is None or self.session == session))
+                and (self.session is None or self.session == session)
+                and (self.input is None or digest.startswith(self.input)))
 
 
 def parse(text: str) -> list[Fault]:
@@ -82,6 +86,8 @@ def parse(text: str) -> list[Fault]:
                 kw["attempt"] = int(value)
             elif name == "session" and value:
                 kw["session"] = value
+            elif name == "input" and re.fullmatch(r"[0-9a-f]{4,64}", value):
+                kw["input"] = value
             else:
                 raise ValueError(f"fault rule {raw!r}: unknown option {opt!r}")
         rules.append(Fault(kind.strip(), stage.strip(), **kw))
@@ -101,9 +107,9 @@ class FaultPlan:
         text = os.environ.get(ENV_VAR, "")
         return cls(parse(text)) if text.strip() else None
 
-    def pick(self, session: str, attempt: int) -> Optional[str]:
+    def pick(self, session: str, attempt: int, digest: str = "") -> Optional[str]:
         for rule in self.rules:
-            if not rule.stage.startswith(PROBE_PREFIX) and rule.matches(session, attempt):
+            if not rule.stage.startswith(PROBE_PREFIX) and rule.matches(session, attempt, digest):
                 return rule.spec
         return None
 
@@ -123,10 +129,12 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 def fire(kind: str) -> None:
     """Make the calling (worker) process fail the way ``kind`` says. Only returns by raising
-    for ``cuda`` and ``oom``; never returns for the others."""
+    for ``error``, ``cuda`` and ``oom``; never returns for the others."""
     import signal
     import time
 
+    if kind == "error":
+        raise RuntimeError("injected fault: a stage raised an ordinary exception")
     if kind == "segv":
         import ctypes
 

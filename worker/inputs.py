@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Iterator
 if TYPE_CHECKING:   # numpy stays out of `kiln --help`
     import numpy as np
 
+    from kiln.settings import ReconstructSettings
+
 # Extensions looked for in --mask-dir, in this order.
 MASK_EXTS = (".png", ".webp", ".tif", ".tiff", ".bmp", ".gif", ".jpg", ".jpeg")
 # Names a mask of IMAGE may have in --mask-dir, in this order ({stem} = IMAGE's name without extension).
@@ -111,7 +113,8 @@ def _mask_names(image: Path) -> str:
     return ", ".join(p.format(stem=image.stem) + ".png" for p in MASK_NAMES)
 
 
-def load(item: RunItem, max_pixels: int, max_image_side: int, mask_dir: str | None = None) -> Loaded:
+def load(item: RunItem, max_pixels: int, reconstruct: "ReconstructSettings",
+         mask_dir: str | None = None) -> Loaded:
     """Read an item completely and run the reconstruction stage's own input checks.
     Raises ``InputProblem``."""
     from kiln.imageio import MIN_SIDE, ImageError, load_image
@@ -154,20 +157,22 @@ def load(item: RunItem, max_pixels: int, max_image_side: int, mask_dir: str | No
     if reading.mask.all():
         raise InputProblem(f"{what} selects the whole image: by its {by} every pixel is the "
                            "object, but some background must stay outside it (is it inverted?)")
-    _stage_checks(rgb, reading.mask, max_image_side, what)
+    check_reconstructable(rgb, reading.mask, reconstruct, what)
     return Loaded(rgb=rgb, mask=reading.mask, notes=notes)
 
 
-def _stage_checks(rgb: np.ndarray, mask: np.ndarray, max_image_side: int, what: str) -> None:
+def check_reconstructable(rgb: np.ndarray, mask: np.ndarray, reconstruct: "ReconstructSettings",
+                          what: str = "the mask") -> None:
     """The checks the reconstruction stage starts with (empty or full mask, a speck, also
-    after its downscale), run here so the worker is never started for them. pipeline's
-    reconstruct module is light (numpy; cv2 only to downscale)."""
-    from pipeline.reconstruct import prepare_image
+    after its downscale, and the backend's own: builtin refuses a mask too thin for its
+    grid), run here so the worker is never started for them. InputProblem naming ``what``.
+    The modules involved are light (numpy; cv2 for the downscale and the grid)."""
+    from pipeline.reconstruct import check_input
     from pipeline.types import ImageInput
     from pipeline.validate import StageInputError
 
     try:
-        prepare_image(ImageInput(rgb=rgb, mask=mask), max_image_side)
+        check_input(ImageInput(rgb=rgb, mask=mask), reconstruct)
     except StageInputError as e:
         raise InputProblem(f"{what}: {e}") from None
 
