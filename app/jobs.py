@@ -124,9 +124,9 @@ def _follow(ctx, session: str, job, poll_s: float) -> Iterator[tuple[str, Any]]:
             _cancel(job)
 
 
-def _cancel(job) -> None:
+def _cancel(job, reason: str = "") -> None:
     try:
-        job.cancel()
+        job.cancel(reason=reason)
     except Exception:  # noqa: BLE001 - the person is gone or pressed Cancel; the log keeps why
         log.exception("cancel of %s failed", job.id)
 
@@ -249,7 +249,7 @@ def reap_orphans(ctx, now: Optional[float] = None) -> list[str]:
             info = _load_info(ctx, job_id) or JobInfo("")
             _save_info(job, replace(info, cancel_reason=reason))
             log.info("job %s: %s", job_id, reason)
-            _cancel(job)
+            _cancel(job, reason)
             ctx.active.finished(job_id)
             cancelled.append(job_id)
     return cancelled

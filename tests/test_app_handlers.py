@@ -287,7 +287,7 @@ class _Sup:
 
     def job(self, job_id):   # a worker.jobhandle.Job's calls, answered by this stand-in
         return SimpleNamespace(id=job_id, status=lambda: self.status(job_id),
-                               cancel=lambda: self.cancel(job_id))
+                               cancel=lambda timeout=5.0, reason="": self.cancel(job_id, reason))
 
     def status(self, job_id):
         n = self.calls[job_id] = self.calls.get(job_id, 0) + 1
@@ -296,8 +296,9 @@ class _Sup:
         state = "done" if n > self.steps else "running"
         return JobStatus(id=job_id, session="web-a", state=state, seq=n, stage="mesh")
 
-    def cancel(self, job_id):
+    def cancel(self, job_id, reason=""):
         self.cancelled.append(job_id)
+        self.reasons = {**getattr(self, "reasons", {}), job_id: reason}
         return True
 
 
@@ -339,6 +340,7 @@ def test_follow_job_closed_early_leaves_the_job_to_the_browser_until_cancel_or_g
     assert jobs.reap_orphans(ctx, now=ctx.active.followed()["job0"] + grace - 1) == []
     assert jobs.reap_orphans(ctx, now=ctx.active.followed()["job0"] + grace) == ["job0"]
     assert ctx.sup.cancelled == ["job0"] and ctx.active.get("web-b") == [] and not ctx.active.followed()
+    assert ctx.sup.reasons["job0"] == jobs.orphan_reason(grace)      # the job's status says why
     # Cancel pressed while the tab's Generate was still on its way: cancelled on submit
     ctx.active.set_pending("web-c", True)
     assert jobs.cancel_jobs(ctx, "web-c") is None and ctx.active.take_pending("web-c")
@@ -800,7 +802,8 @@ def main():
             if st is not None and st.state == "running" and st.stage == "mesh":
                 break
         steps.close()
-        out["orphan"] = ctx.sup.job(st.id).wait(timeout=60).state
+        ended = ctx.sup.job(st.id).wait(timeout=60)
+        out["orphan"] = ended.state, ended.error
         # the worker is free for the next job (tab 2 has no fault)
         last = None
         for note, last in jobs.follow_job(ctx, S2, rgb, mask, settings, info=info, poll_s=0.1):
@@ -883,7 +886,7 @@ def test_served_app_guards_files_and_uploads_frees_workers_and_stays_off_cuda(tm
     assert out["after_close"] == "running"
     assert out["live_for_tab2"] and out["live_for_mallory"]
     assert out["reconnected_job"] == ["done", 2]
-    assert out["orphan"] == "cancelled"
+    assert out["orphan"] == ["cancelled", jobs.orphan_reason(3)]
     assert out["next_job"] == ["done", None]
     assert out["published_name"] == "probe_photo-2.glb"     # the browser's 2nd done result of it
     # after a restart the browser's history is back, with names, thumbnails and reasons

@@ -306,7 +306,10 @@ def test_cancel_queued_and_running_jobs(env):
     doomed = sup.submit(*image(), small_settings(), session="cancel")
     assert doomed.cancel()
     st = doomed.status()
-    assert st.state == "cancelled" and st.attempts == 0
+    assert st.state == "cancelled" and st.attempts == 0 and st.error == "cancelled before it started"
+    why = sup.submit(*image(), small_settings(), session="cancel")
+    assert why.cancel(reason="cancelled: the page went away")
+    assert why.status().error == "cancelled: the page went away (before it started)"
     with pytest.raises(JobCancelled):
         doomed.result()
 
@@ -314,7 +317,7 @@ def test_cancel_queued_and_running_jobs(env):
     t0 = time.monotonic()
     assert running.cancel()
     assert time.monotonic() - t0 < 5.0
-    assert running.status().state == "cancelled"
+    assert running.status().state == "cancelled" and running.status().error == "cancelled by user"
     assert waiting.wait(timeout=JOB_TIMEOUT).state == "done"
     assert worker_pid(sup) != pid0
     assert not waiting.cancel()  # finished jobs stay finished

@@ -35,6 +35,9 @@ CANCELLED_RETRY = "; not retried: the job was cancelled"
 TABLE = {
     "cancel": (Failure("cancel", "cancelled"),
                Decision("cancel", "cancelled by user", log="cancelled: the worker running it was stopped")),
+    "cancel with a reason": (Failure("cancel", "cancelled", cancel_reason="cancelled: nobody watched"),
+                             Decision("cancel", "cancelled: nobody watched",
+                                      log="cancelled: the worker running it was stopped")),
     "input is never retried": (Failure("input", "stage 'mesh' rejected its input: E: x", used_gpu=True),
                                fail("stage 'mesh' rejected its input: E: x")),
     "oom: smaller chunks once": (
@@ -87,6 +90,9 @@ TABLE = {
         fail(f"{CRASH}; not retried: this input has now crashed a worker 3 times")),
     "crash crossed by a cancel": (Failure("crash", CRASH, crash_count=1, cancel_requested=True),
                                   Decision("cancel", "cancelled by user", log=CRASH + CANCELLED_RETRY)),
+    "crash crossed by a cancel with a reason": (
+        Failure("crash", CRASH, crash_count=1, cancel_requested=True, cancel_reason="cancelled: shutting down"),
+        Decision("cancel", "cancelled: shutting down", log=CRASH + CANCELLED_RETRY)),
     "crash after an oom retry still retries": (
         Failure("crash", CRASH, crash_count=1, oom_retried=True, chunk_scale=0.5),
         retry(CRASH, SAFE, overrides=FALLBACK, retried="crash")),

@@ -30,7 +30,7 @@ from .jobstore import (CANCELLED, DONE, FAILED, QUEUED, RUNNING, Event, JobState
                        JobStore, append_log)
 from .messages import Done, Failed, Progress, Ready, Run, Started, Stop
 from .progress import job_progress
-from .retry import CRASH_KINDS, Decision, FailureKind, decide
+from .retry import CANCELLED_BY_USER, CRASH_KINDS, Decision, FailureKind, decide
 from .slots import WorkerSlot, describe_exit
 
 log = logging.getLogger("kiln.worker")
@@ -119,7 +119,7 @@ class Dispatcher:
                 if job.status.terminal:
                     continue
                 if job.cancel_requested:   # its worker was being stopped for the cancel anyway
-                    self._finish(job, CANCELLED, "cancelled by user")
+                    self._finish(job, CANCELLED, job.cancel_reason or CANCELLED_BY_USER)
                     continue
                 if job.status.state == RUNNING:
                     reason = f"the server shut down {where(job.status.stage)}"
@@ -187,19 +187,21 @@ class Dispatcher:
                     return []
                 self.cond.wait(min(left, 0.5))
 
-    def cancel(self, job_id: str, timeout: float) -> bool:
+    def cancel(self, job_id: str, timeout: float, reason: str = "") -> bool:
         with self.lock:
             job = self.jobs.get(job_id)
             if job is None or job.status.terminal:
                 return False
             job.cancel_requested = True
+            job.cancel_reason = job.cancel_reason or reason
             if job in self.queue:
                 self.queue.remove(job)
-                self._finish(job, CANCELLED, "cancelled before it started")
+                self._finish(job, CANCELLED, f"{reason} (before it started)" if reason
+                             else "cancelled before it started")
                 return True
             slot = next((s for s in self.slots if s.job is job), None)
             if slot is None:  # not expected: a job that is not terminal is queued or on a slot
-                self._finish(job, CANCELLED, "cancelled")
+                self._finish(job, CANCELLED, reason or "cancelled")
                 return True
             if slot.kill_reason is None:
                 slot.kill("cancel")

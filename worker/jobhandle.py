@@ -100,10 +100,12 @@ class Job:
             if self.status().terminal and not self.events(seq):
                 return
 
-    def cancel(self, timeout: float = 5.0) -> bool:
+    def cancel(self, timeout: float = 5.0, reason: str = "") -> bool:
         """Cancel the job if it is queued or running (a running job's worker is killed and
-        replaced); waits up to ``timeout`` for that. True when the job ended cancelled."""
-        return self._d.cancel(self.id, timeout)
+        replaced); waits up to ``timeout`` for that. True when the job ended cancelled.
+        ``reason``: what the job's status says instead of "cancelled by user" (e.g. the
+        page's "cancelled: no page of this browser followed it for 120 s")."""
+        return self._d.cancel(self.id, timeout, reason)
 
     def log(self, max_bytes: int = 64_000) -> str:
         """The tail of the job's human-readable log."""

@@ -41,6 +41,7 @@ class JobRecord:
     # Set by cancel(): a retry already on its way (a failure report or a crash that
     # crossed the cancel) must end the job instead of queueing it again.
     cancel_requested: bool = False
+    cancel_reason: str = ""     # Job.cancel(reason=...); "" = by the user
     notes: list = field(default_factory=list)   # earlier attempts' failures
 
     @property
@@ -71,4 +72,5 @@ class JobRecord:
                        crash_retried="crash" in self.retried, oom_retried="oom" in self.retried,
                        error_retried="error" in self.retried, has_overrides=bool(self.overrides),
                        chunk_scale=self.chunk_scale, cancel_requested=self.cancel_requested,
+                       cancel_reason=self.cancel_reason,
                        retry_allowed=self.retry_allowed, previous=self.notes[-1] if self.notes else "")

@@ -32,6 +32,7 @@ from typing import Literal, Mapping, Optional
 FALLBACK = {"views.backend": "cpu", "rasterize.backend": "moderngl", "worker.device": "cpu"}
 FALLBACK_TEXT = "CPU renderer, moderngl rasterizer, CPU device"
 OOM_CHUNK_SCALE = 0.5
+CANCELLED_BY_USER = "cancelled by user"
 
 FailureKind = Literal["crash", "hang", "frozen", "cuda", "oom", "error", "input", "cancel"]
 # Failures that took the worker process with them; each counts against the input.
@@ -62,6 +63,7 @@ class Failure:
     has_overrides: bool = False
     chunk_scale: float = 1.0
     cancel_requested: bool = False
+    cancel_reason: str = ""     # what the canceller said; "" = the person (``CANCELLED_BY_USER``)
     retry_allowed: bool = True
     previous: str = ""
 
@@ -84,7 +86,8 @@ class Decision:
 def decide(f: Failure) -> Decision:
     """The decision for ``f``; see the module docstring for the table."""
     if f.kind == "cancel":
-        return Decision("cancel", "cancelled by user", log="cancelled: the worker running it was stopped")
+        return Decision("cancel", f.cancel_reason or CANCELLED_BY_USER,
+                        log="cancelled: the worker running it was stopped")
     if f.kind == "input":
         return Decision("fail", f.why)
     if f.kind == "oom":
@@ -114,7 +117,8 @@ def decide(f: Failure) -> Decision:
 
 def _retry(f: Failure, what: str, **how) -> Decision:
     if f.cancel_requested:
-        return Decision("cancel", "cancelled by user", log=f"{f.why}; not retried: the job was cancelled")
+        return Decision("cancel", f.cancel_reason or CANCELLED_BY_USER,
+                        log=f"{f.why}; not retried: the job was cancelled")
     return Decision("retry", f"{f.why}; {what}", **how)
 
 
