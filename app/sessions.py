@@ -253,10 +253,14 @@ class SessionStore:
             yield self.get(session), lambda st: self.put(session, client, st)
 
     def drop(self, session: str) -> None:
-        """The person removed the image, or the tab is gone for good: free it now."""
+        """The person removed the image: free it now, and what the browser had parked
+        (a reload must not bring back an image the person took away)."""
         with self._lock:
             self._remove(session)
             self._session_locks.pop(session, None)
+            parked = self._parked.pop(browser_of(session) or "", None)
+            if parked is not None:
+                shutil.rmtree(parked.dir, ignore_errors=True)
 
     def park(self, session: str) -> None:
         """The tab closed (or is being reloaded): keep its state for the browser's next

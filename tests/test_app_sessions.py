@@ -119,6 +119,9 @@ def test_a_reloaded_page_takes_over_the_closed_tabs_image_clicks_and_mask(tmp_pa
     store.put(_tab(A_COOKIE, "tab-3"), "1.1.1.1", other)
     store.park(new)
     assert store.adopt(_tab(A_COOKIE, "tab-3"), "1.1.1.1").image.name == "other.png"
+    # the person removes the image: a reload brings back nothing
+    store.drop(_tab(A_COOKIE, "tab-3"))
+    assert store.usage()["parked"] == 0 and store.adopt(_tab(A_COOKIE, "tab-4"), "1.1.1.1").image is None
 
 
 def test_a_page_loaded_before_the_old_tab_closed_gets_a_copy_it_can_change_alone(tmp_path, blob_png):
