@@ -292,17 +292,16 @@ class SessionStore:
             if bid is None or session in self._records:
                 rec = None
             else:
-                live = [(r.touched, n, r) for n, r in self._records.items() if browser_of(n) == bid]
+                live = [r for n, r in self._records.items() if browser_of(n) == bid]
+                newest = max(live, key=lambda r: r.touched, default=None)
                 parked = self._parked.get(bid)
-                newest = max(live, key=lambda t: t[0], default=None)
-                if parked is not None and (newest is None or parked.touched >= newest[0]):
+                if parked is not None and (newest is None or parked.touched >= newest.touched):
                     del self._parked[bid]
                     parked.client, parked.touched = client, self._clock()
                     self._records[session] = parked
                     rec = None
-                else:
-                    rec = newest[2] if newest is not None else None
-                    rec = replace(rec) if rec is not None else None   # a snapshot to copy
+                else:   # a snapshot to copy outside the lock
+                    rec = replace(newest) if newest is not None else None
         if rec is not None:
             self._copy_in(session, client, rec)
         return self.get(session)

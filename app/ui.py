@@ -466,11 +466,13 @@ def build_ui(ctx: AppContext, examples: list[Path] | None = None) -> gr.Blocks:
             statuses = jobs.browser_jobs(ctx, session)
             live = jobs.live_job(statuses)
             newest = statuses[-1] if statuses else None
+            idle = not busy(session)      # else this page's own Generate shows its job
             hist_md, hist_files = session_history(session, statuses)
-            shown_form = (form.form_values(jobs.job_settings(ctx, newest.id)) if newest is not None
-                          and not busy(session) else None) or (gr.skip(),) * n_form
-            if live is None or busy(session):
-                if newest is not None and not busy(session):
+            shown_form = (gr.skip(),) * n_form
+            if newest is not None and idle:
+                shown_form = form.form_values(jobs.job_settings(ctx, newest.id)) or shown_form
+            if live is None or not idle:
+                if newest is not None and idle:
                     # the page looks as it did before the reload: the last result in the viewer
                     info = jobs.job_infos(ctx, [newest]).get(newest.id)
                     keep_outcome(session, newest, info.waited_s if info is not None else 0.0)

@@ -432,15 +432,18 @@ def test_gsplat_without_cuda_says_so():
 # ---------------------------------------------------------------- gsplat itself
 
 
+def _need_gsplat() -> None:
+    """Skip, saying why, where CUDA is here but gsplat cannot load."""
+    try:
+        render_views.load_gsplat()
+    except StageInputError as e:
+        pytest.skip(str(e))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="gsplat needs CUDA; this machine has none")
 def test_gsplat_matches_cpu_renderer():
-    from pipeline.render_views import load_gsplat
-
-    try:
-        load_gsplat()
-    except StageInputError as e:
-        pytest.skip(str(e))
+    _need_gsplat()
     g = random_scene(3000, seed=11, spread=0.5, scale=(0.004, 0.04))
     cams = sphere_cameras(4, 2.0, 45.0, 128)
     ref = render_gaussians(g, cams, backend="cpu")
@@ -460,12 +463,7 @@ def test_batched_gsplat_matches_cpu_twin_and_single_camera_calls(monkeypatch):
     """Several rasterization calls of several cameras each (7 cameras in batches of 3, 2, 2)
     give the CPU twin's views, the same views as one camera per call, and the same numbers
     whether they come back as numpy or stay on the GPU."""
-    from pipeline.render_views import load_gsplat
-
-    try:
-        load_gsplat()
-    except StageInputError as e:
-        pytest.skip(str(e))
+    _need_gsplat()
     g = random_scene(3000, seed=12, spread=0.5, scale=(0.004, 0.04))
     cams = sphere_cameras(7, 2.0, 45.0, 96)
     per_camera = len(g) * render_views.GSPLAT_PAIR_BYTES + 96 * 96 * render_views.GSPLAT_PIXEL_BYTES

@@ -193,15 +193,15 @@ class Dispatcher:
             if job is None or job.status.terminal:
                 return False
             job.cancel_requested = True
-            job.cancel_reason = job.cancel_reason or reason
+            job.cancel_reason = why = job.cancel_reason or reason
             if job in self.queue:
                 self.queue.remove(job)
-                self._finish(job, CANCELLED, f"{reason} (before it started)" if reason
+                self._finish(job, CANCELLED, f"{why} (before it started)" if why
                              else "cancelled before it started")
                 return True
             slot = next((s for s in self.slots if s.job is job), None)
             if slot is None:  # not expected: a job that is not terminal is queued or on a slot
-                self._finish(job, CANCELLED, reason or "cancelled")
+                self._finish(job, CANCELLED, why or "cancelled")
                 return True
             if slot.kill_reason is None:
                 slot.kill("cancel")
