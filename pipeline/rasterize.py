@@ -486,6 +486,10 @@ def _nv_context(device: str):
     with _LOCK:
         ctx = _NV_CONTEXTS.get(key)
     if ctx is None:
+        # torch >= 2.11 (pybind11 3) no longer leaves the JIT-built plugin importable by name
+        from .nvdiffrast_plugin import ensure_importable
+
+        ensure_importable()
         ctx = dr.RasterizeCudaContext(device=dev)
         with _LOCK:
             _NV_CONTEXTS[key] = ctx

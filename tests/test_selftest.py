@@ -46,22 +46,6 @@ def test_twin_comparisons_with_the_cpu_twin_on_both_sides(monkeypatch, check):
     assert out["gpu_s"] > 0 and out["cpu_s"] > 0
 
 
-def test_raster_comparison_sees_a_difference():
-    import numpy as np
-
-    from pipeline.types import Raster
-
-    tri = np.full((1, 4, 4), -1, np.int32)
-    tri[0, 1:3, 1:3] = 0
-    a = Raster(tri_id=tri, bary=np.zeros((1, 4, 4, 3), np.float32), depth=np.ones((1, 4, 4), np.float32))
-    tri_b = tri.copy()
-    tri_b[0, 1, 1] = 1
-    depth_b = a.depth.copy()
-    depth_b[0, 2, 2] = 1.5
-    c = selftest.compare_rasters(a, Raster(tri_id=tri_b, bary=a.bary, depth=depth_b))
-    assert c["mismatch"] == pytest.approx(0.25) and c["depth"] == pytest.approx(0.5)
-
-
 def test_a_crashing_check_is_a_failed_result_not_the_end(monkeypatch):
     out = selftest.run_isolated("no-such-check", small_settings(), timeout=120)
     assert out["ok"] is False and "KeyError" in out["error"]

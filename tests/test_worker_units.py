@@ -240,18 +240,18 @@ def test_prepare_points_cuda_home_and_path_at_the_matching_toolkit(tmp_path, mon
     monkeypatch.setattr(wenv, "toolkit_candidates", lambda env: [tmp_path / "cuda-9.1", good])
     env = {"PATH": str(tmp_path / "cuda-9.1" / "bin") + os.pathsep + "/usr/bin",
            "CUDA_HOME": str(tmp_path / "cuda-9.1")}
-    notes = wenv.prepare(env, tmp_path / "ext", gpu="1", device="auto")
+    notes = wenv.prepare(env, gpu="1", device="auto")
     assert env["CUDA_HOME"] == str(good)
     assert env["PATH"].split(os.pathsep)[0] == str(good / "bin")
     assert env["CUDA_VISIBLE_DEVICES"] == "1"
-    assert env["TORCH_EXTENSIONS_DIR"] == str((tmp_path / "ext").resolve())
+    assert env["TORCH_EXTENSIONS_DIR"] == str(wenv.PROJECT_EXTENSIONS_DIR) == notes["torch_extensions_dir"]
     assert env["PYTHONFAULTHANDLER"] == "1"
     assert notes["toolkit"] == f"CUDA 11.8 at {good}"
 
 
 def test_prepare_for_a_cpu_worker_hides_gpus_and_keeps_a_user_extension_dir(tmp_path):
     env = {"PATH": "/usr/bin", "TORCH_EXTENSIONS_DIR": "/mine", "CUDA_VISIBLE_DEVICES": "0"}
-    wenv.prepare(env, tmp_path, gpu=None, device="cpu")
+    wenv.prepare(env, gpu=None, device="cpu")
     assert env["CUDA_VISIBLE_DEVICES"] == ""
     assert env["TORCH_EXTENSIONS_DIR"] == "/mine"
 

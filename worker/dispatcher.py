@@ -241,7 +241,6 @@ class Dispatcher:
         ws = self.settings.worker
         cfg = {"device": ws.device, "heartbeat_s": ws.heartbeat_s,
                "probe_timeout_s": ws.probe_timeout_s,
-               "torch_extensions_dir": str(self.var_dir / "torch_extensions"),
                "faults_enabled": self.faults is not None,
                "probe_faults": self.faults.probe_faults(s.starts + 1) if self.faults else {},
                "parent_pid": os.getpid(), "settings": self.settings.to_dict()}

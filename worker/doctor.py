@@ -39,8 +39,9 @@ from kiln.checkpoints import DEFAULT_FOLDER
 from .backendchecks import (check_cuda_backend, check_device, check_moderngl, check_sam2, check_sam3d,
                             check_torch_cuda, check_worker_python)
 from .doctorcheck import Check
+from .env import extension_env
 from .hostchecks import (check_cuda_home, check_extension_cache, check_gpus, check_nvcc, check_python,
-                         check_shm, check_torch, worker_extensions_dir)
+                         check_shm, check_torch)
 from .proberun import run_probes
 
 
@@ -92,7 +93,7 @@ def run_checks(settings, quick: bool = False, timeout: float = 180.0,
     try:
         from worker.env import prepare
 
-        prepare(probe_env, worker_extensions_dir(settings, cwd), None, settings.worker.device)
+        prepare(probe_env, None, settings.worker.device)
     except Exception:  # noqa: BLE001 - the probes still run, in the plain environment
         probe_env = dict(env)
 
@@ -118,7 +119,7 @@ def run_checks(settings, quick: bool = False, timeout: float = 180.0,
     checks.append(check_nvcc(torch_cuda, env, needed=jit_needed))
     checks.append(check_cuda_home(torch_cuda, env))
     checks.append(check_extension_cache(env, cwd, needed=jit_needed,
-                                        extra=worker_extensions_dir(settings, cwd)))
+                                        extra=Path(extension_env(env)["TORCH_EXTENSIONS_DIR"])))
     checks.append(check_shm())
     checks.append(check_device(settings, cuda_ok, gpus))
     nvd = check_cuda_backend("nvdiffrast", "nvdiffrast",

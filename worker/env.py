@@ -3,8 +3,15 @@
 The old tool's segfaults began with nvdiffrast being JIT-compiled by the first
 ``nvcc`` on PATH (CUDA 9.1) for a torch built against CUDA 11.8. So a worker,
 before it imports torch, points ``CUDA_HOME``/``PATH`` at a toolkit whose version
-matches ``torch.version.cuda`` (read from torch's ``version.py`` as text), gives
-JIT builds a project-local ``TORCH_EXTENSIONS_DIR``, and turns on faulthandler.
+matches ``torch.version.cuda`` (read from torch's ``version.py`` as text) and turns
+on faulthandler.
+
+JIT builds (gsplat, nvdiffrast) take minutes each, and torch keys its build cache by
+folder and compiler flags: every Kiln process (job workers, selftest children, doctor's
+probes, tests) must share one ``TORCH_EXTENSIONS_DIR`` and one ``TORCH_CUDA_ARCH_LIST``
+or each compiles the same extension again. ``extension_env`` decides both once
+(the user's values win); ``share_extension_env`` puts them into an environment that
+processes are spawned from.
 
 GPU discovery for the supervisor lives here too: it must not initialise CUDA in
 the app process, so it asks ``nvidia-smi -L`` or ``/proc/driver/nvidia/gpus``.
@@ -17,6 +24,7 @@ import json
 import os
 import re
 import subprocess
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -105,18 +113,80 @@ def find_toolkit(want: str, candidates: Iterable[Path]) -> tuple[Optional[Path],
     return None, seen
 
 
-def prepare(env: dict, torch_extensions_dir: Path, gpu: Optional[str], device: str) -> dict:
+# Kiln's own extension cache when the user names none: one folder for every process.
+PROJECT_EXTENSIONS_DIR = Path(__file__).resolve().parent.parent / "var" / "torch_extensions"
+
+
+def compute_capabilities(env: Optional[dict] = None) -> list[str]:
+    """Compute capabilities ('9.0', ...) of the GPUs ``nvidia-smi`` lists, in order, without
+    touching CUDA; [] without a driver. Honours CUDA_VISIBLE_DEVICES given as indices."""
+    try:
+        res = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=15,
+                             env=None if env is None else dict(env))
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if res.returncode != 0:
+        return []
+    caps = [line.strip() for line in res.stdout.splitlines() if re.fullmatch(r"\d+\.\d+", line.strip())]
+    visible = (env if env is not None else os.environ).get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and all(v.strip().isdigit() for v in visible.split(",") if v.strip()):
+        picked = [int(v) for v in visible.split(",") if v.strip()]
+        caps = [caps[i] for i in picked if i < len(caps)]
+    return caps
+
+
+@lru_cache(maxsize=8)
+def _derived_arch_list(path: str, visible: Optional[str]) -> Optional[str]:
+    env = dict(os.environ, PATH=path)
+    if visible is None:
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    caps = sorted(set(compute_capabilities(env)), key=lambda c: tuple(int(x) for x in c.split(".")))
+    return ";".join(caps) or None
+
+
+def extension_env(env: Optional[dict] = None) -> dict[str, str]:
+    """The ``TORCH_EXTENSIONS_DIR`` and ``TORCH_CUDA_ARCH_LIST`` every Kiln process uses:
+    the user's when set, else the project's folder and the compute capabilities of this
+    machine's GPUs (asked of ``nvidia-smi`` once per process; no arch list without a GPU,
+    which leaves torch its own default)."""
+    env = os.environ if env is None else env
+    out = {"TORCH_EXTENSIONS_DIR": env.get("TORCH_EXTENSIONS_DIR") or str(PROJECT_EXTENSIONS_DIR)}
+    arch = env.get("TORCH_CUDA_ARCH_LIST") or _derived_arch_list(env.get("PATH", ""),
+                                                                 env.get("CUDA_VISIBLE_DEVICES"))
+    if arch:
+        out["TORCH_CUDA_ARCH_LIST"] = arch
+    return out
+
+
+def share_extension_env(env: Optional[dict] = None) -> dict[str, str]:
+    """Write ``extension_env`` into ``env`` (``os.environ`` by default) so that every process
+    started from it builds into, and loads from, the same cache. Returns what it wrote."""
+    env = os.environ if env is None else env
+    shared = extension_env(env)
+    env.update(shared)
+    return shared
+
+
+def prepare(env: dict, gpu: Optional[str], device: str) -> dict:
     """Adjust ``env`` (normally ``os.environ``) in place for a worker about to import torch.
 
     gpu: the CUDA_VISIBLE_DEVICES entry this worker owns, or None to leave it alone.
-    Returns notes for the capability report: 'torch_cuda', 'cuda_home', 'toolkit'.
+    Returns notes for the capability report: 'torch_cuda', 'cuda_home', 'toolkit',
+    'torch_extensions_dir', 'torch_cuda_arch_list'.
     """
     notes: dict = {}
+    # before pinning CUDA_VISIBLE_DEVICES: the arch list covers the machine's GPUs, so a
+    # worker pinned to any of them shares the one cache
+    shared = share_extension_env(env)
+    notes["torch_extensions_dir"] = shared["TORCH_EXTENSIONS_DIR"]
+    notes["torch_cuda_arch_list"] = shared.get("TORCH_CUDA_ARCH_LIST")
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU worker must not even see a GPU
     elif gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(torch_extensions_dir).resolve()))
     env["PYTHONFAULTHANDLER"] = "1"
     want = torch_cuda_version()
     notes["torch_cuda"] = want

@@ -176,15 +176,9 @@ def check_cuda_home(torch_cuda: Optional[str], env: Mapping) -> Check:
     return Check("CUDA_HOME", "ok", f"{home} (CUDA {ver})", data={"path": home, "version": ver})
 
 
-def worker_extensions_dir(settings, cwd: Path) -> Path:
-    """Where Kiln's workers build extensions: <parent of app.jobs_dir>/torch_extensions
-    (var/torch_extensions by default), unless TORCH_EXTENSIONS_DIR is set."""
-    return (cwd / settings.app.jobs_dir).parent / "torch_extensions"
-
-
 def extension_dirs(env: Mapping, cwd: Path, extra: Optional[Path] = None) -> list[Path]:
     """torch's JIT build caches: $TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions, and
-    the project-local var/torch_extensions that Kiln's workers use."""
+    the one Kiln's processes share (``worker.env.extension_env``), and older project-local ones."""
     dirs = []
     if env.get("TORCH_EXTENSIONS_DIR"):
         dirs.append(Path(env["TORCH_EXTENSIONS_DIR"]))

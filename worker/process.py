@@ -146,6 +146,8 @@ def _probe_all(cfg: dict, send: Sender, env_notes: dict) -> dict:
             "cpu": bool(r.get("cpu")), "sam3d": bool(r.get("sam3d")),
             "reasons": reasons, "probe_s": times,
             "torch_cuda": env_notes.get("torch_cuda"), "toolkit": env_notes.get("toolkit"),
+            "torch_extensions_dir": env_notes.get("torch_extensions_dir"),
+            "torch_cuda_arch_list": env_notes.get("torch_cuda_arch_list"),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "python": sys.executable, "python_prefix": sys.prefix}   # worker.python shows here
     return caps
@@ -199,7 +201,7 @@ def worker_main(cfg: dict, inbox, outbox) -> None:
     from . import env as env_mod
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's business
-    env_notes = env_mod.prepare(os.environ, Path(cfg["torch_extensions_dir"]), cfg["gpu"], cfg["device"])
+    env_notes = env_mod.prepare(os.environ, cfg["gpu"], cfg["device"])
     _redirect_output(Path(cfg["log_path"]))
     print(f"--- worker {cfg['slot']} pid {os.getpid()} starting {time.strftime('%Y-%m-%d %H:%M:%S')} "
           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "

@@ -32,8 +32,7 @@ from typing import Callable, Optional, Sequence
 
 # pass criteria; a GPU backend and its CPU twin compute the same thing up to float order
 GSPLAT_MEAN_TOL, GSPLAT_P99_TOL = 0.005, 0.05     # |premultiplied rgb / alpha| difference
-RASTER_MISMATCH_TOL = 0.005                       # fraction of covered pixels with another triangle
-RASTER_DEPTH_TOL, RASTER_BARY_TOL = 1e-3, 1e-2    # on pixels where both see the same triangle
+# the rasterizers' tolerances, and why, are in pipeline.raster_agreement
 BAKE_MEAN_TOL, BAKE_P99_TOL = 0.5, 3.0            # texture difference in 8-bit levels
 CHILD_TIMEOUT_S = 600.0
 # the GPU side of each twin; tests point these at the CPU twins to exercise the comparisons
@@ -131,21 +130,9 @@ def _twin_gsplat(_settings) -> dict:
                     f"p99 {p99:.4f} (<= {GSPLAT_P99_TOL})"}
 
 
-def compare_rasters(a, b) -> dict:
-    """Agreement of two Rasters: mismatch fraction over pixels either covers, and
-    the largest depth / barycentric differences where both see the same triangle."""
-    import numpy as np
-
-    either = (a.tri_id >= 0) | (b.tri_id >= 0)
-    same = (a.tri_id == b.tri_id) & (a.tri_id >= 0)
-    mismatch = float(((a.tri_id != b.tri_id) & either).sum() / max(1, either.sum()))
-    depth = float(np.abs(a.depth - b.depth)[same].max()) if same.any() else 0.0
-    bary = float(np.abs(a.bary - b.bary)[same].max()) if same.any() else 0.0
-    return {"mismatch": mismatch, "depth": depth, "bary": bary}
-
-
 def _twin_raster(kind: str) -> Callable:
     def run(_settings) -> dict:
+        from pipeline.raster_agreement import compare
         from pipeline.rasterize import rasterize_uv, rasterize_views
 
         _, _, cams, mesh = _scene(res=256)
@@ -156,12 +143,11 @@ def _twin_raster(kind: str) -> Callable:
         call(GPU_RASTER)   # first call builds the plugin and the context: not timed
         gpu, gpu_s = _timed(lambda: call(GPU_RASTER))
         cpu, cpu_s = _timed(lambda: call("moderngl"))
-        c = compare_rasters(gpu, cpu)
-        ok = c["mismatch"] <= RASTER_MISMATCH_TOL and c["bary"] <= RASTER_BARY_TOL and \
-            (kind == "uv" or c["depth"] <= RASTER_DEPTH_TOL * 3.0)
-        return {"ok": ok, "max_diff": max(c["depth"], c["bary"]), "gpu_s": gpu_s, "cpu_s": cpu_s,
-                "note": f"{mesh.num_faces} faces; other triangle on {100 * c['mismatch']:.2f} % of pixels "
-                        f"(<= {100 * RASTER_MISMATCH_TOL:g} %), depth {c['depth']:.2e}, bary {c['bary']:.2e}"}
+        agreement = compare(gpu, cpu, depth=kind == "views")
+        failures = agreement.failures()
+        return {"ok": not failures, "max_diff": max(agreement.bary_p99, agreement.depth_rel_p99 or 0.0),
+                "gpu_s": gpu_s, "cpu_s": cpu_s,
+                "note": f"{mesh.num_faces} faces; " + "; ".join(failures or [agreement.summary()])}
     return run
 
 
@@ -206,6 +192,9 @@ def run_isolated(check, settings, timeout: float = CHILD_TIMEOUT_S) -> dict:
     """Run ``check`` (a CHILD_CHECKS name, or a module-level function) in a spawned
     process: its result, or {"ok": False, "error": ...} when it crashed, hung past
     ``timeout`` or raised."""
+    from .env import share_extension_env
+
+    share_extension_env()   # the child builds into, and loads from, the workers' cache
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     name = check if isinstance(check, str) else check.__name__

@@ -69,6 +69,8 @@ class Supervisor:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.var_dir = Path(var_dir) if var_dir is not None else self.jobs_dir.resolve().parent
         self.store = JobStore(self.jobs_dir)
+        # workers inherit this process's environment: one extension cache for all of them
+        env_mod.share_extension_env()
         # Test-only fault hook: a constructor argument or KILN_TEST_FAULTS, nothing else.
         self.faults = faults if faults is not None else FaultPlan.from_env()
         self._dispatcher = Dispatcher(self.settings, self.store, self.cache_dir, self.var_dir,
