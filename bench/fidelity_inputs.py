@@ -258,7 +258,8 @@ def globe(folder: Path, settings=None, renderer=None) -> FidelityInput:
     grey = np.full(mask.shape + (3,), 128, np.uint8)
     recon = reconstruct(ImageInput(rgb=grey, mask=mask), settings.reconstruct, seed=settings.seed)
     mesh = unwrap(recon.mesh, GLOBE_TEXTURE, gutter=4, max_faces=10 ** 7)
-    raster = rz.rasterize_uv(mesh, GLOBE_TEXTURE, "moderngl")
+    with rz.raster_context("moderngl") as rc:
+        raster = rz.rasterize_uv(rc, mesh, GLOBE_TEXTURE)
     chart = np.asarray(raster.tri_id[0]) >= 0
     pos = np.asarray(rz.interpolate(raster, mesh, mesh.vertices), np.float32)[0]
     image = np.zeros((GLOBE_TEXTURE, GLOBE_TEXTURE, 3), np.float32)

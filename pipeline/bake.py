@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from .cameras import camera_centers
 from .geometry import vertex_normals
 from .types import MAX_IMAGE_SIDE, Cameras, ImageInput, Mesh, Raster, SourceCamera, Texture, Views
 from .validate import StageInputError, check_array, is_tensor
+
+if TYPE_CHECKING:
+    from .rasterize import RasterContext
 
 ProgressFn = Callable[[float, str], None]
 
@@ -64,13 +67,15 @@ OPT_PIXELS_PER_TEXEL = 4.0     # opt solves for at most one texel per this many 
 
 # --------------------------------------------------------------------------- public API
 
-def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backend: str,
+def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "RasterContext",
                  device: str, seed: int, progress: Optional[ProgressFn] = None,
                  chunk_scale: float = 1.0, photo: Optional[ImageInput] = None,
                  source_camera: Optional[SourceCamera] = None) -> tuple[Texture, dict]:
     """Bake ``views`` onto ``mesh``'s UV layout.
 
     mesh:  validated Mesh with ``uvs`` (V, 2) float32 in [0, 1]
+    raster_ctx: the rasterizer context to draw with, made by the caller on this thread
+           (``pipeline.rasterize.raster_context``); nvdiffrast draws on its own device
     views: rgb (C, H, W, 3) float32, alpha (C, H, W) float32, cameras of C views; numpy
            arrays, or torch tensors left on the render device (read there, not via the host)
     seed:  seeds the random pixel subset opt uses when there are more than
@@ -104,14 +109,12 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
 
     t0 = time.perf_counter()
     report(0.0, "rasterizing UV space and views")
-    # nvdiffrast rasterizes on the bake's GPU; moderngl ignores the device
-    where = {"device": str(dev)} if dev.type == "cuda" else {}
-    uv_raster = rz.rasterize_uv(mesh, size, raster_backend, **where)
+    uv_raster = rz.rasterize_uv(raster_ctx, mesh, size)
     chart = np.asarray(uv_raster.tri_id[0]) >= 0                               # (S, S)
     if not chart.any():
         raise StageInputError(f"the mesh's UV layout covers no texel of a {size}x{size} texture; "
                               "its uvs are degenerate")
-    view_raster = rz.rasterize_views(mesh, views.cameras, raster_backend, **where)
+    view_raster = rz.rasterize_views(raster_ctx, mesh, views.cameras)
     pix_uv = np.asarray(rz.interpolate(view_raster, mesh, mesh.uvs), np.float32)  # (C, H, W, 2)
     if views.on_device:
         # views the renderer left on its device are read there: only the covered-pixel mask
@@ -168,7 +171,7 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
                                                   step_report)
         else:
             image, touched, fast_psnr = _optimise_coarse(
-                init, opt_size, mesh, raster_backend, where, opt_uv, opt_target, settings, dev,
+                init, opt_size, mesh, raster_ctx, opt_uv, opt_target, settings, dev,
                 step_report, sample_chunk)
         seen |= touched
         stats["bake_fast_psnr_db"] = round(fast_psnr, 3)
@@ -181,7 +184,7 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
         t0 = time.perf_counter()
         report(0.85, "projecting the photo")
         stats.update(_blend_photo(image, seen, chart, mesh, face_ids, bary, positions, normals, photo,
-                                  source_camera, size, raster_backend, dev))
+                                  source_camera, size, raster_ctx, dev))
         timings["photo"] = time.perf_counter() - t0
     stats["photo_projection"] = use_photo
 
@@ -210,7 +213,7 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_backen
     return Texture(image=final, seen=seen), stats
 
 
-def render_textured(mesh: Mesh, texture: Texture, cameras: Cameras, raster_backend: str
+def render_textured(mesh: Mesh, texture: Texture, cameras: Cameras, raster_ctx: "RasterContext"
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Render the textured mesh (bilinear texture lookup, no shading).
 
@@ -224,9 +227,9 @@ def render_textured(mesh: Mesh, texture: Texture, cameras: Cameras, raster_backe
     check_array("texture.image", texture.image, dtype=np.uint8, shape=(None, None, 3))
     if texture.image.shape[0] != texture.image.shape[1]:
         raise StageInputError(f"texture.image must be square, got {texture.image.shape[:2]}")
-    raster = rz.rasterize_views(mesh, cameras, raster_backend)
-    covered = np.asarray(raster.tri_id) >= 0
-    uv = np.asarray(rz.interpolate(raster, mesh, mesh.uvs), np.float32)
+    hits = rz.rasterize_views(raster_ctx, mesh, cameras)
+    covered = np.asarray(hits.tri_id) >= 0
+    uv = np.asarray(rz.interpolate(hits, mesh, mesh.uvs), np.float32)
     rgb = np.zeros((*covered.shape, 3), np.float32)
     rgb[covered] = sample_texture(texture.image, uv[covered], "cpu")
     return rgb, covered
@@ -388,7 +391,7 @@ def _project_view(p, n, viewmat, K, center, depth, rgba):
 
 def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, mesh: Mesh,
                  face_ids: np.ndarray, bary: np.ndarray, positions: np.ndarray, normals: np.ndarray,
-                 photo: ImageInput, camera: SourceCamera, size: int, raster_backend: str,
+                 photo: ImageInput, camera: SourceCamera, size: int, raster_ctx: "RasterContext",
                  dev) -> dict:
     """Blend the photo's colours into ``image`` (S, S, 3) in place, where its camera sees the
     surface: weight * photo + (1 - weight) * multi-view. Texels no view saw but the photo
@@ -396,7 +399,7 @@ def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, mesh: M
     from .photo_projection import project_photo, suggested_texture_size
 
     proj = project_photo(mesh, face_ids, bary, positions, normals, photo, camera, size,
-                         raster_backend, str(dev))
+                         raster_ctx, str(dev))
     # texels no view saw blend with their nearest seen neighbour's colour, as inpainting would
     # give them, so they ramp like the rest instead of jumping to the photo's colour
     base = _nearest_fill(image, seen)[chart] if seen.any() else image[chart]
@@ -429,8 +432,8 @@ def _opt_texture_size(size: int, chart_texels: int, pixels: int) -> int:
     return opt
 
 
-def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_backend: str,
-                     where: dict, pixel_uv: np.ndarray, target: np.ndarray,
+def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_ctx: "RasterContext",
+                     pixel_uv: np.ndarray, target: np.ndarray,
                      settings: BakeSettings, dev, progress: ProgressFn, sample_chunk: int
                      ) -> tuple[np.ndarray, np.ndarray, float]:
     """Optimise a correction at ``opt_size`` (what the views can determine) and add it,
@@ -442,7 +445,7 @@ def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_backend
     from . import rasterize as rz
 
     size = init.shape[0]
-    chart_o = np.asarray(rz.rasterize_uv(mesh, opt_size, raster_backend, **where).tri_id[0]) >= 0
+    chart_o = np.asarray(rz.rasterize_uv(raster_ctx, mesh, opt_size).tri_id[0]) >= 0
     if not chart_o.any():       # charts thinner than a coarse texel: nothing to correct at this scale
         chart_o = np.ones((opt_size, opt_size), bool)
     # fit the correction to what the full-resolution init still gets wrong

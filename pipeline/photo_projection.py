@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,6 +44,9 @@ from kiln.settings import allowed_range
 
 from .types import ImageInput, Mesh, SourceCamera
 from .validate import StageInputError, check_array, check_finite
+
+if TYPE_CHECKING:
+    from .rasterize import RasterContext
 
 COS_ZERO = 0.15              # cos 81 deg: no photo weight beyond here
 COS_BAND = 0.3               # grazing texels within this much of COS_ZERO anchor the angle ramp
@@ -75,7 +79,7 @@ class PhotoProjection:
 
 def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions: np.ndarray,
                   normals: np.ndarray, photo: ImageInput, camera: SourceCamera, texture_size: int,
-                  raster_backend: str, device: str = "cpu") -> PhotoProjection:
+                  raster_ctx: "RasterContext", device: str = "cpu") -> PhotoProjection:
     """Colours and weights from the photo for N texels on ``mesh``'s surface.
 
     mesh:      the UV-mapped mesh (vertices (V, 3) float32, faces (F, 3) int32, uvs (V, 2))
@@ -85,6 +89,7 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
     normals:   (N, 3) float32, unit surface normals there (welded across UV seams)
     photo:     the original photo, rgb (H, W, 3) uint8, mask (H, W) bool
     camera:    the photo's camera in the mesh's world frame, at the photo's size
+    raster_ctx: the caller's rasterizer context (``pipeline.rasterize.raster_context``)
     """
     import torch
 
@@ -100,8 +105,7 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
     if crop is None:
         return PhotoProjection(out_colors, out_weight, density)
 
-    where = {"device": str(dev)} if dev.type == "cuda" else {}
-    raster = rz.rasterize_views(mesh, cam.as_cameras(), raster_backend, **where)
+    raster = rz.rasterize_views(raster_ctx, mesh, cam.as_cameras())
     depth = np.asarray(raster.depth[0], np.float32)
     covered = np.asarray(raster.tri_id[0]) >= 0
     mask = crop.mask

@@ -17,9 +17,11 @@ Output conventions (see ``Raster``): ``tri_id`` int32, -1 where empty;
 ``depth`` camera-space z (not NDC), 0 where empty and in UV space. In UV space
 texel (row, col) is at uv = ((col + 0.5) / S, 1 - (row + 0.5) / S).
 
-GPU/GL contexts are created lazily by the first call in a thread and cached
-per (process, thread); a forked child never reuses its parent's. Nothing is
-created at import time. ``release_contexts()`` frees them.
+The rasterizer's state is an explicit object, as in nvdiffrast: the caller makes a
+``RasterContext`` (``raster_context(backend, device)``) on the thread that will use it,
+passes it to every call, and releases it (``release()``, or a ``with`` block). Nothing
+is created at import time and no state hides in the module; a context refuses use from
+another thread or a forked child, whose GL or CUDA state it cannot own.
 """
 
 from __future__ import annotations
@@ -52,16 +54,84 @@ class BackendUnavailableError(RuntimeError):
 # --------------------------------------------------------------------------- public API
 
 
+@dataclass(eq=False)
+class RasterContext:
+    """A rasterizer's state (an EGL context and its program, or nvdiffrast's
+    ``RasterizeCudaContext``), owned by the thread and process that made it.
+
+    backend: "moderngl" | "nvdiffrast"; device: the CUDA device nvdiffrast draws on
+    ("cpu" for moderngl, which has no device of its own).
+    """
+
+    backend: str
+    device: str
+    _gl: "_GLState | None" = None
+    _nv: object = None
+    _thread: int = field(default_factory=threading.get_ident)
+    _pid: int = field(default_factory=os.getpid)
+    released: bool = False
+
+    def check_usable(self) -> None:
+        """StageInputError unless this thread of this process may draw with it now."""
+        if self.released:
+            raise StageInputError(f"this {self.backend} RasterContext was released; make a new one")
+        if os.getpid() != self._pid:
+            raise StageInputError(f"this {self.backend} RasterContext belongs to process {self._pid}; "
+                                  "a child process makes its own")
+        if threading.get_ident() != self._thread:
+            raise StageInputError(f"this {self.backend} RasterContext belongs to another thread; "
+                                  "GL and CUDA contexts are used where they were made")
+
+    def driver(self) -> dict:
+        """The GL driver under a moderngl context ("llvmpipe" is Mesa on the CPU) as
+        {"renderer", "version"}, for reports; {} for nvdiffrast or when it cannot be read."""
+        if self._gl is None or self.released:
+            return {}
+        try:
+            gl = self._gl.ctx
+            with gl:   # its info reads empty unless it is current
+                return {"renderer": gl.info.get("GL_RENDERER"), "version": gl.info.get("GL_VERSION")}
+        except Exception:  # noqa: BLE001 - never a reason to fail a caller
+            return {}
+
+    def release(self) -> None:
+        """Free the GL or CUDA state (from the owning thread; elsewhere only the reference
+        is dropped). Idempotent."""
+        if self.released:
+            return
+        self.released = True
+        if self._gl is not None and os.getpid() == self._pid:
+            self._gl.release(own_thread=threading.get_ident() == self._thread)
+        self._gl = None
+        self._nv = None     # dropping the Python object frees the CUDA rasterizer state
+
+    def __enter__(self) -> "RasterContext":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def raster_context(backend: str = "moderngl", device: str = "cuda") -> RasterContext:
+    """Make a rasterizer context on this thread (BackendUnavailableError when the backend
+    cannot run here). device: CUDA device for ``nvdiffrast``, ignored by moderngl."""
+    check_backend("rasterizer", backend)
+    if backend == "moderngl":
+        return RasterContext("moderngl", "cpu", _gl=_new_gl_state())
+    nv, dev = _new_nv_context(device)
+    return RasterContext("nvdiffrast", dev, _nv=nv)
+
+
 def available_backends() -> list[str]:
     """Backends that can run in this process and thread, best first for a CPU-only caller.
 
-    ``moderngl`` is listed when an EGL context can actually be created (this
-    creates and caches it). ``nvdiffrast`` is listed when the package is
-    installed and CUDA is available; its JIT build happens on first use, not here.
+    ``moderngl`` is listed when an EGL context can actually be created (one is made and
+    released). ``nvdiffrast`` is listed when the package is installed and CUDA is
+    available; its JIT build happens on first use, not here.
     """
     out = []
     try:
-        _gl_state()
+        raster_context("moderngl").release()
         out.append("moderngl")
     except BackendUnavailableError:
         pass
@@ -70,17 +140,16 @@ def available_backends() -> list[str]:
     return out
 
 
-def rasterize_views(mesh: Mesh, cameras: Cameras, backend: str = "moderngl",
-                    device: str = "cuda") -> Raster:
+def rasterize_views(ctx: RasterContext, mesh: Mesh, cameras: Cameras) -> Raster:
     """Rasterize ``mesh`` from every camera.
 
+    ctx:     a RasterContext made on this thread (``raster_context``)
     mesh:    vertices (V, 3) float32, faces (F, 3) int32
     cameras: C cameras, OpenCV convention, image ``height`` x ``width``
-    device:  CUDA device for ``backend="nvdiffrast"`` (ignored by moderngl)
     Returns Raster with tri_id (C, H, W) int32, bary (C, H, W, 3) float32,
     depth (C, H, W) float32 = camera-space z of the visible surface.
     """
-    check_backend("rasterizer", backend)
+    _check_context(ctx)
     mesh.validate("mesh", max_faces=MAX_FACES)
     cameras.validate("cameras")
     c, h, w = len(cameras), int(cameras.height), int(cameras.width)
@@ -93,20 +162,19 @@ def rasterize_views(mesh: Mesh, cameras: Cameras, backend: str = "moderngl",
                       matrices=np.stack([v[0] for v in views]), zrows=np.stack([v[1] for v in views]),
                       near_far=np.array([v[2] for v in views]), enabled=np.array([v[3] for v in views]),
                       depth_test=True, orthographic=ortho)
-    if backend == "moderngl":
-        return _moderngl_rasterize(jobs)
-    return _nvdiffrast_rasterize(jobs, device)
+    return _draw(ctx, jobs)
 
 
-def rasterize_uv(mesh: Mesh, size: int, backend: str = "moderngl", device: str = "cuda") -> Raster:
+def rasterize_uv(ctx: RasterContext, mesh: Mesh, size: int) -> Raster:
     """Rasterize ``mesh`` in its UV layout onto an ``size`` x ``size`` texture grid.
 
+    ctx: a RasterContext made on this thread (``raster_context``)
     mesh.uvs: (V, 2) float32 in [0, 1] is required.
     Returns Raster with tri_id (1, S, S) int32, bary (1, S, S, 3) float32 (affine,
     i.e. the weights of the texel centre inside the UV triangle), depth (1, S, S) zeros.
     Row 0 is v = 1 (top of the texture image).
     """
-    check_backend("rasterizer", backend)
+    _check_context(ctx)
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
         raise StageInputError(f"UV raster size must be an integer, got {size!r}")
     size = int(size)
@@ -122,9 +190,20 @@ def rasterize_uv(mesh: Mesh, size: int, backend: str = "moderngl", device: str =
     jobs = _RasterJob(positions=uv3, faces=mesh.faces, width=size, height=size,
                       matrices=m[None], zrows=np.zeros((1, 4)), near_far=np.array([[0.0, 1.0]]),
                       enabled=np.array([True]), depth_test=False)
-    if backend == "moderngl":
-        return _moderngl_rasterize(jobs)
-    return _nvdiffrast_rasterize(jobs, device)
+    return _draw(ctx, jobs)
+
+
+def _check_context(ctx) -> None:
+    if not isinstance(ctx, RasterContext):
+        raise StageInputError(f"the rasterizer needs a RasterContext (pipeline.rasterize.raster_context), "
+                              f"got {type(ctx).__name__}")
+    ctx.check_usable()
+
+
+def _draw(ctx: RasterContext, job: "_RasterJob") -> Raster:
+    if ctx.backend == "moderngl":
+        return _moderngl_rasterize(ctx._gl, job)
+    return _nvdiffrast_rasterize(ctx._nv, ctx.device, job)
 
 
 def interpolate(raster: Raster, mesh: Mesh, attr: np.ndarray) -> np.ndarray:
@@ -153,21 +232,6 @@ def interpolate(raster: Raster, mesh: Mesh, attr: np.ndarray) -> np.ndarray:
     out[covered] = (b[:, 0:1] * attr[f[:, 0]] + b[:, 1:2] * attr[f[:, 1]]
                     + b[:, 2:3] * attr[f[:, 2]])
     return out
-
-
-def release_contexts() -> None:
-    """Free every rasterizer context this process created (GL and nvdiffrast).
-
-    Call it from the thread that used them before the process ends or after a failure;
-    the next call to a rasterize function creates fresh ones.
-    """
-    with _LOCK:
-        pid = os.getpid()
-        gl = [s for k, s in _GL_STATES.items() if k[0] == pid]
-        _GL_STATES.clear()
-        _NV_CONTEXTS.clear()   # dropping the Python object frees the CUDA rasterizer state
-    for state in gl:
-        state.release()
 
 
 # --------------------------------------------------------------------------- shared math
@@ -285,10 +349,6 @@ def _check_raster(raster: Raster) -> None:
 
 # --------------------------------------------------------------------------- moderngl backend
 
-_LOCK = threading.Lock()
-_GL_STATES: dict[tuple[int, int], "_GLState"] = {}
-_NV_CONTEXTS: dict[tuple[int, int, str], object] = {}
-
 _VERTEX_SHADER = """
 #version 330
 uniform mat4 mvp;
@@ -322,7 +382,6 @@ void main() {
 class _GLState:
     ctx: object
     program: object
-    thread: threading.Thread
     fbo: object = None
     fbo_size: tuple = (0, 0)
     owned: list = field(default_factory=list)
@@ -344,25 +403,15 @@ class _GLState:
                 obj.release()
         self.fbo, self.owned, self.fbo_size = None, [], (0, 0)
 
-    def release(self) -> None:
+    def release(self, own_thread: bool = True) -> None:
         try:
-            if self.thread is threading.current_thread():
+            if own_thread:
                 with self.ctx:
                     self._drop_fbo()
                     self.program.release()
             self.ctx.release()
         except Exception:   # releasing is best effort; a dead context must not mask the caller's error
             pass
-
-
-def _forget_inherited_contexts() -> None:
-    # A forked child must never touch its parent's GL/CUDA contexts; drop the references only.
-    _GL_STATES.clear()
-    _NV_CONTEXTS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_inherited_contexts)
 
 
 def _load_triton_before_mesa() -> None:
@@ -380,15 +429,7 @@ def _load_triton_before_mesa() -> None:
         pass
 
 
-def _gl_state() -> _GLState:
-    key = (os.getpid(), threading.get_ident())
-    me = threading.current_thread()
-    with _LOCK:
-        state = _GL_STATES.get(key)
-    if state is not None:
-        if state.thread is me:
-            return state
-        state.release()   # a dead thread's context whose id got reused by this thread
+def _new_gl_state() -> _GLState:
     try:
         import moderngl
     except ImportError as e:
@@ -406,16 +447,12 @@ def _gl_state() -> _GLState:
         ctx.release()   # not cached yet: nobody else would ever free it
         raise BackendUnavailableError(f"the OpenGL driver cannot build the rasterizer's shaders: "
                                       f"{e}") from None
-    state = _GLState(ctx=ctx, program=program, thread=me)
-    with _LOCK:
-        _GL_STATES[key] = state
-    return state
+    return _GLState(ctx=ctx, program=program)
 
 
-def _moderngl_rasterize(job: _RasterJob) -> Raster:
+def _moderngl_rasterize(state: _GLState, job: _RasterJob) -> Raster:
     import moderngl
 
-    state = _gl_state()
     ctx, prog = state.ctx, state.program
     c, h, w = job.count, job.height, job.width
     out = _empty_raster(c, h, w)
@@ -473,7 +510,11 @@ def _nvdiffrast_problem() -> str | None:
     return None
 
 
-def _nv_context(device: str):
+def _new_nv_context(device: str) -> tuple[object, str]:
+    """(nvdiffrast's RasterizeCudaContext, its device as 'cuda:N')."""
+    problem = _nvdiffrast_problem()
+    if problem is not None:
+        raise BackendUnavailableError(problem)
     import nvdiffrast.torch as dr
     import torch
 
@@ -482,18 +523,11 @@ def _nv_context(device: str):
         raise BackendUnavailableError(f"nvdiffrast runs on CUDA devices only, got device {device!r}")
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    key = (os.getpid(), threading.get_ident(), str(dev))
-    with _LOCK:
-        ctx = _NV_CONTEXTS.get(key)
-    if ctx is None:
-        # torch >= 2.11 (pybind11 3) no longer leaves the JIT-built plugin importable by name
-        from .nvdiffrast_plugin import ensure_importable
+    # torch >= 2.11 (pybind11 3) no longer leaves the JIT-built plugin importable by name
+    from .nvdiffrast_plugin import ensure_importable
 
-        ensure_importable()
-        ctx = dr.RasterizeCudaContext(device=dev)
-        with _LOCK:
-            _NV_CONTEXTS[key] = ctx
-    return ctx, dev
+    ensure_importable()
+    return dr.RasterizeCudaContext(device=dev), str(dev)
 
 
 def _tiles(n: int) -> list[tuple[int, int, int]]:
@@ -503,14 +537,11 @@ def _tiles(n: int) -> list[tuple[int, int, int]]:
     return [(s, size, min(size, n - s)) for s in range(0, n, size)]
 
 
-def _nvdiffrast_rasterize(job: _RasterJob, device: str) -> Raster:
-    problem = _nvdiffrast_problem()
-    if problem is not None:
-        raise BackendUnavailableError(problem)
+def _nvdiffrast_rasterize(rctx, device: str, job: _RasterJob) -> Raster:
     import nvdiffrast.torch as dr
     import torch
 
-    rctx, dev = _nv_context(device)
+    dev = torch.device(device)
     c, h, w = job.count, job.height, job.width
     out = _empty_raster(c, h, w)
     views = [i for i in range(c) if job.enabled[i]]

@@ -10,12 +10,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from kiln.settings import Settings
 
 from .backends import Backends, resolve_backends  # noqa: F401  (the worker imports them from here)
 from .types import ImageInput, Reconstruction, Views
+
+if TYPE_CHECKING:
+    from .rasterize import RasterContext
 
 # on_event(stage, fraction in [0, 1] within the stage, message)
 EventFn = Callable[[str, float, str], None]
@@ -38,8 +41,13 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
                  on_event: EventFn | None = None,
                  backends: Backends | None = None,
                  cache_dir: Path | None = None,
-                 name: str = "model") -> PipelineResult:
+                 name: str = "model",
+                 raster_ctx: "RasterContext | None" = None) -> PipelineResult:
     """Run every stage and write ``<out_dir>/<name>.glb`` (and ``.ply`` on request).
+
+    ``raster_ctx``: the bake's rasterizer context (``pipeline.rasterize.raster_context``
+    for ``backends.rasterize``), made by the caller on this thread and kept across jobs; without
+    one, a context is made for this run and released at its end.
 
     ``cache_dir``: when given, the reconstruction is looked up there under a key of
     the input hashes, the reconstruction settings and the code version, and
@@ -49,6 +57,7 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     from . import bake as bake_mod
     from . import export as export_mod
     from . import mesh_ops, uv
+    from .rasterize import raster_context
 
     emit = on_event or _noop
     backends = backends or resolve_backends(settings)
@@ -110,11 +119,16 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
         done("uv", t0)
 
         t0 = stage("bake")
-        texture, bake_stats = bake_mod.bake_texture(
-            mesh, views, settings.bake, raster_backend=backends.rasterize,
-            device=backends.device, seed=settings.seed,
-            progress=lambda f, m="": emit("bake", f, m), chunk_scale=backends.chunk_scale,
-            photo=image, source_camera=recon.source_camera)
+        own = raster_ctx is None
+        ctx = raster_context(backends.rasterize, backends.device) if own else raster_ctx
+        try:
+            texture, bake_stats = bake_mod.bake_texture(
+                mesh, views, settings.bake, ctx, device=backends.device, seed=settings.seed,
+                progress=lambda f, m="": emit("bake", f, m), chunk_scale=backends.chunk_scale,
+                photo=image, source_camera=recon.source_camera)
+        finally:
+            if own:
+                ctx.release()
         stats.update(bake_stats)
         done("bake", t0)
 

@@ -86,7 +86,6 @@ def rasterize(ctx, pos, tri, resolution, ranges=None, grad_db=True):
 def reference_nvdiffrast(monkeypatch):
     """Kiln's nvdiffrast backend, running on the stand-in above (on CPU)."""
     pytest.importorskip("torch")
-    import torch
 
     from pipeline import rasterize as R
 
@@ -97,5 +96,5 @@ def reference_nvdiffrast(monkeypatch):
     monkeypatch.setitem(sys.modules, "nvdiffrast", pkg)
     monkeypatch.setitem(sys.modules, "nvdiffrast.torch", mod)
     monkeypatch.setattr(R, "_nvdiffrast_problem", lambda: None)
-    monkeypatch.setattr(R, "_nv_context", lambda device: (object(), torch.device("cpu")))
+    monkeypatch.setattr(R, "_new_nv_context", lambda device: (object(), "cpu"))
     monkeypatch.setattr(R, "_NV_TILE", 32)   # forces tiling, padding and cropping at test sizes

@@ -188,6 +188,7 @@ def test_globe_photo_shows_the_known_colour(renderer, tmp_path, monkeypatch):
 
     from kiln.settings import load
     from pipeline import rasterize as rz
+    from raster_helpers import gl_context
     from pipeline.reconstruct import reconstruct
     from pipeline.types import ImageInput
 
@@ -197,7 +198,7 @@ def test_globe_photo_shows_the_known_colour(renderer, tmp_path, monkeypatch):
     inp = fidelity_inputs.make("globe", tmp_path, s, renderer)
     assert inp.truth_glb.exists()
     recon = reconstruct(ImageInput(inp.rgb, inp.mask), s.reconstruct, seed=s.seed)
-    raster = rz.rasterize_views(recon.mesh, recon.source_camera.as_cameras(), "moderngl")
+    raster = rz.rasterize_views(gl_context(), recon.mesh, recon.source_camera.as_cameras())
     covered = np.asarray(raster.tri_id[0]) >= 0
     pos = np.asarray(rz.interpolate(raster, recon.mesh, recon.mesh.vertices), np.float64)[0]
     inner = ndimage.binary_erosion(inp.mask, iterations=3) & covered

@@ -18,9 +18,12 @@ from pipeline.builtin import builtin_source_camera
 from pipeline.reconstruct import reconstruct
 from pipeline.types import Cameras, ImageInput, Mesh, SourceCamera, Texture, Views
 
+from pipeline.rasterize import available_backends
+from raster_helpers import gl_context
 from synthetic import make_object_image
 
-RASTER = "moderngl"
+# one moderngl context for the module (None without EGL: the GL tests skip)
+RASTER = gl_context() if "moderngl" in available_backends() else None
 RED = np.array([0.9, 0.1, 0.1], np.float32)
 BLUE = np.array([0.1, 0.2, 0.9], np.float32)
 
@@ -28,7 +31,7 @@ BLUE = np.array([0.1, 0.2, 0.9], np.float32)
 def flat_views(mesh: Mesh, color, count: int = 12, res: int = 128) -> Views:
     """Views of ``mesh`` painted one colour: what a multi-view bake of a uniform object sees."""
     cams = sphere_cameras(count, 2.4, 40.0, res)
-    covered = rz.rasterize_views(mesh, cams, RASTER).tri_id >= 0
+    covered = rz.rasterize_views(RASTER, mesh, cams).tri_id >= 0
     rgb = np.where(covered[..., None], np.asarray(color, np.float32), 0.0).astype(np.float32)
     return Views(rgb=rgb, alpha=covered.astype(np.float32), cameras=cams)
 
@@ -63,13 +66,13 @@ def test_builtin_source_camera_projects_the_mesh_onto_the_mask():
     recon = reconstruct(ImageInput(rgb, mask), s.reconstruct, seed=0)
     cam = recon.source_camera
     assert (cam.width, cam.height, cam.projection) == (384, 384, "orthographic")
-    covered = rz.rasterize_views(recon.mesh, cam.as_cameras(), RASTER).tri_id[0] >= 0
+    covered = rz.rasterize_views(RASTER, recon.mesh, cam.as_cameras()).tri_id[0] >= 0
     iou = (covered & mask).sum() / (covered | mask).sum()
     assert iou > 0.97, iou
     # shifting the camera by two pixels must show up, so the check above can fail
     shifted = SourceCamera(viewmat=cam.viewmat, K=cam.K + np.float32([[0, 0, 2], [0, 0, 0], [0, 0, 0]]),
                            width=cam.width, height=cam.height, projection=cam.projection)
-    moved = rz.rasterize_views(recon.mesh, shifted.as_cameras(), RASTER).tri_id[0] >= 0
+    moved = rz.rasterize_views(RASTER, recon.mesh, shifted.as_cameras()).tri_id[0] >= 0
     assert (moved & mask).sum() / (moved | mask).sum() < iou - 0.01
 
 
@@ -187,13 +190,13 @@ def two_boxes() -> Mesh:
 def test_hidden_and_back_texels_keep_the_multiview_colour():
     mesh = two_boxes()
     cam = builtin_source_camera(np.array([128.0, -128.0, 0.0]), 256.0, (256, 256))
-    covered = rz.rasterize_views(mesh, cam.as_cameras(), RASTER).tri_id[0] >= 0
+    covered = rz.rasterize_views(RASTER, mesh, cam.as_cameras()).tri_id[0] >= 0
     photo = ImageInput(np.tile((RED * 255).astype(np.uint8), (256, 256, 1)), covered)
     views = flat_views(mesh, BLUE, count=16)
     tex, _ = bake.bake_texture(mesh, views, settings(), RASTER, "cpu", 0, photo=photo, source_camera=cam)
     size = 256
     # texel centres of every face, classified by where they are
-    u = rz.rasterize_uv(mesh, size, RASTER)
+    u = rz.rasterize_uv(RASTER, mesh, size)
     pos = rz.interpolate(u, mesh, mesh.vertices)[0]
     chart = u.tri_id[0] >= 0
     img = tex.image.astype(np.float32) / 255.0
@@ -227,7 +230,7 @@ def test_no_seam_where_the_photo_hands_over_to_the_views(blob):
     size = 512
     tex, stats = bake.bake_texture(mesh, views, settings(texture_size=size), RASTER, "cpu", 0,
                                    photo=photo, source_camera=recon.source_camera)
-    u = rz.rasterize_uv(mesh, size, RASTER)
+    u = rz.rasterize_uv(RASTER, mesh, size)
     chart = ndimage.binary_erosion(u.tri_id[0] >= 0, iterations=1)
     pos = rz.interpolate(u, mesh, mesh.vertices)[0]
     img = tex.image.astype(np.float32) / 255.0
@@ -263,7 +266,7 @@ def speckle(tex: Texture, mesh: Mesh) -> float:
     """Mean |texel - median of its 3x3 neighbourhood| inside the charts, in 8-bit levels."""
     from scipy import ndimage
 
-    chart = rz.rasterize_uv(mesh, tex.image.shape[0], RASTER).tri_id[0] >= 0
+    chart = rz.rasterize_uv(RASTER, mesh, tex.image.shape[0]).tri_id[0] >= 0
     inner = ndimage.binary_erosion(chart, iterations=3)
     img = tex.image.astype(np.float32)
     return float(np.abs(img - ndimage.median_filter(img, size=(3, 3, 1))).mean(-1)[inner].mean())

@@ -12,6 +12,7 @@ import pytest
 from pipeline import raster_agreement as A
 from pipeline import rasterize as R
 from pipeline.types import Raster
+from raster_helpers import gl_context
 from reference_nvdiffrast import reference_nvdiffrast  # noqa: F401 - a fixture
 from worker import selftest
 from worker_helpers import small_settings
@@ -32,7 +33,7 @@ def scene():
 @pytest.fixture(scope="module")
 def gl(scene):
     cams, mesh = scene
-    return R.rasterize_views(mesh, cams), R.rasterize_uv(mesh, UV_SIZE)
+    return R.rasterize_views(gl_context(), mesh, cams), R.rasterize_uv(gl_context(), mesh, UV_SIZE)
 
 
 def _flip_y(r: Raster) -> Raster:
@@ -59,8 +60,9 @@ def test_a_snapping_rasterizer_passes_in_camera_views_and_uv_space(scene, gl, re
     silhouette slivers (more than the old 0.5 % bound allowed in views) and still passes."""
     monkeypatch.setattr(R, "_NV_TILE", 2048)
     cams, mesh = scene
-    views = A.compare(R.rasterize_views(mesh, cams, backend="nvdiffrast"), gl[0])
-    uv = A.compare(R.rasterize_uv(mesh, UV_SIZE, backend="nvdiffrast"), gl[1], depth=False)
+    with R.raster_context("nvdiffrast", "cpu") as nv:
+        views = A.compare(R.rasterize_views(nv, mesh, cams), gl[0])
+        uv = A.compare(R.rasterize_uv(nv, mesh, UV_SIZE), gl[1], depth=False)
     for agreement in (views, uv):
         assert agreement.ok, agreement.failures()
         assert agreement.interior > 500 and agreement.interior_mismatch == 0.0, agreement
@@ -81,11 +83,11 @@ def test_a_half_pixel_shift_fails(scene, gl):
     cams, mesh = scene
     shifted = dataclasses.replace(cams, Ks=cams.Ks.copy())
     shifted.Ks[:, 0, 2] += 0.5
-    views = A.compare(R.rasterize_views(mesh, shifted), gl[0])
+    views = A.compare(R.rasterize_views(gl_context(), mesh, shifted), gl[0])
     assert not views.ok and any("barycentrics" in f for f in views.failures()), views
     uvs = mesh.uvs.copy()
     uvs[:, 0] += 0.5 / UV_SIZE
-    uv = A.compare(R.rasterize_uv(dataclasses.replace(mesh, uvs=uvs), UV_SIZE), gl[1], depth=False)
+    uv = A.compare(R.rasterize_uv(gl_context(), dataclasses.replace(mesh, uvs=uvs), UV_SIZE), gl[1], depth=False)
     assert not uv.ok and any("barycentrics" in f for f in uv.failures()), uv
 
 

@@ -17,6 +17,7 @@ from pipeline.cameras import camera_centers, intrinsics, look_at, project, spher
 from pipeline.geometry import face_normals
 from pipeline.types import Cameras, Mesh
 from pipeline.validate import StageInputError
+from raster_helpers import gl_context
 from reference_nvdiffrast import reference_nvdiffrast  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.skipif("moderngl" not in R.available_backends(),
@@ -82,7 +83,7 @@ TRIANGLE = np.array([[-0.45, -0.3, 0.5], [0.5, -0.35, -0.6], [0.0, 0.45, 0.1]], 
 def test_single_triangle_covers_exactly_its_projection():
     mesh = Mesh(TRIANGLE, np.array([[0, 1, 2]], np.int32))
     cams = one_camera((0.4, 0.3, 2.0), width=72, height=56, dcx=3.7, dcy=-2.2)
-    r = R.rasterize_views(mesh, cams)
+    r = R.rasterize_views(gl_context(), mesh, cams)
     assert r.tri_id.shape == (1, 56, 72) and r.tri_id.dtype == np.int32
     assert r.bary.shape == (1, 56, 72, 3) and r.bary.dtype == np.float32
     assert r.depth.shape == (1, 56, 72) and r.depth.dtype == np.float32
@@ -101,7 +102,7 @@ def test_single_triangle_covers_exactly_its_projection():
 def test_barycentrics_are_perspective_correct_and_depth_is_camera_z():
     mesh = Mesh(TRIANGLE, np.array([[0, 1, 2]], np.int32))
     cams = one_camera((0.4, 0.3, 2.0), width=72, height=56, dcx=3.7, dcy=-2.2)
-    r = R.rasterize_views(mesh, cams)
+    r = R.rasterize_views(gl_context(), mesh, cams)
     cov = r.covered[0]
     rows, cols = np.nonzero(cov)
     b = r.bary[0][cov]
@@ -133,7 +134,7 @@ def test_nearer_face_wins_whatever_the_draw_order():
         verts = np.concatenate([parts[0][0], parts[1][0]]).astype(np.float32)
         faces = np.concatenate([parts[0][1], parts[1][1] + 4]).astype(np.int32)
         near_ids = {0, 1} if order == "near_first" else {2, 3}
-        r = R.rasterize_views(Mesh(verts, faces), cams)
+        r = R.rasterize_views(gl_context(), Mesh(verts, faces), cams)
         ids = r.tri_id[0]
         # pixel columns where both quads overlap: x in [-0.2, 0.1] world at the image centre row
         pts = np.array([[-0.05, 0.0, 0.2], [-0.05, 0.0, -0.2]], np.float32)
@@ -152,7 +153,7 @@ def test_cube_shows_only_front_faces():
 
     mesh = to_mesh(trimesh.creation.box(extents=(0.8, 0.6, 0.7)))
     cams = sphere_cameras(6, 2.4, 40.0, 96)
-    r = R.rasterize_views(mesh, cams)
+    r = R.rasterize_views(gl_context(), mesh, cams)
     normals = face_normals(mesh.vertices, mesh.faces)
     centres = camera_centers(cams)
     points = R.interpolate(r, mesh, mesh.vertices)
@@ -171,7 +172,7 @@ def test_ids_and_depth_match_ray_casting():
     tm.vertices[:, 0] *= 1.3   # not a sphere: depth varies across faces differently per axis
     mesh = to_mesh(tm)
     cams = one_camera((0.9, 0.5, 2.0), width=80, height=64, dcx=1.3)
-    r = R.rasterize_views(mesh, cams)
+    r = R.rasterize_views(gl_context(), mesh, cams)
     p, rows, cols = pixel_centres(64, 80)
     K, V = cams.Ks[0].astype(np.float64), cams.viewmats[0].astype(np.float64)
     d_cam = np.linalg.solve(K, np.concatenate([p.T, np.ones((1, len(p)))])).T
@@ -198,7 +199,7 @@ def test_views_that_cannot_see_the_mesh_are_empty():
     K = intrinsics(40.0, 32, 32)
     cams = Cameras(viewmats=np.stack([away, look_at((0.0, 0.0, 2.0))]), Ks=np.stack([K, K]),
                    width=32, height=32)
-    r = R.rasterize_views(mesh, cams)
+    r = R.rasterize_views(gl_context(), mesh, cams)
     assert (r.tri_id[0] == -1).all() and (r.depth[0] == 0).all()
     assert r.covered[1].any()
 
@@ -209,7 +210,7 @@ def test_inside_the_mesh_only_nearby_faces_are_clipped():
     mesh = to_mesh(trimesh.creation.icosphere(subdivisions=2, radius=1.0))
     cams = Cameras(viewmats=look_at((0.0, 0.0, 0.0), target=(0.0, 0.0, 1.0))[None],
                    Ks=intrinsics(60.0, 48, 48)[None], width=48, height=48)
-    r = R.rasterize_views(mesh, cams)
+    r = R.rasterize_views(gl_context(), mesh, cams)
     # the camera sits at the centre of a closed sphere: every pixel sees the wall around it
     assert r.covered.all()
     points = R.interpolate(r, mesh, mesh.vertices)[0]
@@ -224,7 +225,7 @@ def test_inside_the_mesh_only_nearby_faces_are_clipped():
 @pytest.mark.parametrize("size", [64, 50])
 def test_uv_raster_covers_exactly_the_uv_triangles(size):
     mesh = grid_uv_mesh(40)
-    r = R.rasterize_uv(mesh, size)
+    r = R.rasterize_uv(gl_context(), mesh, size)
     assert r.tri_id.shape == (1, size, size)
     assert (r.depth == 0).all()
     p, rows, cols = pixel_centres(size, size)
@@ -250,7 +251,7 @@ def test_uv_raster_covers_exactly_the_uv_triangles(size):
 def test_uv_row_zero_is_the_top_of_the_texture():
     verts = np.zeros((3, 3), np.float32)
     uvs = np.array([[0.0, 1.0], [0.25, 1.0], [0.0, 0.75]], np.float32)    # top-left corner
-    r = R.rasterize_uv(Mesh(verts, np.array([[0, 1, 2]], np.int32), uvs=uvs), 16)
+    r = R.rasterize_uv(gl_context(), Mesh(verts, np.array([[0, 1, 2]], np.int32), uvs=uvs), 16)
     rows, cols = np.nonzero(r.covered[0])
     assert rows.max() < 4 and cols.max() < 4
     assert r.covered[0, 0, 0]
@@ -263,7 +264,7 @@ def test_interpolate_zero_where_uncovered_and_exact_at_vertices_weights():
     import trimesh
 
     mesh = to_mesh(trimesh.creation.icosphere(subdivisions=1, radius=0.4))
-    r = R.rasterize_views(mesh, one_camera((0.0, 0.0, 2.0), 40, 40))
+    r = R.rasterize_views(gl_context(), mesh, one_camera((0.0, 0.0, 2.0), 40, 40))
     colours = np.random.default_rng(1).uniform(size=(mesh.num_vertices, 3)).astype(np.float32)
     out = R.interpolate(r, mesh, colours)
     assert out.shape == (1, 40, 40, 3) and out.dtype == np.float32
@@ -302,33 +303,35 @@ def _tri_mesh(**kw) -> Mesh:
 ])
 def test_bad_meshes_are_refused(mesh, word):
     with pytest.raises(StageInputError, match=word):
-        R.rasterize_views(mesh, one_camera((0, 0, 2), 16, 16))
+        R.rasterize_views(gl_context(), mesh, one_camera((0, 0, 2), 16, 16))
 
 
 def test_limits_and_arguments_are_checked(monkeypatch):
     mesh = _tri_mesh()
     with pytest.raises(StageInputError, match="8192"):
-        R.rasterize_views(mesh, one_camera((0, 0, 2), 9000, 16))
+        R.rasterize_views(gl_context(), mesh, one_camera((0, 0, 2), 9000, 16))
     with pytest.raises(StageInputError, match="8192"):
-        R.rasterize_uv(_tri_mesh(uvs=np.zeros((3, 2), np.float32)), 9000)
+        R.rasterize_uv(gl_context(), _tri_mesh(uvs=np.zeros((3, 2), np.float32)), 9000)
     with pytest.raises(StageInputError, match="integer"):
-        R.rasterize_uv(_tri_mesh(uvs=np.zeros((3, 2), np.float32)), 64.0)
+        R.rasterize_uv(gl_context(), _tri_mesh(uvs=np.zeros((3, 2), np.float32)), 64.0)
     with pytest.raises(StageInputError, match="no UVs"):
-        R.rasterize_uv(mesh, 64)
+        R.rasterize_uv(gl_context(), mesh, 64)
     with pytest.raises(StageInputError, match="unknown rasterizer backend"):
-        R.rasterize_views(mesh, one_camera((0, 0, 2), 16, 16), backend="optix")
+        R.raster_context("optix")
+    with pytest.raises(StageInputError, match="needs a RasterContext"):
+        R.rasterize_views("moderngl", mesh, one_camera((0, 0, 2), 16, 16))
     monkeypatch.setattr(R, "MAX_FACES", 0)
     with pytest.raises(StageInputError, match="faces, more than the limit"):
-        R.rasterize_views(mesh, one_camera((0, 0, 2), 16, 16))
+        R.rasterize_views(gl_context(), mesh, one_camera((0, 0, 2), 16, 16))
     monkeypatch.setattr(R, "MAX_FACES", 10)
     monkeypatch.setattr(R, "MAX_TOTAL_PIXELS", 100)
     with pytest.raises(StageInputError, match="pixels"):
-        R.rasterize_views(mesh, one_camera((0, 0, 2), 16, 16))
+        R.rasterize_views(gl_context(), mesh, one_camera((0, 0, 2), 16, 16))
 
 
 def test_interpolate_checks_its_inputs():
     mesh = _tri_mesh()
-    r = R.rasterize_views(mesh, one_camera((0, 0, 2), 16, 16))
+    r = R.rasterize_views(gl_context(), mesh, one_camera((0, 0, 2), 16, 16))
     with pytest.raises(StageInputError, match=r"\(3, K\)"):
         R.interpolate(r, mesh, np.zeros((4, 2), np.float32))
     with pytest.raises(StageInputError, match="non-finite"):
@@ -341,20 +344,50 @@ def test_interpolate_checks_its_inputs():
 # ----------------------------------------------------------------------------- contexts
 
 
-def test_context_is_cached_per_thread_and_released():
-    first = R._gl_state()
-    assert R._gl_state() is first
+def test_a_context_is_the_callers_object_used_on_its_thread_until_released():
+    rc = R.raster_context("moderngl")
+    assert rc.backend == "moderngl" and rc.driver().get("renderer")
+    assert R.rasterize_views(rc, _tri_mesh(), one_camera((0, 0, 2), 16, 16)).covered.any()
+    # another thread makes its own; this one is refused there
     other = {}
-    t = threading.Thread(target=lambda: other.setdefault("state", R._gl_state()))
+
+    def elsewhere():
+        try:
+            R.rasterize_views(rc, _tri_mesh(), one_camera((0, 0, 2), 16, 16))
+        except StageInputError as e:
+            other["refused"] = str(e)
+        with R.raster_context("moderngl") as mine:
+            other["own"] = R.rasterize_views(mine, _tri_mesh(), one_camera((0, 0, 2), 16, 16)).covered.any()
+
+    t = threading.Thread(target=elsewhere)
     t.start()
     t.join()
-    assert other["state"] is not first and other["state"].ctx is not first.ctx
-    R.release_contexts()
-    fresh = R._gl_state()
-    assert fresh is not first
-    # still works after a release
-    r = R.rasterize_views(_tri_mesh(), one_camera((0, 0, 2), 16, 16))
-    assert r.covered.any()
+    assert "another thread" in other["refused"] and other["own"]
+    rc.release()
+    rc.release()   # idempotent
+    with pytest.raises(StageInputError, match="released"):
+        R.rasterize_views(rc, _tri_mesh(), one_camera((0, 0, 2), 16, 16))
+    with R.raster_context("moderngl") as fresh:   # a new one works after a release
+        assert R.rasterize_views(fresh, _tri_mesh(), one_camera((0, 0, 2), 16, 16)).covered.any()
+    assert fresh.released
+
+
+def test_a_context_refuses_a_forked_child():
+    import os
+
+    rc = R.raster_context("moderngl")
+    try:
+        pid = os.fork()
+        if pid == 0:   # the child only checks; it never touches the parent's GL state
+            try:
+                rc.check_usable()
+                os._exit(1)
+            except StageInputError as e:
+                os._exit(0 if "process" in str(e) else 2)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        rc.release()
 
 
 def test_context_is_released_when_the_shaders_do_not_build(monkeypatch):
@@ -371,9 +404,9 @@ def test_context_is_released_when_the_shaders_do_not_build(monkeypatch):
     monkeypatch.setattr(R, "_FRAGMENT_SHADER", "#version 330\nthis is not GLSL")
     failure = {}
 
-    def use():   # a thread of its own, so no cached context is reused
+    def use():
         try:
-            R.rasterize_views(_tri_mesh(), one_camera((0, 0, 2), 16, 16))
+            R.raster_context("moderngl")
         except Exception as e:  # noqa: BLE001 - inspected below
             failure["error"] = e
 
@@ -387,7 +420,6 @@ def test_context_is_released_when_the_shaders_do_not_build(monkeypatch):
 
 def test_import_creates_no_context_and_loads_no_gl():
     code = ("import sys, pipeline.rasterize as r; "
-            "assert not r._GL_STATES and not r._NV_CONTEXTS; "
             "assert 'moderngl' not in sys.modules and 'torch' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
@@ -413,11 +445,13 @@ def test_nvdiffrast_wrapper_conventions_with_a_reference_rasterizer(reference_nv
     K[0, 2] += 2.5
     cams = Cameras(viewmats=np.stack([look_at((0.9, 0.5, 2.0)), look_at((-1.5, -0.8, 1.2))]),
                    Ks=np.stack([K, K]), width=70, height=45)
-    nv = R.rasterize_views(mesh, cams, backend="nvdiffrast")
-    gl = R.rasterize_views(mesh, cams, backend="moderngl")
+    with R.raster_context("nvdiffrast", "cpu") as rc:
+        nv = R.rasterize_views(rc, mesh, cams)
+        uv_nv = R.rasterize_uv(rc, grid_uv_mesh(30), 45)
+    gl = R.rasterize_views(gl_context(), mesh, cams)
     _compare(nv, gl)
     uvm = grid_uv_mesh(30)
-    _compare(R.rasterize_uv(uvm, 45, backend="nvdiffrast"), R.rasterize_uv(uvm, 45), depth=False)
+    _compare(uv_nv, R.rasterize_uv(gl_context(), uvm, 45), depth=False)
 
 
 def test_nvdiffrast_tiles():
@@ -430,7 +464,7 @@ def test_nvdiffrast_tiles():
 def test_nvdiffrast_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(R, "_nvdiffrast_problem", lambda: "nvdiffrast is not installed (test)")
     with pytest.raises(R.BackendUnavailableError, match="not installed"):
-        R.rasterize_views(_tri_mesh(), one_camera((0, 0, 2), 16, 16), backend="nvdiffrast")
+        R.raster_context("nvdiffrast")
     assert "nvdiffrast" not in R.available_backends()
 
 
@@ -451,13 +485,14 @@ def test_nvdiffrast_matches_moderngl_on_cuda():
 
     tm = trimesh.creation.icosphere(subdivisions=4, radius=0.45)
     mesh = to_mesh(tm)
+    nv = R.raster_context("nvdiffrast", "cuda")
     for res in (96, 100, 512):
         cams = sphere_cameras(8, 2.4, 40.0, res)
-        _compare(R.rasterize_views(mesh, cams, backend="nvdiffrast"),
-                 R.rasterize_views(mesh, cams, backend="moderngl"))
+        _compare(R.rasterize_views(nv, mesh, cams), R.rasterize_views(gl_context(), mesh, cams))
     uvm = grid_uv_mesh(2000)
     for size in (256, 1000, 2500):
-        _compare(R.rasterize_uv(uvm, size, backend="nvdiffrast"), R.rasterize_uv(uvm, size), depth=False)
+        _compare(R.rasterize_uv(nv, uvm, size), R.rasterize_uv(gl_context(), uvm, size), depth=False)
+    nv.release()
 
 
 def test_optimizer_after_egl_context_does_not_segfault():
@@ -472,7 +507,7 @@ def test_optimizer_after_egl_context_does_not_segfault():
         "from pipeline import rasterize\n"
         "m = trimesh.creation.icosphere(2)\n"
         "uv = (m.vertices[:, :2] * 0.5 + 0.5).clip(0, 1).astype(np.float32)\n"
-        "rasterize.rasterize_uv(Mesh(m.vertices.astype(np.float32), m.faces.astype(np.int32), uvs=uv), 32)\n"
+        "rasterize.rasterize_uv(rasterize.raster_context(), Mesh(m.vertices.astype(np.float32), m.faces.astype(np.int32), uvs=uv), 32)\n"
         "import torch\n"
         "torch.optim.Adam([torch.zeros(3, requires_grad=True)])\n"
         "print('ok')\n")

@@ -18,7 +18,7 @@ def test_moderngl_rasterization_does_not_import_torch_dynamo():
         "from pipeline import rasterize\n"
         "m = trimesh.creation.icosphere(2)\n"
         "uv = (m.vertices[:, :2] * 0.5 + 0.5).clip(0, 1).astype(np.float32)\n"
-        "r = rasterize.rasterize_uv(Mesh(m.vertices.astype(np.float32), m.faces.astype(np.int32), uvs=uv), 32)\n"
+        "r = rasterize.rasterize_uv(rasterize.raster_context(), Mesh(m.vertices.astype(np.float32), m.faces.astype(np.int32), uvs=uv), 32)\n"
         "assert (r.tri_id >= 0).any()\n"
         "print('torch._dynamo' in sys.modules)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)

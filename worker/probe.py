@@ -80,10 +80,15 @@ def _check_render(backend: str, device: str) -> tuple[bool, str]:
     return True, "ok"
 
 
-def _check_raster(backend: str, device: str) -> tuple[bool, str]:
-    from pipeline.rasterize import rasterize_views
+def _check_raster(backend: str, device: str, driver: dict | None = None) -> tuple[bool, str]:
+    """Two triangles through a fresh context of ``backend``; ``driver`` (when given) receives
+    the GL driver's renderer and version."""
+    from pipeline.rasterize import raster_context, rasterize_views
 
-    r = rasterize_views(_tiny_mesh(), _tiny_cameras(), backend=backend, device=device)
+    with raster_context(backend, device) as rc:
+        r = rasterize_views(rc, _tiny_mesh(), _tiny_cameras())
+        if driver is not None:
+            driver.update(rc.driver())
     hit = r.tri_id[0, 14:18, 14:18]
     if not (hit >= 0).all() or r.tri_id[0, 0, 0] != -1:
         return False, "tiny rasterization came out wrong (triangle not where the camera puts it)"
@@ -114,23 +119,11 @@ def probe_cpu(ctx: dict) -> tuple[bool, str]:
 
 
 def probe_moderngl(ctx: dict) -> tuple[bool, str]:
-    ok, reason = _check_raster("moderngl", "cpu")
+    driver: dict = {}
+    ok, reason = _check_raster("moderngl", "cpu", driver)
     if ok:
-        ctx["gl"] = _gl_driver()
+        ctx["gl"] = driver
     return ok, reason
-
-
-def _gl_driver() -> dict:
-    """The GL driver under the rasterizer's context ("llvmpipe" is Mesa on the CPU), for
-    reports; {} when it cannot be read (never a reason to fail the probe)."""
-    try:
-        import moderngl
-
-        gl = moderngl.get_context()   # the context the rasterizer just created
-        with gl:   # its info reads empty unless it is current
-            return {"renderer": gl.info.get("GL_RENDERER"), "version": gl.info.get("GL_VERSION")}
-    except Exception:  # noqa: BLE001
-        return {}
 
 
 def _probe_cuda_backend(ctx: dict, module: str, missing: str, check) -> tuple[bool, str]:

@@ -222,18 +222,16 @@ def worker_main(cfg: dict, inbox, outbox) -> None:
     _warm_imports()
     print(f"ready after {startup_s} s; stage libraries imported in {time.perf_counter() - t1:.3f} s",
           flush=True)
+    # rasterizer contexts live on this (main) thread for the worker's life, one per
+    # (backend, device): made by the first job that bakes, released after a failure
+    contexts: dict = {}
     while True:
         msg = inbox.get()
         if isinstance(msg, Stop):
             break
         if isinstance(msg, Run):
-            _run_job(msg, cfg, caps, send)
-    try:
-        from pipeline.rasterize import release_contexts
-
-        release_contexts()
-    except Exception:
-        pass
+            _run_job(msg, cfg, caps, send, contexts)
+    _release_contexts(contexts)
     print(f"--- worker {cfg['slot']} pid {os.getpid()} stopping", flush=True)
 
 
@@ -254,7 +252,25 @@ def _json_default(o):
     return o.item() if hasattr(o, "item") else str(o)
 
 
-def _run_job(msg: Run, cfg: dict, caps: dict, send: Sender) -> None:
+def _raster_context(contexts: dict, backends):
+    from pipeline.rasterize import raster_context
+
+    key = (backends.rasterize, backends.device)
+    if key not in contexts:
+        contexts[key] = raster_context(*key)
+    return contexts[key]
+
+
+def _release_contexts(contexts: dict) -> None:
+    for rc in contexts.values():
+        try:
+            rc.release()
+        except Exception:  # noqa: BLE001 - best effort; the process may be on its way out
+            pass
+    contexts.clear()
+
+
+def _run_job(msg: Run, cfg: dict, caps: dict, send: Sender, contexts: dict) -> None:
     from kiln.atomic import atomic_write
     from kiln.settings import from_dict
 
@@ -300,9 +316,10 @@ def _run_job(msg: Run, cfg: dict, caps: dict, send: Sender) -> None:
         t_pipe = time.perf_counter()
         # the out-of-memory retry shrinks the stages' memory-bound blocks
         backends.chunk_scale = float(msg.chunk_scale)
+        raster_ctx = _raster_context(contexts, backends) if settings.bake.enabled else None
         result = run_pipeline(ImageInput(rgb=rgb, mask=mask), settings, job_dir / "outputs",
                               on_event=on_event, backends=backends, cache_dir=cache_dir,
-                              name="model")
+                              name="model", raster_ctx=raster_ctx)
         pipeline_s = time.perf_counter() - t_pipe
         check = check_glb(result.glb_path)
         # what the pipeline itself took vs. the whole attempt in this worker (inputs, checks)
@@ -326,6 +343,7 @@ def _run_job(msg: Run, cfg: dict, caps: dict, send: Sender) -> None:
             sys.stdout.flush()
             os._exit(EXIT_CUDA_STICKY)
         del e
+        _release_contexts(contexts)   # the next job starts from fresh GL / CUDA rasterizer state
         _free_memory()
 
 

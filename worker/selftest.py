@@ -133,16 +133,17 @@ def _twin_gsplat(_settings) -> dict:
 def _twin_raster(kind: str) -> Callable:
     def run(_settings) -> dict:
         from pipeline.raster_agreement import compare
-        from pipeline.rasterize import rasterize_uv, rasterize_views
+        from pipeline.rasterize import raster_context, rasterize_uv, rasterize_views
 
         _, _, cams, mesh = _scene(res=256)
         if kind == "views":
-            call = lambda b: rasterize_views(mesh, cams, backend=b, device=GPU_DEVICE)  # noqa: E731
+            call = lambda rc: rasterize_views(rc, mesh, cams)  # noqa: E731
         else:
-            call = lambda b: rasterize_uv(mesh, 512, backend=b, device=GPU_DEVICE)  # noqa: E731
-        call(GPU_RASTER)   # first call builds the plugin and the context: not timed
-        gpu, gpu_s = _timed(lambda: call(GPU_RASTER))
-        cpu, cpu_s = _timed(lambda: call("moderngl"))
+            call = lambda rc: rasterize_uv(rc, mesh, 512)  # noqa: E731
+        with raster_context(GPU_RASTER, GPU_DEVICE) as gpu_ctx, raster_context("moderngl") as cpu_ctx:
+            call(gpu_ctx)   # the first draw builds the plugin: not timed
+            gpu, gpu_s = _timed(lambda: call(gpu_ctx))
+            cpu, cpu_s = _timed(lambda: call(cpu_ctx))
         agreement = compare(gpu, cpu, depth=kind == "views")
         failures = agreement.failures()
         return {"ok": not failures, "max_diff": max(agreement.bary_p99, agreement.depth_rel_p99 or 0.0),
@@ -156,14 +157,16 @@ def _twin_bake(settings) -> dict:
 
     from kiln.settings import BakeSettings
     from pipeline.bake import bake_texture
+    from pipeline.rasterize import raster_context
     from pipeline.render_views import render_gaussians
 
     raster = "moderngl" if settings.rasterize.backend != "nvdiffrast" else "nvdiffrast"
     image, recon, cams, mesh = _scene()
     views = render_gaussians(recon.gaussians, cams, backend="cpu", device="cpu")
     bs = BakeSettings(mode="fast", texture_size=256, photo_projection=False)
-    (gpu, _), gpu_s = _timed(lambda: bake_texture(mesh, views, bs, raster, GPU_DEVICE, seed=0))
-    (cpu, _), cpu_s = _timed(lambda: bake_texture(mesh, views, bs, raster, "cpu", seed=0))
+    with raster_context(raster, "cuda") as rc:   # one rasterizer for both bakes
+        (gpu, _), gpu_s = _timed(lambda: bake_texture(mesh, views, bs, rc, GPU_DEVICE, seed=0))
+        (cpu, _), cpu_s = _timed(lambda: bake_texture(mesh, views, bs, rc, "cpu", seed=0))
     d = np.abs(gpu.image.astype(np.float64) - cpu.image.astype(np.float64))
     mean, p99 = float(d.mean()), float(np.percentile(d, 99))
     ok = mean <= BAKE_MEAN_TOL and p99 <= BAKE_P99_TOL
