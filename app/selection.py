@@ -9,11 +9,12 @@ from typing import Optional
 
 import numpy as np
 
+from kiln.limits import MIN_MASK_PIXELS
+
 from .messages import UIError, md_text, public_text
 from .segment import Box, Click, has_prompt
 from .uploads import SessionState, require_image
 
-MIN_MASK_PIXELS = 64
 # a mask under this share of the image is most likely a mis-click: warned about on the page
 TINY_MASK_SHARE = 0.005
 # ... and under this share (or MIN_MASK_PIXELS of the working copy) refused before a job starts

@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from kiln.limits import image_size_problem
+
 from .messages import UIError
 from .segment import SEG_MAX_SIDE, Box, Click, has_prompt, image_key
 
@@ -96,9 +98,9 @@ def load_upload(source: str | Path | bytes | None, app_settings, name: str = "")
                                                              app_settings.max_upload_mb))
     except ImageError as e:
         raise UIError(str(e)) from None
-    if min(rgb.shape[:2]) < 16:
-        raise UIError(f"image is only {rgb.shape[1]}x{rgb.shape[0]} pixels; use one at least 16 pixels "
-                      "on each side")
+    small = image_size_problem(rgb.shape[1], rgb.shape[0])
+    if small:
+        raise UIError(small)
     work = np.ascontiguousarray(downscale(rgb, SEG_MAX_SIDE))
     work_alpha = None if alpha is None else np.ascontiguousarray(downscale(alpha, SEG_MAX_SIDE))
     name = name or (Path(source).name if isinstance(source, (str, Path)) else "upload")

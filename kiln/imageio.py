@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .atomic import atomic_write
+from .limits import MIN_IMAGE_SIDE
 
 
 class ImageError(ValueError):
@@ -37,8 +38,6 @@ _DIRECT_RGBA = {"RGBA", "RGBa", "LA", "La", "PA"}
 _SIXTEEN_BIT = {"I;16", "I;16L", "I;16B", "I;16N"}
 
 
-# The shortest side an input image may have (the app and the CLI refuse smaller ones).
-MIN_SIDE = 16
 
 # Room for a file's non-pixel chunks: ICC profile, EXIF, XMP, text.
 METADATA_ALLOWANCE = 2 * 1024 * 1024
@@ -54,11 +53,11 @@ def worst_case_image_bytes(pixels: int, channels: int = 4) -> int:
     does not compress at all (noise), as PNG, and so as TIFF, BMP or lossless WebP too.
 
     A PNG's image data is one filter byte per row plus ``channels`` bytes per pixel,
-    deflated; with every side at least ``MIN_SIDE`` there are at most pixels / MIN_SIDE
+    deflated; with every side at least ``MIN_IMAGE_SIDE`` there are at most pixels / MIN_IMAGE_SIDE
     rows. Then the deflate growth, 12 bytes per IDAT chunk of at least 4 KiB (libpng
     writes 8 KiB, PIL 64 KiB), the fixed chunks and the metadata allowance.
     """
-    raw = pixels * channels + -(-pixels // MIN_SIDE)
+    raw = pixels * channels + -(-pixels // MIN_IMAGE_SIDE)
     deflated = int(raw * (1 + DEFLATE_GROWTH)) + 64
     chunks = 12 * -(-deflated // 4096)
     return deflated + chunks + 8 + 25 + 12 + METADATA_ALLOWANCE

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from .limits import MAX_INPUT_PIXELS
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
 
@@ -108,7 +110,7 @@ class AppSettings:
     port: int = field(default=7860, metadata=_num(1, 65535))
     # 0: derived from max_pixels, so any 8-bit RGBA image of max_pixels fits (kiln.imageio.upload_limit_bytes)
     max_upload_mb: float = field(default=0.0, metadata=_num(0, 4096))
-    max_pixels: int = field(default=40_000_000, metadata=_num(65536, 200_000_000))
+    max_pixels: int = field(default=40_000_000, metadata=_num(65536, MAX_INPUT_PIXELS))
     sam2_checkpoint: str = ""
     sam2_config: str = ""
     jobs_dir: str = "var/jobs"

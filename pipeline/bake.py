@@ -32,13 +32,15 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
+from kiln.limits import MAX_RASTER_SIDE, MIN_TEXTURE_SIZE
 from kiln.settings import BakeSettings, allowed_range
 
 from .backends import torch_device
 from .cameras import camera_centers
 from .geometry import vertex_normals
-from .types import MAX_IMAGE_SIDE, Cameras, ImageInput, Mesh, Raster, SourceCamera, Texture, Views
+from .types import Cameras, ImageInput, Mesh, Raster, SourceCamera, Texture, Views
 from .validate import StageInputError, check_array, is_tensor
+from .visibility import depth_tolerance
 
 if TYPE_CHECKING:
     from .rasterize import RasterContext
@@ -46,16 +48,12 @@ if TYPE_CHECKING:
 ProgressFn = Callable[[float, str], None]
 
 MODES = ("fast", "opt")
-# capability limits, not the setting's range (kiln.settings holds that, checked when settings
-# are built): below 16 texels a chart cannot hold a gutter (tests bake small sizes); above
-# MAX_IMAGE_SIDE the UV raster is past what a raster may be. Power of two because opt halves it.
-MIN_TEXTURE_SIZE = 16
+# texture sizes: the capability limits MIN_TEXTURE_SIZE..MAX_RASTER_SIDE (kiln.limits), not the
+# setting's range (kiln.settings checks that); a power of two because opt halves it.
 ALPHA_MIN = 0.9                # view pixels at least this opaque are bake targets and count in the PSNR
 FAST_COS_POWER = 4.0           # sharpens the view weighting towards the most frontal view
 FAST_MIN_WEIGHT = 1e-4         # a texel with less total weight than this counts as unseen
-DEPTH_REL_TOL = 0.004          # visibility: |z_texel - z_depthmap| <= this * z ...
-DEPTH_SLOPE_PIXELS = 1.0       # ... plus this many pixels' footprint, stretched by the surface slope
-MAX_SLOPE = 10.0               # tan(angle) cap for that stretch, so grazing texels cannot see through
+DEPTH_SLOPE_PIXELS = 1.0       # visibility: pixel footprints a slope may stretch (pipeline.visibility)
 FINAL_LR_FRACTION = 0.05       # cosine decay of Adam's lr to this fraction: L1 signs otherwise jitter by ~lr
 INPAINT_RADIUS = 3
 PSNR_CAP_DB = 100.0            # identical images would give inf, which JSON cannot carry
@@ -374,10 +372,7 @@ def _project_view(p, n, viewmat, K, center, depth, rgba):
     row = py.floor().long()
     inside = (z > 1e-6) & (col >= 0) & (col < width) & (row >= 0) & (row < height) & (cos > 0)
     d = depth[row.clamp(0, height - 1), col.clamp(0, width - 1)]
-    # depth varies across a pixel on slanted surfaces: allow a footprint times tan(angle)
-    tan = (1.0 - cos.clamp(0, 1) ** 2).sqrt() / cos.clamp(min=1.0 / MAX_SLOPE)
-    pixel = z / K[0, 0]
-    tol = DEPTH_REL_TOL * z + DEPTH_SLOPE_PIXELS * pixel * tan
+    tol = depth_tolerance(z, cos, z / K[0, 0], DEPTH_SLOPE_PIXELS)
     visible = inside & (d > 0) & ((z - d).abs() <= tol)
     grid = torch.stack([2.0 * px / width - 1.0, 2.0 * py / height - 1.0], 1)
     sampled = torch.nn.functional.grid_sample(
@@ -666,9 +661,9 @@ def _validate_inputs(mesh: Mesh, views: Views, settings: BakeSettings) -> None:
         raise StageInputError(f"bake mode {settings.mode!r} is unknown; choose one of {', '.join(MODES)}")
     size = settings.texture_size
     if (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < MIN_TEXTURE_SIZE
-            or size > MAX_IMAGE_SIDE or size & (size - 1)):
+            or size > MAX_RASTER_SIDE or size & (size - 1)):
         raise StageInputError(f"texture size {size!r} must be a power of two between "
-                              f"{MIN_TEXTURE_SIZE} and {MAX_IMAGE_SIDE}")
+                              f"{MIN_TEXTURE_SIZE} and {MAX_RASTER_SIDE}")
     if settings.mode == "opt":
         if settings.steps < 0:
             raise StageInputError(f"bake steps must be >= 0, got {settings.steps}")

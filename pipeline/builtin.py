@@ -19,7 +19,7 @@ import numpy as np
 from kiln.settings import ReconstructSettings
 
 from .geometry import face_normals, signed_volume, vertex_normals
-from .reconstruct import MIN_MASK_PIXELS, ProgressFn, prepare_image
+from .reconstruct import ProgressFn, prepare_image
 from .types import MAX_GAUSSIANS, Gaussians, ImageInput, Mesh, Reconstruction, SourceCamera
 from .validate import StageInputError, check_int
 
@@ -30,6 +30,9 @@ MAX_RESOLUTION = 512
 GRID_PAD = 3                     # empty cells around the silhouette, so the surface closes inside the grid
 BACK_DARKEN = 0.2                # the unseen back is the front's colour, a little darker
 GAUSSIAN_OPACITY = 0.95
+
+# holes in the mask smaller than this many pixels (or 0.2 % of the object) are filled
+MIN_HOLE_PIXELS = 16
 
 
 def reconstruct_builtin(image: ImageInput, settings: ReconstructSettings, seed: int,
@@ -100,7 +103,7 @@ def builtin_source_camera(center: np.ndarray, extent: float, shape: tuple) -> So
 
 def _mask_and_grid(mask: np.ndarray, resolution: int) -> tuple[np.ndarray, "_Grid"]:
     """The cleaned mask and its silhouette grid; StageInputError when too little is left."""
-    mask = _clean_mask(mask, hole_cells=max(MIN_MASK_PIXELS, 0.002 * mask.sum()), diagonal=True)
+    mask = _clean_mask(mask, hole_cells=max(MIN_HOLE_PIXELS, 0.002 * mask.sum()), diagonal=True)
     return mask, _silhouette_grid(mask, resolution)
 
 

@@ -21,11 +21,12 @@ from kiln.glb import GLBError
 
 from .gaussian_math import SH_C0
 from .geometry import vertex_normals
+from kiln.limits import MAX_FACES, MAX_RASTER_SIDE
+
 from .types import Gaussians, Mesh, Texture
 from .validate import StageInputError, check_array
 
 ROUGHNESS = 0.9
-MAX_EXPORT_FACES = 10_000_000
 
 
 # --------------------------------------------------------------------------- GLB
@@ -47,7 +48,7 @@ def export_glb(mesh: Mesh, texture: Texture | None, path) -> Path:
     import trimesh
     from PIL import Image
 
-    mesh.validate("mesh", max_faces=MAX_EXPORT_FACES)
+    mesh.validate("mesh", max_faces=MAX_FACES)
     path = Path(path)
     tm = trimesh.Trimesh(vertices=mesh.vertices.astype(np.float64), faces=mesh.faces,
                          process=False, validate=False)
@@ -125,8 +126,8 @@ def _check_texture(texture: Texture) -> None:
     h, w = texture.image.shape[:2]
     if h == 0 or w == 0:
         raise StageInputError("texture.image is empty")
-    if max(h, w) > 16384:
-        raise StageInputError(f"texture.image is {w}x{h}; at most 16384 texels a side")
+    if max(h, w) > MAX_RASTER_SIDE:
+        raise StageInputError(f"texture.image is {w}x{h}; at most {MAX_RASTER_SIDE} texels a side")
 
 
 def _texture_size(meshes) -> tuple[int, int] | None:

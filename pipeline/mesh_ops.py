@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.limits import MAX_FACES
+
 from .types import Mesh
 from .validate import StageInputError
 
 MERGE_TOLERANCE = 1e-7        # of the bounding-box diagonal: vertices closer than this are one
-MAX_FACES = 10_000_000        # cleaning needs ~100 bytes a face; beyond this input is a mistake
 MIN_TARGET_FACES = 4
 TARGET_TOLERANCE = 0.05       # simplify_mesh aims to land within 5 % of the target face count
 

@@ -44,6 +44,7 @@ from kiln.settings import allowed_range
 
 from .types import ImageInput, Mesh, SourceCamera
 from .validate import StageInputError, check_array, check_finite
+from .visibility import depth_tolerance
 
 if TYPE_CHECKING:
     from .rasterize import RasterContext
@@ -54,9 +55,7 @@ FEATHER_FRACTION = 0.02      # occlusion-edge feather, as a fraction of the obje
 MIN_FEATHER_PIXELS = 3.0
 ANGLE_RAMP_WIDTH = 0.04      # the view-angle and mask-edge ramps span this fraction of the object on its surface
 OCCLUSION_SLOPE = 8.0        # depth steps larger than this many pixel footprints are occlusion edges
-DEPTH_REL_TOL = 0.004        # visibility tolerance, as in the multi-view bake ...
-DEPTH_SLOPE_PIXELS = 1.5     # ... plus this many pixel footprints stretched by the surface slope
-MAX_SLOPE = 10.0
+DEPTH_SLOPE_PIXELS = 1.5     # visibility: pixel footprints a slope may stretch (pipeline.visibility)
 CROP_MARGIN = 4              # photo pixels kept around the mask's bounding box
 MAX_SIDE_PER_TEXEL = 2.0     # the photo crop is downscaled to at most this x texture size per side
 CHUNK = 1 << 20              # texels per vectorised block
@@ -174,8 +173,7 @@ def _project_chunk(p, nrm, R, t, K, center, ortho: bool, footprint: float, depth
     cos = (nrm * to_cam).sum(1)
     col, row = px.floor().long(), py.floor().long()
     inside = in_front & (col >= 0) & (col < width) & (row >= 0) & (row < height) & (cos > 0)
-    tan = (1.0 - cos.clamp(0, 1) ** 2).sqrt() / cos.clamp(min=1.0 / MAX_SLOPE)
-    tol = DEPTH_REL_TOL * z.abs() + DEPTH_SLOPE_PIXELS * pixel * tan
+    tol = depth_tolerance(z, cos, pixel, DEPTH_SLOPE_PIXELS)
     # the depth of any of the four pixel centres around the texel will do: one pixel's
     # depth alone (a flat face, maybe a steeper neighbour's) misses grazing texels here and
     # there, and each miss is a hole in the photo's weight. Texels that close to a real

@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backends import check_backend
-from .types import MAX_IMAGE_SIDE, Cameras, Mesh, Raster
+from kiln.limits import MAX_FACES, MAX_RASTER_SIDE, MAX_TOTAL_PIXELS
+
+from .types import Cameras, Mesh, Raster
 from .validate import StageInputError, check_array, check_finite
 
-# The rasterizers' own limit on a target's side (a float32 RGBA target of 8192^2 is 1 GiB),
-# whatever a setting allows: settings' ranges are checked once, when settings are built.
-MAX_RESOLUTION = MAX_IMAGE_SIDE
-MAX_FACES = 5_000_000          # also keeps face ids exact in float32 render targets (< 2**24)
-MAX_TOTAL_PIXELS = 2 ** 28     # views x height x width; ~5.4 GB of Raster output
+# The rasterizers' limits (kiln.limits): a target's side (MAX_RASTER_SIDE), the faces
+# (MAX_FACES keeps face ids exact in float32 render targets), views x height x width
+# (MAX_TOTAL_PIXELS), whatever a setting allows.
 _NV_TILE = 2048                # nvdiffrast's CUDA rasterizer is limited/fragile above this
 _NV_ALIGN = 8                  # ... and wants width and height divisible by 8
 _NV_BATCH_PIXELS = 2 ** 24     # views rasterized together per nvdiffrast call
@@ -178,8 +178,8 @@ def rasterize_uv(ctx: RasterContext, mesh: Mesh, size: int) -> Raster:
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
         raise StageInputError(f"UV raster size must be an integer, got {size!r}")
     size = int(size)
-    if not 1 <= size <= MAX_RESOLUTION:
-        raise StageInputError(f"UV raster size {size} is outside 1..{MAX_RESOLUTION}")
+    if not 1 <= size <= MAX_RASTER_SIDE:
+        raise StageInputError(f"UV raster size {size} is outside 1..{MAX_RASTER_SIDE}")
     mesh.validate("mesh", max_faces=MAX_FACES)
     if mesh.uvs is None:
         raise StageInputError("mesh has no UVs; unwrap it (pipeline.uv.unwrap) before UV rasterization")

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from kiln.limits import MAX_INPUT_PIXELS, MAX_WORK_SIDE, mask_problem
 from kiln.settings import ReconstructSettings
 
 from .types import ImageInput, Reconstruction, SourceCamera
@@ -35,11 +36,6 @@ RECONSTRUCTORS: dict[str, Reconstructor] = {}
 InputCheck = Callable[[ImageInput, ReconstructSettings], None]
 INPUT_CHECKS: dict[str, InputCheck] = {}
 
-MIN_MASK_PIXELS = 16
-MAX_INPUT_PIXELS = 200_000_000   # the largest image app.max_pixels can ever admit
-# The downscale target's cap: a larger side than this cannot come from any image the
-# app admits, and a backend given one would allocate for it.
-MAX_IMAGE_SIDE = 16384
 ALWAYS_AVAILABLE = "builtin"
 
 
@@ -139,18 +135,12 @@ def _import_backend(backend: str) -> None:
 
 # --------------------------------------------------------------------------- input checks
 
-def check_mask(mask: np.ndarray, name: str = "mask") -> None:
-    """Refuse masks no reconstruction can work from. mask: (H, W) bool."""
-    count = int(mask.sum())
-    if count == 0:
-        raise StageInputError(f"{name} is empty: no object pixels are selected; "
-                              "click on the object to segment it")
-    if count == mask.size:
-        raise StageInputError(f"{name} covers the whole image: the object must not fill the whole "
-                              "frame; segment the object so some background stays outside it")
-    if count < MIN_MASK_PIXELS:
-        raise StageInputError(f"{name} has only {count} object pixel(s); at least "
-                              f"{MIN_MASK_PIXELS} are needed to reconstruct a shape")
+def require_usable_mask(mask: np.ndarray, name: str = "mask") -> None:
+    """Raise StageInputError for a mask no reconstruction can work from (the rule is
+    ``kiln.limits.mask_problem``). mask: (H, W) bool."""
+    problem = mask_problem(mask)
+    if problem is not None:
+        raise StageInputError(f"{name} {problem}")
 
 
 def prepare_image(image: ImageInput, max_side: int) -> tuple[ImageInput, float]:
@@ -159,14 +149,14 @@ def prepare_image(image: ImageInput, max_side: int) -> tuple[ImageInput, float]:
     Returns (image, scale) where scale = new size / original size (1.0 when unchanged).
     """
     image.validate()
-    # a side of 0 cannot be resized to, one above MAX_IMAGE_SIDE is a memory hazard;
+    # a side of 0 cannot be resized to, one above MAX_WORK_SIDE is a memory hazard;
     # the setting's range (kiln.settings) is checked when settings are built
-    check_int("reconstruct.max_image_side", max_side, 1, MAX_IMAGE_SIDE)
+    check_int("reconstruct.max_image_side", max_side, 1, MAX_WORK_SIDE)
     h, w = image.mask.shape
     if h * w > MAX_INPUT_PIXELS:
         raise StageInputError(f"image is {w}x{h} pixels, more than {MAX_INPUT_PIXELS} in all; "
                               "downscale it before reconstruction")
-    check_mask(image.mask)
+    require_usable_mask(image.mask)
     if max(h, w) <= max_side:
         return image, 1.0
     import cv2
@@ -175,5 +165,5 @@ def prepare_image(image: ImageInput, max_side: int) -> tuple[ImageInput, float]:
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
     rgb = cv2.resize(image.rgb, size, interpolation=cv2.INTER_AREA)
     mask = cv2.resize(image.mask.astype(np.float32), size, interpolation=cv2.INTER_AREA) >= 0.5
-    check_mask(mask, name=f"mask (after downscaling the image to {size[0]}x{size[1]})")
+    require_usable_mask(mask, name=f"mask (after downscaling the image to {size[0]}x{size[1]})")
     return ImageInput(rgb=np.ascontiguousarray(rgb), mask=mask), scale

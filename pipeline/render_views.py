@@ -35,6 +35,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from kiln.limits import MAX_TOTAL_PIXELS
+
 from .backends import check_backend, torch_device
 from .types import Cameras, Gaussians, Views
 from .validate import StageInputError
@@ -48,10 +50,6 @@ SPAN_BUDGET = 1 << 20
 
 # Pixels of margin around the exact footprint of a row span (float32 round-off).
 SPAN_SLACK = 0.05
-
-# views x height x width; the output alone is 16 bytes a pixel (~4.3 GB here),
-# the most the bake settings can ask for (64 views of 2048^2).
-MAX_TOTAL_PIXELS = 2 ** 28
 
 # gsplat renders a batch of cameras per call; its memory grows with cameras x Gaussians
 # (packed=False keeps radii, means2d, depths, conics and tile counts per pair, ~48 bytes,

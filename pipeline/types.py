@@ -22,6 +22,8 @@ from typing import Optional
 
 import numpy as np
 
+from kiln.limits import MAX_RASTER_SIDE
+
 from .validate import StageInputError, check_array, check_finite, is_tensor
 
 # More Gaussians than any stage can hold (the renderers keep ~200 bytes each per
@@ -130,9 +132,6 @@ class Gaussians:
 
 
 PROJECTIONS = ("perspective", "orthographic")
-# Largest image side any camera or raster may have: a float32 RGBA target of that size is
-# 1 GiB. A memory bound on the arrays, not a setting's range (kiln.settings holds those).
-MAX_IMAGE_SIDE = 8192
 
 
 @dataclass
@@ -168,9 +167,9 @@ class Cameras:
             if isinstance(side, bool) or not isinstance(side, (int, np.integer)):
                 raise StageInputError(f"{name} image size must be whole pixels, got "
                                       f"{self.width!r} x {self.height!r}")
-        if not (1 <= self.width <= MAX_IMAGE_SIDE and 1 <= self.height <= MAX_IMAGE_SIDE):
+        if not (1 <= self.width <= MAX_RASTER_SIDE and 1 <= self.height <= MAX_RASTER_SIDE):
             raise StageInputError(f"{name} image size {self.width}x{self.height} is outside "
-                                  f"1..{MAX_IMAGE_SIDE}")
+                                  f"1..{MAX_RASTER_SIDE}")
         if self.projection not in PROJECTIONS:
             raise StageInputError(f"{name} projection {self.projection!r} is not one of "
                                   + ", ".join(PROJECTIONS))

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .types import MAX_IMAGE_SIDE, Mesh, SourceCamera
+from kiln.limits import MAX_RASTER_SIDE, MIN_TEXTURE_SIZE
+
+from .types import Mesh, SourceCamera
 from .validate import StageInputError, check_int
 
 PACK_ATTEMPTS = 12
-# capability limit, not a setting's range (kiln.settings holds that): below this a chart and
-# its gutter do not fit; the upper one is the raster limit types.MAX_IMAGE_SIDE
-MIN_TEXTURE_SIZE = 16
 SHRINK = 0.9          # texel density factor per attempt when the charts did not fit
 METHODS = ("kiln", "xatlas")
 SPLIT_ROUNDS = 8      # halvings of a folding chart before its faces are laid out one by one
@@ -63,7 +62,8 @@ def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
     if method not in METHODS:
         raise StageInputError(f"unknown unwrap method {method!r}; use one of {', '.join(METHODS)}")
     mesh.validate("mesh", max_faces=max_faces)
-    check_int("texture_size", texture_size, MIN_TEXTURE_SIZE, MAX_IMAGE_SIDE)
+    # capability limits (kiln.limits), not the setting's range: kiln.settings checks that
+    check_int("texture_size", texture_size, MIN_TEXTURE_SIZE, MAX_RASTER_SIDE)
     if not (isinstance(gutter, (int, np.integer)) and 0 <= gutter <= texture_size // 8):
         raise StageInputError(f"gutter must be an integer in 0..{texture_size // 8} texels for a "
                               f"{texture_size} texture, got {gutter!r}")

@@ -14,7 +14,8 @@ import torch
 from kiln.settings import BakeSettings
 from pipeline import bake
 from pipeline.cameras import look_at, sphere_cameras
-from pipeline.types import MAX_IMAGE_SIDE, Cameras, Mesh, Texture, Views
+from kiln.limits import MAX_RASTER_SIDE
+from pipeline.types import Cameras, Mesh, Texture, Views
 from pipeline.validate import StageInputError
 
 from pipeline.rasterize import available_backends
@@ -362,7 +363,7 @@ def test_rejects_views_not_matching_cameras(scene):
 
 # past the capability limit: the raster side limit (the settings' own range is checked when
 # settings are built)
-@pytest.mark.parametrize("size", [100, 8, 2 * MAX_IMAGE_SIDE])
+@pytest.mark.parametrize("size", [100, 8, 2 * MAX_RASTER_SIDE])
 def test_rejects_bad_texture_size(scene, size):
     mesh, _, _, views = scene
     with pytest.raises(StageInputError, match="power of two"):

@@ -66,7 +66,7 @@ def _speck(shape):
 
 @pytest.mark.parametrize("make,needle", [
     (lambda s: np.zeros(s, np.uint8), "is empty"),
-    (lambda s: np.full(s, 255, np.uint8), "selects the whole image"),
+    (lambda s: np.full(s, 255, np.uint8), "covers the whole image"),
     (_speck, "only 4 object pixel(s)"),                          # the reconstruct stage's own check
     (lambda s: np.zeros((s[0], s[1] + 1), np.uint8), "they must match"),
 ], ids=["empty", "full", "speck", "size"])

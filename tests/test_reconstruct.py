@@ -251,7 +251,7 @@ def test_bad_masks_are_refused(case, words):
 def test_mask_lost_in_downscaling_is_refused():
     rgb = np.zeros((2048, 2048, 3), np.uint8)
     mask = np.zeros((2048, 2048), bool)
-    mask[1000:1005, 1000:1005] = True                 # 25 pixels, ~1.5 after 8x downscale
+    mask[1000:1010, 1000:1010] = True                 # 100 pixels, ~1.5 after 8x downscale
     with pytest.raises(StageInputError, match="mask .*after downscaling"):
         R.reconstruct(ImageInput(rgb, mask), replace(SMALL, max_image_side=256), seed=0)
 

@@ -117,7 +117,8 @@ def load(item: RunItem, max_pixels: int, reconstruct: "ReconstructSettings",
          mask_dir: str | None = None) -> Loaded:
     """Read an item completely and run the reconstruction stage's own input checks.
     Raises ``InputProblem``."""
-    from kiln.imageio import MIN_SIDE, ImageError, load_image
+    from kiln.imageio import ImageError, load_image
+    from kiln.limits import image_size_problem, mask_problem
     from kiln.maskfile import load_mask, read_alpha
 
     try:
@@ -125,9 +126,9 @@ def load(item: RunItem, max_pixels: int, reconstruct: "ReconstructSettings",
     except ImageError as e:
         raise InputProblem(f"image {item.image}: {e}") from None
     h, w = rgb.shape[:2]
-    if min(h, w) < MIN_SIDE:
-        raise InputProblem(f"image {item.image} is only {w}x{h} pixels; use one at least "
-                           f"{MIN_SIDE} pixels on each side")
+    small = image_size_problem(w, h, f"image {item.image}")
+    if small:
+        raise InputProblem(small)
     notes = []
     if item.mask is not None:
         what = f"mask {item.mask}"
@@ -152,11 +153,10 @@ def load(item: RunItem, max_pixels: int, reconstruct: "ReconstructSettings",
         reading = read_alpha(alpha)
     notes.append(reading.describe(what))
     by = "alpha (opaque = object)" if reading.channel == "alpha" else "grey level (white = object)"
-    if not reading.mask.any():
-        raise InputProblem(f"{what} is empty: by its {by} no pixel is the object")
-    if reading.mask.all():
-        raise InputProblem(f"{what} selects the whole image: by its {by} every pixel is the "
-                           "object, but some background must stay outside it (is it inverted?)")
+    problem = mask_problem(reading.mask)
+    if problem is not None:
+        hint = " (is it inverted?)" if reading.mask.all() else ""
+        raise InputProblem(f"{what} {problem}, read by its {by}{hint}")
     check_reconstructable(rgb, reading.mask, reconstruct, what)
     return Loaded(rgb=rgb, mask=reading.mask, notes=notes)
 

@@ -30,6 +30,7 @@ from typing import Literal, Optional
 import numpy as np
 
 from kiln.atomic import atomic_write
+from kiln.limits import image_size_problem
 
 # A job's state (``JobStatus.state``), written as these strings in status.json and
 # compared as strings by every caller; the last three are final.
@@ -249,8 +250,9 @@ def check_inputs(rgb, mask) -> None:
                          f"got {getattr(mask, 'shape', type(mask).__name__)}")
     if mask.dtype != np.bool_:
         raise ValueError(f"mask must be bool, got {mask.dtype}")
-    if rgb.shape[0] < 2 or rgb.shape[1] < 2:
-        raise ValueError(f"image is too small: {rgb.shape[1]}x{rgb.shape[0]}")
+    small = image_size_problem(rgb.shape[1], rgb.shape[0])
+    if small:
+        raise ValueError(small)
 
 
 def load_inputs(job_dir: Path) -> tuple[np.ndarray, np.ndarray]:
