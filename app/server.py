@@ -362,16 +362,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _overrides(pairs: Sequence[str]) -> dict:
-    out = {}
-    for item in pairs:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise LaunchError(f"--set needs KEY=VALUE, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -481,7 +471,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from kiln import settings as settings_mod
 
     try:
-        settings = settings_mod.load(args.config, _overrides(args.set))
+        settings = settings_mod.load(args.config, settings_mod.parse_set(args.set))
         auth = parse_auth(args.auth if args.auth is not None else os.environ.get("KILN_AUTH"))
         if auth and args.no_auth:
             raise LaunchError("--no-auth contradicts --auth/KILN_AUTH; pick one")

@@ -70,6 +70,13 @@ def requirements(settings, backends: Backends) -> list[tuple[str, str]]:
     return need
 
 
+def needed_capabilities(settings, capabilities: Optional[dict] = None) -> set[str]:
+    """The probes a job with these settings relies on where the probes found
+    ``capabilities`` (None: nothing probed, so ``auto`` picks the CPU twins and only what the
+    settings name is needed). The one rule for the worker, ``kiln doctor`` and ``kiln selftest``."""
+    return {cap for cap, _ in requirements(settings, resolve_backends(settings, capabilities))}
+
+
 def unmet_requirements(settings, backends: Backends, capabilities: dict) -> Optional[str]:
     """Why this worker cannot run the job with ``backends`` (the first unmet need, with the
     probe's reason), or None when it can."""

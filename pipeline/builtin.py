@@ -347,7 +347,7 @@ def sample_surface_gaussians(mesh: Mesh, count: int, seed: int) -> Gaussians:
     vertex colours (grey when the mesh has none). mesh.vertices (V, 3) float32,
     mesh.faces (F, 3) int32.
     """
-    from scipy.spatial.transform import Rotation
+    from .rotations import matrix_to_quat
 
     check_int("number of Gaussians", count, 1, MAX_GAUSSIANS)
     count = int(count)
@@ -378,8 +378,7 @@ def sample_surface_gaussians(mesh: Mesh, count: int, seed: int) -> Gaussians:
     t1 /= np.linalg.norm(t1, axis=1, keepdims=True)
     t2 = np.cross(normals, t1)
     rot = np.stack([t1, t2, normals], axis=2)          # columns: local x, y, z axes
-    quats = Rotation.from_matrix(rot).as_quat(scalar_first=True)
-    quats /= np.linalg.norm(quats, axis=1, keepdims=True)
+    quats = matrix_to_quat(rot)
 
     spacing = math.sqrt(total / count)
     scales = np.empty((count, 3))

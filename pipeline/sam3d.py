@@ -75,6 +75,7 @@ import numpy as np
 
 from .gaussian_math import SH_C0
 from .geometry import signed_volume
+from .rotations import matrix_to_quat, quat_mul, quat_to_matrix
 from .types import Gaussians, ImageInput, Mesh, Reconstruction, SourceCamera
 from .validate import StageInputError
 
@@ -286,45 +287,6 @@ def _np(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):
         x = x.detach().float().cpu().numpy()
     return np.asarray(x, dtype=np.float64)
-
-
-def quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Hamilton product a * b of (..., 4) (w, x, y, z) quaternions."""
-    aw, ax, ay, az = np.moveaxis(a, -1, 0)
-    bw, bx, by, bz = np.moveaxis(b, -1, 0)
-    return np.stack([aw * bw - ax * bx - ay * by - az * bz,
-                     aw * bx + ax * bw + ay * bz - az * by,
-                     aw * by - ax * bz + ay * bw + az * bx,
-                     aw * bz + ax * by - ay * bx + az * bw], axis=-1)
-
-
-def quat_to_matrix(q: np.ndarray) -> np.ndarray:
-    """(4,) (w, x, y, z) -> (3, 3) column-vector rotation matrix."""
-    w, x, y, z = np.asarray(q, np.float64) / np.linalg.norm(q)
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-                     [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-                     [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
-
-
-def matrix_to_quat(m: np.ndarray) -> np.ndarray:
-    """(3, 3) proper rotation -> (4,) unit (w, x, y, z) with w >= 0."""
-    m = np.asarray(m, np.float64)
-    tr = np.trace(m)
-    # choose the largest of 4w^2, 4x^2, 4y^2, 4z^2 for a well-conditioned square root
-    cands = np.array([1 + tr, 1 + m[0, 0] - m[1, 1] - m[2, 2], 1 - m[0, 0] + m[1, 1] - m[2, 2],
-                      1 - m[0, 0] - m[1, 1] + m[2, 2]])
-    i = int(np.argmax(cands))
-    s = 2.0 * np.sqrt(cands[i])
-    if i == 0:
-        q = [s / 4, (m[2, 1] - m[1, 2]) / s, (m[0, 2] - m[2, 0]) / s, (m[1, 0] - m[0, 1]) / s]
-    elif i == 1:
-        q = [(m[2, 1] - m[1, 2]) / s, s / 4, (m[0, 1] + m[1, 0]) / s, (m[0, 2] + m[2, 0]) / s]
-    elif i == 2:
-        q = [(m[0, 2] - m[2, 0]) / s, (m[0, 1] + m[1, 0]) / s, s / 4, (m[1, 2] + m[2, 1]) / s]
-    else:
-        q = [(m[1, 0] - m[0, 1]) / s, (m[0, 2] + m[2, 0]) / s, (m[1, 2] + m[2, 1]) / s, s / 4]
-    q = np.array(q)
-    return q if q[0] >= 0 else -q
 
 
 def _raw_gaussians(gs: Any) -> dict:

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kiln.settings import Settings
-from pipeline.backends import (Backends, check_backend, requirements, resolve_backends, torch_device,
-                               unmet_requirements)
+from pipeline.backends import (Backends, check_backend, needed_capabilities, requirements, resolve_backends,
+                               torch_device, unmet_requirements)
 from pipeline.validate import StageInputError
 
 ALL_GPU = {"cuda": True, "gsplat": True, "nvdiffrast": True, "moderngl": True}
@@ -42,6 +42,17 @@ def test_requirements_follow_the_stages_a_job_runs():
     assert requirements(_settings(**{"bake.enabled": False}), Backends("gsplat", "nvdiffrast", "cpu")) == []
     sam = _settings(**{"reconstruct.backend": "sam3d", "bake.enabled": False})
     assert requirements(sam, Backends()) == [("sam3d", "reconstruction backend 'sam3d'")]
+
+
+@pytest.mark.parametrize("changes, caps, expected", [
+    ({}, None, {"moderngl"}),                                        # nothing probed: the CPU twins
+    ({}, ALL_GPU, {"cuda", "gsplat", "nvdiffrast"}),                 # auto on a working GPU
+    ({"views.backend": "gsplat"}, None, {"gsplat", "moderngl"}),     # named: needed, on whatever device
+    ({"worker.device": "cuda"}, None, {"cuda", "moderngl"}),
+    ({"bake.enabled": False, "views.backend": "gsplat"}, ALL_GPU, {"cuda"}),
+])
+def test_needed_capabilities_one_rule_for_jobs_doctor_and_selftest(changes, caps, expected):
+    assert needed_capabilities(_settings(**changes), caps) == expected
 
 
 def test_unmet_requirements_name_the_choice_and_the_probe_reason():

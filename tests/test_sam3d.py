@@ -454,18 +454,3 @@ def test_probe_gpu_checks(fake_pkg, tmp_path, monkeypatch):
     broken = write_config(tmp_path / "broken", _target_="sam3d_objects.pipeline.broken_pipeline.X")
     ok, reason = sam3d.probe_sam3d(Settings().override({"reconstruct.sam3d_config": str(broken)}))
     assert not ok and "pytorch3d" in reason
-
-
-def test_quaternion_helpers_agree_with_scipy():
-    rng = np.random.default_rng(0)
-    for _ in range(20):
-        q = rng.normal(size=4)
-        q /= np.linalg.norm(q)
-        m = sam3d.quat_to_matrix(q)
-        np.testing.assert_allclose(m, _rotmat(q), atol=1e-12)
-        back = sam3d.matrix_to_quat(m)
-        np.testing.assert_allclose(back, q if q[0] >= 0 else -q, atol=1e-9)
-        q2 = rng.normal(size=4)
-        np.testing.assert_allclose(sam3d.quat_to_matrix(sam3d.quat_mul(q, q2)),
-                                   _rotmat(q) @ sam3d.quat_to_matrix(q2), atol=1e-9)
-    np.testing.assert_allclose(sam3d.matrix_to_quat(np.diag([-1.0, 1.0, -1.0])), [0, 0, 1, 0], atol=1e-12)

@@ -64,14 +64,12 @@ def worker_interpreter(settings) -> str:
 
 
 def needs(settings) -> dict:
-    """What the configured pipeline cannot run without."""
-    bake = settings.bake.enabled
-    return {
-        "cuda": settings.worker.device == "cuda",
-        "gsplat": bake and settings.views.backend == "gsplat",
-        "nvdiffrast": bake and settings.rasterize.backend == "nvdiffrast",
-        "moderngl": bake and settings.rasterize.backend in ("moderngl", "auto"),
-    }
+    """What the configured pipeline cannot run without, whatever this machine has: what the
+    settings name, and the CPU twin ``auto`` falls back to (``pipeline.backends``'s rule)."""
+    from pipeline.backends import needed_capabilities
+
+    need = needed_capabilities(settings)
+    return {cap: cap in need for cap in ("cuda", "gsplat", "nvdiffrast", "moderngl")}
 
 
 def run_checks(settings, quick: bool = False, timeout: float = 180.0,

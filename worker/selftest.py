@@ -307,16 +307,14 @@ def _sticky_cuda_check(settings, work: Path) -> Result:
 
 def _needs(settings, cuda: bool, env: dict) -> dict:
     """Which GPU checks the configuration relies on here: a backend it names, or the one
-    ``auto`` picks when it is available (a broken one would be picked)."""
-    gpu_ok = cuda and settings.worker.device != "cpu"
-    bake = settings.bake.enabled
-    return {
-        "gsplat": bake and (settings.views.backend == "gsplat" or
-                            (settings.views.backend == "auto" and gpu_ok and env.get("gsplat"))),
-        "nvdiffrast": bake and (settings.rasterize.backend == "nvdiffrast" or
-                                (settings.rasterize.backend == "auto" and gpu_ok and env.get("nvdiffrast"))),
-        "bake": bake and gpu_ok,
-    }
+    ``auto`` picks when it is installed (a broken one would be picked), by the rule jobs
+    use (``pipeline.backends.needed_capabilities``)."""
+    from pipeline.backends import needed_capabilities
+
+    need = needed_capabilities(settings, {"cuda": cuda, "gsplat": bool(env.get("gsplat")),
+                                          "nvdiffrast": bool(env.get("nvdiffrast"))})
+    return {"gsplat": "gsplat" in need, "nvdiffrast": "nvdiffrast" in need,
+            "bake": settings.bake.enabled and "cuda" in need}
 
 
 def run_selftest(settings, work_dir: Optional[Path] = None, skip_jobs: bool = False,
