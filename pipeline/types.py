@@ -57,12 +57,22 @@ class Mesh:
     vertex_colors: (V, 3) float32 in [0, 1] or None
     uvs:           (V, 2) float32 in [0, 1] or None; v = 0 is the *bottom* row of
                    the texture image (glTF flips this on export, see export.py)
+
+    ``validate`` checks a mesh once: it remembers the arrays it passed, so each stage a
+    mesh goes through may call it and only the first pays for the scans (finiteness, face
+    indices). Stages make new meshes rather than change arrays in place, so the memory holds.
     """
 
     vertices: np.ndarray
     faces: np.ndarray
     vertex_colors: Optional[np.ndarray] = None
     uvs: Optional[np.ndarray] = None
+    _checked: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
+
+    def _arrays(self) -> tuple:
+        """The identity of the arrays this mesh holds (alive as long as the mesh is)."""
+        return tuple((id(a), getattr(a, "shape", None), getattr(a, "dtype", None))
+                     for a in (self.vertices, self.faces, self.vertex_colors, self.uvs))
 
     @property
     def num_vertices(self) -> int:
@@ -73,6 +83,11 @@ class Mesh:
         return int(self.faces.shape[0])
 
     def validate(self, name: str = "mesh", max_faces: int | None = None) -> "Mesh":
+        if self._checked is not None and self._checked == self._arrays():
+            if max_faces is not None and self.num_faces > max_faces:
+                raise StageInputError(f"{name} has {self.num_faces} faces, more than the limit "
+                                      f"{max_faces}; simplify more (raise mesh.simplify_ratio)")
+            return self
         check_array(f"{name}.vertices", self.vertices, dtype=np.float32, shape=(None, 3))
         check_finite(f"{name}.vertices", self.vertices)
         check_array(f"{name}.faces", self.faces, dtype=np.int32, shape=(None, 3))
@@ -90,6 +105,7 @@ class Mesh:
         if self.uvs is not None:
             check_array(f"{name}.uvs", self.uvs, dtype=np.float32, shape=(self.num_vertices, 2))
             check_finite(f"{name}.uvs", self.uvs)
+        self._checked = self._arrays()
         return self
 
 
