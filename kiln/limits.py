@@ -64,3 +64,5 @@ def mask_problem(mask: np.ndarray) -> Optional[str]:
 MAX_FACES = 10_000_000
 # The smallest texture: below 16 texels a chart cannot hold a gutter.
 MIN_TEXTURE_SIZE = 16
+# The largest mesh or splat file Kiln reads (a 30 MB TRELLIS splat, a scan of a few hundred MB).
+MAX_MODEL_FILE_BYTES = 1 << 30

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
@@ -65,17 +66,28 @@ OPT_PIXELS_PER_TEXEL = 4.0     # opt solves for at most one texel per this many 
 
 # --------------------------------------------------------------------------- public API
 
-def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "RasterContext",
+# colours for texels no view and no photo saw: (face ids (N,), barycentrics (N, 3), surface
+# points (N, 3)) -> (colours (N, 3) float32 in [0, 1], which of them are known (N,) bool)
+FallbackColours = Callable[[np.ndarray, np.ndarray, np.ndarray], "tuple[np.ndarray, np.ndarray]"]
+
+
+def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, raster_ctx: "RasterContext",
                  device: str, seed: int, progress: Optional[ProgressFn] = None,
                  chunk_scale: float = 1.0, photo: Optional[ImageInput] = None,
-                 source_camera: Optional[SourceCamera] = None) -> tuple[Texture, dict]:
-    """Bake ``views`` onto ``mesh``'s UV layout.
+                 source_camera: Optional[SourceCamera] = None,
+                 fallback: Optional[FallbackColours] = None,
+                 photo_beyond_mask: bool = True) -> tuple[Texture, dict]:
+    """Bake ``views`` (and the photo, and a fallback) onto ``mesh``'s UV layout.
+
+    Per texel, in order: the photo where its camera sees the surface; the views (multi-view
+    bake); ``fallback`` colours (e.g. a mesh's own vertex colours); a fill from neighbours.
 
     mesh:  validated Mesh with ``uvs`` (V, 2) float32 in [0, 1]
     raster_ctx: the rasterizer context to draw with, made by the caller on this thread
            (``pipeline.rasterize.raster_context``); nvdiffrast draws on its own device
     views: rgb (C, H, W, 3) float32, alpha (C, H, W) float32, cameras of C views; numpy
-           arrays, or torch tensors left on the render device (read there, not via the host)
+           arrays, or torch tensors left on the render device (read there, not via the host);
+           None: no multi-view source (then the photo or ``fallback`` must give colour)
     seed:  seeds the random pixel subset opt uses when there are more than
            MAX_OPT_PIXELS target pixels (nothing else is random)
     progress(fraction, message): monotonic fractions in [0, 1]
@@ -83,35 +95,146 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "
     photo, source_camera: the original photo and its camera (``Reconstruction.source_camera``);
            with ``settings.photo_projection`` the texels that camera sees take the photo's
            own pixels, blended into the multi-view bake (``pipeline.photo_projection``)
+    fallback: colours for texels neither the views nor the photo saw (``FallbackColours``)
+    photo_beyond_mask: False: texels whose projection falls outside the photo's mask never
+           take the photo's colour (the mask may leave out what stands in front of the object)
     Returns (Texture, stats). Texture.image (S, S, 3) uint8 with S =
     settings.texture_size, Texture.seen (S, S) bool. stats (JSON-friendly):
-    ``bake_mode``, ``bake_l1`` (mean absolute error on the same pixels: what opt minimises),
-    ``bake_psnr_db`` (masked PSNR of the final uint8 texture
-    rendered from the views' cameras, over pixels the mesh covers with
-    alpha > ALPHA_MIN), ``bake_fast_psnr_db`` (opt only: the same measure for
-    the fast result opt starts from, before quantisation and inpainting), ``texels_seen_fraction`` (seen / chart texels),
-    ``texels_chart_fraction``, ``bake_pixels``, ``bake_timings`` (seconds); with the photo
-    projection also ``photo_texels_fraction`` (chart texels with photo weight > 0.5),
+    ``bake_mode``, ``texels_from`` (share of chart texels coloured by the photo, the views,
+    the fallback and the fill), ``texels_seen_fraction`` (seen / chart texels),
+    ``texels_chart_fraction``, ``bake_timings`` (seconds); with views also ``bake_l1`` (mean
+    absolute error on the view pixels: what opt minimises), ``bake_psnr_db`` (masked PSNR of
+    the final uint8 texture rendered from the views' cameras, over pixels the mesh covers
+    with alpha > ALPHA_MIN), ``bake_fast_psnr_db`` (opt only: the same measure for the fast
+    result opt starts from), ``bake_pixels``; with the photo projection also
+    ``photo_texels_fraction`` (chart texels with photo weight > 0.5),
     ``photo_pixels_per_texel`` (median, by area, over those texels) and, when the photo holds
     clearly more detail than the texture, ``texture_size_suggested`` and a ``warnings`` entry.
     """
-    import torch
-
-    from . import rasterize as rz
-
     _validate_inputs(mesh, views, settings)
     dev = torch_device(device, "bake")
     report = _Progress(progress)
     size = int(settings.texture_size)
     timings: dict[str, float] = {}
+    stats: dict = {"bake_mode": settings.mode}
 
     t0 = time.perf_counter()
-    report(0.0, "rasterizing UV space and views")
+    report(0.0, "rasterizing UV space" + (" and views" if views is not None else ""))
+    tex = _texels(raster_ctx, mesh, size)
+    timings["rasterize"] = time.perf_counter() - t0
+    image = np.zeros((size, size, 3), np.float32)
+    seen = np.zeros((size, size), bool)
+    fit = None
+    if views is not None:
+        fit = _bake_views(tex, mesh, views, settings, raster_ctx, dev, seed, report, chunk_scale,
+                          image, seen, stats, timings)
+    seen_views = seen[tex.chart].copy()
+
+    # the fallback colours what the views did not see, under the photo (which blends on top)
+    from_fallback = np.zeros(len(tex.face_ids), bool)
+    if fallback is not None and not seen_views.all():
+        t0 = time.perf_counter()
+        unseen = np.flatnonzero(~seen_views)
+        colours, known = fallback(tex.face_ids[unseen], tex.bary[unseen], tex.positions[unseen])
+        chart_image = image[tex.chart]
+        chart_image[unseen[known]] = colours[known]
+        image[tex.chart] = chart_image
+        from_fallback[unseen[known]] = True
+        seen[tex.chart] = seen_views | from_fallback
+        timings["fallback"] = time.perf_counter() - t0
+
+    use_photo = bool(getattr(settings, "photo_projection", False)) and photo is not None \
+        and source_camera is not None
+    photo_weight = np.zeros(len(tex.face_ids), np.float32)
+    if use_photo:
+        t0 = time.perf_counter()
+        report(0.85, "projecting the photo")
+        photo_stats, photo_weight = _blend_photo(image, seen, tex, mesh, photo, source_camera, size,
+                                                 raster_ctx, dev, photo_beyond_mask)
+        stats.update(photo_stats)
+        timings["photo"] = time.perf_counter() - t0
+    stats["photo_projection"] = use_photo
+    if not seen.any():
+        raise StageInputError("nothing gave a colour to any texel: no view, no photo and no "
+                              "colour of the mesh's own saw the surface")
+
+    t0 = time.perf_counter()
+    report(0.9, "inpainting unseen texels and dilating the gutter")
+    final = fill_texture(image, seen, tex.chart)
+    timings["fill"] = time.perf_counter() - t0
+    stats["texels_from"] = _texel_sources(photo_weight, seen_views, from_fallback)
+    if fit is not None:
+        t0 = time.perf_counter()
+        stats.update(fit.measure(final, dev))
+        timings["psnr"] = time.perf_counter() - t0
+    stats.update({
+        "texels_seen_fraction": round(float(seen[tex.chart].mean()), 4),
+        "texels_chart_fraction": round(float(tex.chart.mean()), 4),
+        "bake_timings": {k: round(v, 3) for k, v in timings.items()},
+    })
+    head = f"baked, PSNR {stats['bake_psnr_db']:.1f} dB" if fit is not None else "baked"
+    report(1.0, "; ".join([head] + stats.get("warnings", [])))
+    return Texture(image=final, seen=seen), stats
+
+
+@dataclass
+class _Texels:
+    """The chart texels of a UV layout at one texture size.
+
+    chart: (S, S) bool, texels some face covers; the rest are per chart texel (N of them):
+    face_ids (N,) int32, bary (N, 3) float32, positions (N, 3) float32 surface points,
+    normals (N, 3) float32 unit normals welded across UV seams."""
+
+    chart: np.ndarray
+    face_ids: np.ndarray
+    bary: np.ndarray
+    positions: np.ndarray
+    normals: np.ndarray
+
+
+def _texels(raster_ctx: "RasterContext", mesh: Mesh, size: int) -> _Texels:
+    from . import rasterize as rz
+
     uv_raster = rz.rasterize_uv(raster_ctx, mesh, size)
     chart = np.asarray(uv_raster.tri_id[0]) >= 0                               # (S, S)
     if not chart.any():
         raise StageInputError(f"the mesh's UV layout covers no texel of a {size}x{size} texture; "
                               "its uvs are degenerate")
+    face_ids = np.ascontiguousarray(np.asarray(uv_raster.tri_id[0])[chart], np.int32)
+    bary = np.ascontiguousarray(np.asarray(uv_raster.bary[0])[chart], np.float32)
+    positions = np.asarray(rz.interpolate(uv_raster, mesh, mesh.vertices), np.float32)[0][chart]
+    # welded across UV seams, so view weights (and the photo's) do not jump at a seam
+    normals = rz.interpolate(uv_raster, mesh, vertex_normals(mesh.vertices, mesh.faces))[0][chart]
+    normals = (normals / np.maximum(np.linalg.norm(normals, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+    return _Texels(chart, face_ids, bary, positions, normals)
+
+
+@dataclass
+class _ViewFit:
+    """The view pixels a bake fitted: their uvs (M, 2) and colours (M, 3) (numpy, or a tensor
+    on the views' device), to measure the final texture against."""
+
+    pixel_uv: np.ndarray
+    target: object
+    sample_chunk: int
+
+    def measure(self, final: np.ndarray, dev) -> dict:
+        rendered = sample_texture(final, self.pixel_uv, dev, chunk=self.sample_chunk)
+        target = self.target.cpu().numpy() if is_tensor(self.target) else self.target   # host numbers
+        psnr = masked_psnr(rendered, target, np.ones(len(target), bool))
+        return {"bake_psnr_db": round(psnr, 3), "bake_l1": round(float(np.abs(rendered - target).mean()), 5),
+                "bake_pixels": int(len(target))}
+
+
+def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx, dev, seed: int,
+                report, chunk_scale: float, image: np.ndarray, seen: np.ndarray, stats: dict,
+                timings: dict) -> _ViewFit:
+    """The multi-view bake (fast back-projection, then opt) into ``image`` and ``seen`` (S, S)."""
+    import torch
+
+    from . import rasterize as rz
+
+    t0 = time.perf_counter()
     view_raster = rz.rasterize_views(raster_ctx, mesh, views.cameras)
     pix_uv = np.asarray(rz.interpolate(view_raster, mesh, mesh.uvs), np.float32)  # (C, H, W, 2)
     if views.on_device:
@@ -126,29 +249,20 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "
     if not target_mask.any():
         raise StageInputError("no view sees the mesh where the view is opaque "
                               f"(alpha > {ALPHA_MIN}); the views and the mesh do not line up")
-    timings["rasterize"] = time.perf_counter() - t0
+    timings["rasterize"] += time.perf_counter() - t0
     report(0.1, "back-projecting views")
 
     t0 = time.perf_counter()
     fast_chunk = max(1 << 12, int(FAST_CHUNK * chunk_scale))
     sample_chunk = max(1 << 12, int(SAMPLE_CHUNK * chunk_scale))
     max_opt_pixels = max(1, int(MAX_OPT_PIXELS * chunk_scale))
-    face_ids = np.ascontiguousarray(np.asarray(uv_raster.tri_id[0])[chart], np.int32)
-    bary = np.ascontiguousarray(np.asarray(uv_raster.bary[0])[chart], np.float32)
-    positions = np.asarray(rz.interpolate(uv_raster, mesh, mesh.vertices), np.float32)[0][chart]
-    # welded across UV seams, so view weights (and the photo's) do not jump at a seam
-    normals = rz.interpolate(uv_raster, mesh, vertex_normals(mesh.vertices, mesh.faces))[0][chart]
-    normals = (normals / np.maximum(np.linalg.norm(normals, axis=1, keepdims=True), 1e-12)).astype(np.float32)
-    colors, seen_chart = _fast_bake(positions, normals, view_raster, views, dev, fast_chunk)
-    image = np.zeros((size, size, 3), np.float32)
-    image[chart] = colors
-    seen = np.zeros((size, size), bool)
-    seen[chart] = seen_chart
+    colors, seen_chart = _fast_bake(tex.positions, tex.normals, view_raster, views, dev, fast_chunk)
+    image[tex.chart] = colors
+    seen[tex.chart] = seen_chart
     if not seen.any():
         raise StageInputError("no texel is visible in any view; the cameras do not see the mesh")
     timings["fast"] = time.perf_counter() - t0
 
-    stats: dict = {"bake_mode": settings.mode}
     pixel_uv = pix_uv[target_mask]                                            # (M, 2)
     target = views.rgb[target_t].to(dev) if views.on_device else views.rgb[target_mask]   # (M, 3)
     if settings.mode == "opt":
@@ -162,53 +276,35 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "
             pick = torch.randperm(len(pixel_uv), generator=gen)[:max_opt_pixels].sort().values
             opt_uv = pixel_uv[pick.numpy()]
             opt_target = target[pick.to(target.device)] if is_tensor(target) else target[pick.numpy()]
-        opt_size = _opt_texture_size(size, int(chart.sum()), len(opt_uv))
+        size = image.shape[0]
+        opt_size = _opt_texture_size(size, int(tex.chart.sum()), len(opt_uv))
         step_report = lambda f, m: report(0.2 + 0.65 * f, m)   # noqa: E731
         if opt_size == size:
-            image, touched, fast_psnr = _optimise(init, chart, opt_uv, opt_target, settings, dev,
-                                                  step_report)
+            result, touched, fast_psnr = _optimise(image_init := init, tex.chart, opt_uv, opt_target,
+                                                   settings, dev, step_report)
         else:
-            image, touched, fast_psnr = _optimise_coarse(
+            image_init = init
+            result, touched, fast_psnr = _optimise_coarse(
                 init, opt_size, mesh, raster_ctx, opt_uv, opt_target, settings, dev,
                 step_report, sample_chunk)
+        del image_init
+        image[...] = result
         seen |= touched
         stats["bake_fast_psnr_db"] = round(fast_psnr, 3)
         stats["bake_opt_texture_size"] = opt_size
         timings["opt"] = time.perf_counter() - t0
+    return _ViewFit(pixel_uv, target, sample_chunk)
 
-    use_photo = bool(getattr(settings, "photo_projection", False)) and photo is not None \
-        and source_camera is not None
-    if use_photo:
-        t0 = time.perf_counter()
-        report(0.85, "projecting the photo")
-        stats.update(_blend_photo(image, seen, chart, mesh, face_ids, bary, positions, normals, photo,
-                                  source_camera, size, raster_ctx, dev))
-        timings["photo"] = time.perf_counter() - t0
-    stats["photo_projection"] = use_photo
 
-    t0 = time.perf_counter()
-    report(0.9, "inpainting unseen texels and dilating the gutter")
-    final = fill_texture(image, seen, chart)
-    timings["fill"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    rendered = sample_texture(final, pixel_uv, dev, chunk=sample_chunk)
-    if is_tensor(target):
-        target = target.cpu().numpy()        # the stats are host numbers: one way, not back
-    psnr = masked_psnr(rendered, target, np.ones(len(target), bool))
-    l1 = float(np.abs(rendered - target).mean())
-    timings["psnr"] = time.perf_counter() - t0
-
-    stats.update({
-        "bake_psnr_db": round(psnr, 3),
-        "bake_l1": round(l1, 5),
-        "texels_seen_fraction": round(float(seen[chart].mean()), 4),
-        "texels_chart_fraction": round(float(chart.mean()), 4),
-        "bake_pixels": int(len(target)),
-        "bake_timings": {k: round(v, 3) for k, v in timings.items()},
-    })
-    report(1.0, "; ".join([f"baked, PSNR {psnr:.1f} dB"] + stats.get("warnings", [])))
-    return Texture(image=final, seen=seen), stats
+def _texel_sources(photo_weight: np.ndarray, seen_views: np.ndarray, from_fallback: np.ndarray) -> dict:
+    """Share of chart texels each source coloured (the photo where its weight is over half)."""
+    n = max(1, len(photo_weight))
+    photo = photo_weight > 0.5
+    views = seen_views & ~photo
+    fallback = from_fallback & ~photo & ~views
+    fill = ~(photo | views | fallback)
+    return {k: round(float(v.sum()) / n, 4) for k, v in
+            (("photo", photo), ("views", views), ("fallback", fallback), ("fill", fill))}
 
 
 def render_textured(mesh: Mesh, texture: Texture, cameras: Cameras, raster_ctx: "RasterContext"
@@ -384,20 +480,21 @@ def _project_view(p, n, viewmat, K, center, depth, rgba):
 
 # --------------------------------------------------------------------------- photo
 
-def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, mesh: Mesh,
-                 face_ids: np.ndarray, bary: np.ndarray, positions: np.ndarray, normals: np.ndarray,
+def _blend_photo(image: np.ndarray, seen: np.ndarray, tex: "_Texels", mesh: Mesh,
                  photo: ImageInput, camera: SourceCamera, size: int, raster_ctx: "RasterContext",
-                 dev) -> dict:
+                 dev, beyond_mask: bool = True) -> tuple[dict, np.ndarray]:
     """Blend the photo's colours into ``image`` (S, S, 3) in place, where its camera sees the
     surface: weight * photo + (1 - weight) * multi-view. Texels no view saw but the photo
-    did blend with their nearest seen texel. Updates ``seen``. Returns stats."""
+    did blend with their nearest seen texel. Updates ``seen``. Returns (stats, the photo's
+    weight per chart texel (N,))."""
     from .photo_projection import project_photo, suggested_texture_size
 
-    proj = project_photo(mesh, face_ids, bary, positions, normals, photo, camera, size,
-                         raster_ctx, str(dev))
+    chart = tex.chart
+    proj = project_photo(mesh, tex.face_ids, tex.bary, tex.positions, tex.normals, photo, camera, size,
+                         raster_ctx, str(dev), beyond_mask=beyond_mask)
     # texels no view saw blend with their nearest seen neighbour's colour, as inpainting would
     # give them, so they ramp like the rest instead of jumping to the photo's colour
-    base = _nearest_fill(image, seen)[chart] if seen.any() else image[chart]
+    base = _nearest_fill(image, seen)[chart] if seen.any() else proj.colors
     w = proj.weight[:, None]
     image[chart] = base * (1.0 - w) + proj.colors * w
     seen[chart] = seen[chart] | (proj.weight > 0)
@@ -412,7 +509,7 @@ def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, mesh: M
             f"the photo shows the object's front with about {stats['photo_pixels_per_texel']:.1f} "
             f"photo pixels per texel at texture size {size}: fine detail is averaged away; "
             f"texture size {min(better, allowed_range('bake.texture_size')[1])} (or auto) would keep it"]
-    return stats
+    return stats, proj.weight
 
 
 # --------------------------------------------------------------------------- opt mode
@@ -655,7 +752,7 @@ def _validate_mesh(mesh: Mesh) -> None:
                               f"[{mesh.uvs.min():.4g}, {mesh.uvs.max():.4g}]")
 
 
-def _validate_inputs(mesh: Mesh, views: Views, settings: BakeSettings) -> None:
+def _validate_inputs(mesh: Mesh, views: Optional[Views], settings: BakeSettings) -> None:
     _validate_mesh(mesh)
     if settings.mode not in MODES:
         raise StageInputError(f"bake mode {settings.mode!r} is unknown; choose one of {', '.join(MODES)}")
@@ -671,6 +768,8 @@ def _validate_inputs(mesh: Mesh, views: Views, settings: BakeSettings) -> None:
             raise StageInputError(f"bake lr must be a positive number, got {settings.lr}")
         if not (math.isfinite(settings.tv_weight) and settings.tv_weight >= 0):
             raise StageInputError(f"bake tv_weight must be >= 0, got {settings.tv_weight}")
+    if views is None:
+        return
     if not isinstance(views, Views):
         raise StageInputError(f"views must be Views, got {type(views).__name__}")
     views.validate("views")

@@ -121,6 +121,12 @@ def srgb_to_linear(c: np.ndarray) -> np.ndarray:
     return np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
 
 
+def linear_to_srgb(c: np.ndarray) -> np.ndarray:
+    """Linear values in [0, 1] -> sRGB-encoded, same shape, float64 (``srgb_to_linear``'s inverse)."""
+    c = np.clip(np.asarray(c, np.float64), 0.0, 1.0)
+    return np.where(c <= 0.0031308, c * 12.92, 1.055 * c ** (1 / 2.4) - 0.055)
+
+
 def _check_texture(texture: Texture) -> None:
     check_array("texture.image", texture.image, dtype=np.uint8, shape=(None, None, 3))
     h, w = texture.image.shape[:2]

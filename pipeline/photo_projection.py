@@ -78,7 +78,8 @@ class PhotoProjection:
 
 def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions: np.ndarray,
                   normals: np.ndarray, photo: ImageInput, camera: SourceCamera, texture_size: int,
-                  raster_ctx: "RasterContext", device: str = "cpu") -> PhotoProjection:
+                  raster_ctx: "RasterContext", device: str = "cpu",
+                  beyond_mask: bool = True) -> PhotoProjection:
     """Colours and weights from the photo for N texels on ``mesh``'s surface.
 
     mesh:      the UV-mapped mesh (vertices (V, 3) float32, faces (F, 3) int32, uvs (V, 2))
@@ -89,6 +90,10 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
     photo:     the original photo, rgb (H, W, 3) uint8, mask (H, W) bool
     camera:    the photo's camera in the mesh's world frame, at the photo's size
     raster_ctx: the caller's rasterizer context (``pipeline.rasterize.raster_context``)
+    beyond_mask: True: surface that runs past the mask's edge ramps off over a few percent of
+               the object (the mask of Kiln's own reconstruction is its silhouette); False: a
+               texel whose projection falls outside the mask gets no weight (a mask that leaves
+               out what stands in front of the object: the photo there shows something else)
     """
     import torch
 
@@ -142,8 +147,11 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
         cos_at[sl] = cos.cpu().numpy()
     out_weight *= _angle_weight(positions, out_weight > 0, cos_at, ramp)
     # a texel spans about 2**level crop pixels
-    out_weight *= _beyond_mask_weight(positions, out_weight > 0, signed_at, 2.0 + 2.0 * 2.0 ** levels,
-                                      ramp)
+    if beyond_mask:
+        out_weight *= _beyond_mask_weight(positions, out_weight > 0, signed_at,
+                                          2.0 + 2.0 * 2.0 ** levels, ramp)
+    else:
+        out_weight[signed_at <= 0] = 0.0
     out_colors[out_weight <= 0] = 0.0
     return PhotoProjection(out_colors, out_weight, density)
 
