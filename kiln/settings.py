@@ -76,6 +76,9 @@ class BakeSettings:
     gutter: int = field(default=4, metadata=_num(1, 32))
     photo_projection: bool = True
     unwrap: str = field(default="kiln", metadata=_choice("kiln", "xatlas"))
+    # kiln bake: the photo is projected only when this share of the mesh's silhouette, seen
+    # from the photo's camera, lies inside the mask (a wrong camera puts much of it outside)
+    photo_min_inside: float = field(default=0.9, metadata=_num(0.0, 1.0))
 
 
 @dataclass(frozen=True)

@@ -130,11 +130,21 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
                           image, seen, stats, timings)
     seen_views = seen[tex.chart].copy()
 
-    # the fallback colours what the views did not see, under the photo (which blends on top)
-    from_fallback = np.zeros(len(tex.face_ids), bool)
-    if fallback is not None and not seen_views.all():
+    use_photo = bool(getattr(settings, "photo_projection", False)) and photo is not None \
+        and source_camera is not None
+    proj = None
+    if use_photo:
         t0 = time.perf_counter()
-        unseen = np.flatnonzero(~seen_views)
+        report(0.85, "projecting the photo")
+        proj = _project_photo(tex, mesh, photo, source_camera, size, raster_ctx, dev, photo_beyond_mask)
+        timings["photo"] = time.perf_counter() - t0
+
+    # the fallback colours what neither the views nor the photo see
+    from_fallback = np.zeros(len(tex.face_ids), bool)
+    no_photo = np.ones(len(tex.face_ids), bool) if proj is None else proj.weight <= 0
+    if fallback is not None and (~seen_views & no_photo).any():
+        t0 = time.perf_counter()
+        unseen = np.flatnonzero(~seen_views & no_photo)
         colours, known = fallback(tex.face_ids[unseen], tex.bary[unseen], tex.positions[unseen])
         chart_image = image[tex.chart]
         chart_image[unseen[known]] = colours[known]
@@ -143,16 +153,10 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
         seen[tex.chart] = seen_views | from_fallback
         timings["fallback"] = time.perf_counter() - t0
 
-    use_photo = bool(getattr(settings, "photo_projection", False)) and photo is not None \
-        and source_camera is not None
     photo_weight = np.zeros(len(tex.face_ids), np.float32)
-    if use_photo:
-        t0 = time.perf_counter()
-        report(0.85, "projecting the photo")
-        photo_stats, photo_weight = _blend_photo(image, seen, tex, mesh, photo, source_camera, size,
-                                                 raster_ctx, dev, photo_beyond_mask)
-        stats.update(photo_stats)
-        timings["photo"] = time.perf_counter() - t0
+    if proj is not None:
+        stats.update(_blend_photo(image, seen, tex.chart, proj, size, have_views=views is not None))
+        photo_weight = proj.weight
     stats["photo_projection"] = use_photo
     if not seen.any():
         raise StageInputError("nothing gave a colour to any texel: no view, no photo and no "
@@ -297,9 +301,10 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
 
 
 def _texel_sources(photo_weight: np.ndarray, seen_views: np.ndarray, from_fallback: np.ndarray) -> dict:
-    """Share of chart texels each source coloured (the photo where its weight is over half)."""
+    """Share of chart texels each source coloured: the photo where its weight is over half, or
+    any where no view saw the texel (then nothing else lies under the photo)."""
     n = max(1, len(photo_weight))
-    photo = photo_weight > 0.5
+    photo = (photo_weight > 0.5) | ((photo_weight > 0) & ~seen_views)
     views = seen_views & ~photo
     fallback = from_fallback & ~photo & ~views
     fill = ~(photo | views | fallback)
@@ -480,21 +485,28 @@ def _project_view(p, n, viewmat, K, center, depth, rgba):
 
 # --------------------------------------------------------------------------- photo
 
-def _blend_photo(image: np.ndarray, seen: np.ndarray, tex: "_Texels", mesh: Mesh,
-                 photo: ImageInput, camera: SourceCamera, size: int, raster_ctx: "RasterContext",
-                 dev, beyond_mask: bool = True) -> tuple[dict, np.ndarray]:
-    """Blend the photo's colours into ``image`` (S, S, 3) in place, where its camera sees the
-    surface: weight * photo + (1 - weight) * multi-view. Texels no view saw but the photo
-    did blend with their nearest seen texel. Updates ``seen``. Returns (stats, the photo's
-    weight per chart texel (N,))."""
-    from .photo_projection import project_photo, suggested_texture_size
+def _project_photo(tex: "_Texels", mesh: Mesh, photo: ImageInput, camera: SourceCamera, size: int,
+                   raster_ctx: "RasterContext", dev, beyond_mask: bool):
+    from .photo_projection import project_photo
 
-    chart = tex.chart
-    proj = project_photo(mesh, tex.face_ids, tex.bary, tex.positions, tex.normals, photo, camera, size,
+    return project_photo(mesh, tex.face_ids, tex.bary, tex.positions, tex.normals, photo, camera, size,
                          raster_ctx, str(dev), beyond_mask=beyond_mask)
-    # texels no view saw blend with their nearest seen neighbour's colour, as inpainting would
-    # give them, so they ramp like the rest instead of jumping to the photo's colour
-    base = _nearest_fill(image, seen)[chart] if seen.any() else proj.colors
+
+
+def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, proj, size: int,
+                 have_views: bool) -> dict:
+    """Blend the photo's colours (``proj``: a ``PhotoProjection`` of the chart texels) into
+    ``image`` (S, S, 3) in place, where its camera sees the surface: weight * photo +
+    (1 - weight) * what lies under it. With views, texels no view saw blend with their
+    nearest seen texel, as inpainting would give them, so they ramp like the rest instead of
+    jumping to the photo's colour; without views the photo outranks any other colour wherever
+    it has weight. Updates ``seen``. Returns stats."""
+    from .photo_projection import suggested_texture_size
+
+    if have_views and seen.any():
+        base = _nearest_fill(image, seen)[chart]
+    else:
+        base = np.where(seen[chart][:, None], image[chart], proj.colors)
     w = proj.weight[:, None]
     image[chart] = base * (1.0 - w) + proj.colors * w
     seen[chart] = seen[chart] | (proj.weight > 0)
@@ -509,7 +521,7 @@ def _blend_photo(image: np.ndarray, seen: np.ndarray, tex: "_Texels", mesh: Mesh
             f"the photo shows the object's front with about {stats['photo_pixels_per_texel']:.1f} "
             f"photo pixels per texel at texture size {size}: fine detail is averaged away; "
             f"texture size {min(better, allowed_range('bake.texture_size')[1])} (or auto) would keep it"]
-    return stats, proj.weight
+    return stats
 
 
 # --------------------------------------------------------------------------- opt mode

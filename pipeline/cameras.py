@@ -8,6 +8,7 @@ in pixels with the top-left pixel's centre at (0.5, 0.5). World is y-up.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -104,3 +105,25 @@ def camera_centers(cameras: Cameras) -> np.ndarray:
     R = cameras.viewmats[:, :3, :3]
     t = cameras.viewmats[:, :3, 3]
     return (-np.einsum("cji,cj->ci", R, t)).astype(np.float32)
+
+
+def framed_cameras(points: np.ndarray, count: int, fov_deg: float, resolution: int,
+                   front: Optional[np.ndarray] = None, margin: float = 1.1) -> Cameras:
+    """``count`` cameras around the bounding sphere of ``points`` (N, 3), each far enough for
+    the whole sphere to fit its field of view (times ``margin``), looking at its centre.
+    ``front``: a direction (3,) from the centre; the first camera looks from there (the
+    photo's side), the rest spread evenly (Hammersley)."""
+    pts = np.asarray(points, np.float64)
+    lo, hi = pts.min(0), pts.max(0)
+    centre = (lo + hi) / 2.0
+    radius = max(float(np.linalg.norm(pts - centre, axis=1).max()), 1e-9)
+    dist = margin * radius / math.sin(math.radians(fov_deg) / 2.0)
+    dirs = hammersley_directions(count)
+    if front is not None and count >= 1:
+        f = np.asarray(front, np.float64)
+        f = f / max(float(np.linalg.norm(f)), 1e-12)
+        dirs = np.concatenate([f[None], dirs[:-1]]) if count > 1 else f[None]
+    K = intrinsics(fov_deg, resolution, resolution)
+    viewmats = np.stack([look_at(centre + d * dist, target=centre) for d in dirs])
+    return Cameras(viewmats=viewmats.astype(np.float32), Ks=np.repeat(K[None], count, 0),
+                   width=resolution, height=resolution)

@@ -1,0 +1,257 @@
+"""Bake a model someone else made: a mesh (GLB/OBJ/PLY/STL), optionally its Gaussian splat,
+optionally the photo it came from with its mask and camera, into a textured GLB.
+
+Per texel, in order (``pipeline.bake.bake_texture``): the photo where its camera sees the
+surface inside the mask; the splat rendered from views around the mesh; the mesh's own
+vertex colours or texture; a fill from neighbouring texels. Positions stay in the mesh
+file's frame, so the GLB lines up with the file it came from.
+
+Stage names (``kiln.stages.MODEL_BAKE_STAGES``): read, render_views, mesh, uv, bake, export.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+import numpy as np
+
+from kiln.settings import Settings
+
+from .io.frames import FrameFit
+from .io.mesh_file import MeshFile
+from .types import Gaussians, ImageInput, Mesh, SourceCamera
+from .validate import StageInputError
+
+if TYPE_CHECKING:
+    from .backends import Backends
+    from .rasterize import RasterContext
+
+EventFn = Callable[[str, float, str], None]
+# UVs may sit this far outside [0, 1] (float round-off in exporters) and still count as inside
+UV_SLACK = 1e-3
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What a model bake works from, read and checked (``pipeline.io``).
+
+    model:  the mesh file; splat: its Gaussians already turned into the mesh's frame (or None),
+    frame:  how the splat's frame was found; photo: rgb + mask at the camera's size (or None),
+    camera: the photo's camera in the mesh's frame (or None); keep_uvs: bake into the
+    model's own UV layout (no simplification) rather than a new one.
+    """
+
+    model: MeshFile
+    splat: Optional[Gaussians] = None
+    frame: Optional[FrameFit] = None
+    photo: Optional[ImageInput] = None
+    camera: Optional[SourceCamera] = None
+    keep_uvs: bool = False
+
+
+@dataclass(frozen=True)
+class SilhouetteFit:
+    """The mesh's silhouette from a camera against the photo's mask.
+
+    inside:   share of the silhouette's pixels inside the mask (a wrong camera puts much of
+              the mesh outside it; a right one keeps it in, even when the object's own parts
+              are hidden in the photo)
+    coverage: share of the mask the silhouette covers (a body model is tighter than clothes,
+              a mask may include what the mesh lacks)
+    iou:      intersection over union, for reference (it mixes the two and misleads alone)
+    """
+
+    inside: float
+    coverage: float
+    iou: float
+
+
+@dataclass
+class ModelBakeResult:
+    glb_path: Path
+    timings: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+
+
+def silhouette_fit(raster_ctx: "RasterContext", mesh: Mesh, camera: SourceCamera,
+                   mask: np.ndarray) -> SilhouetteFit:
+    """Rasterize ``mesh`` from ``camera`` at the photo's size and compare with ``mask`` (H, W)."""
+    from .rasterize import rasterize_views
+
+    if mask.shape != (camera.height, camera.width):
+        raise StageInputError(f"the mask is {mask.shape[1]}x{mask.shape[0]} but the camera is for "
+                              f"{camera.width}x{camera.height}")
+    sil = np.asarray(rasterize_views(raster_ctx, mesh, camera.as_cameras()).tri_id[0]) >= 0
+    both = float((sil & mask).sum())
+    return SilhouetteFit(inside=both / max(float(sil.sum()), 1.0), coverage=both / max(float(mask.sum()), 1.0),
+                         iou=both / max(float((sil | mask).sum()), 1.0))
+
+
+def uv_problems(mesh: Mesh) -> tuple[Optional[str], dict]:
+    """(why the mesh's own UVs cannot be baked into, or None; a report of them):
+    ``uv_mirrored_fraction`` (faces wound against the majority in UV space) and
+    ``uv_overlap_fraction`` (UV area covered more than once, from the summed face areas
+    against their union at 1024^2)."""
+    if mesh.uvs is None:
+        return "the mesh has no UVs", {}
+    lo, hi = float(mesh.uvs.min()), float(mesh.uvs.max())
+    if lo < -UV_SLACK or hi > 1 + UV_SLACK:
+        return (f"its UVs run from {lo:.3g} to {hi:.3g}, outside [0, 1] (a tiled or repeated "
+                "texture); bake into new ones with --new-uvs"), {}
+    uv = mesh.uvs.astype(np.float64)[mesh.faces]
+    area = 0.5 * ((uv[:, 1, 0] - uv[:, 0, 0]) * (uv[:, 2, 1] - uv[:, 0, 1])
+                  - (uv[:, 2, 0] - uv[:, 0, 0]) * (uv[:, 1, 1] - uv[:, 0, 1]))
+    used = np.abs(area) > 1e-14
+    if not used.any():
+        return "its UV triangles all have zero area", {}
+    major = np.sign(area[used].sum()) or 1.0
+    mirrored = float((np.sign(area[used]) != major).mean())
+    size = 1024
+    union = _uv_union(mesh, size)
+    overlap = max(0.0, 1.0 - union / max(float(np.abs(area).sum()), 1e-12))
+    return None, {"uv_mirrored_fraction": round(mirrored, 4), "uv_overlap_fraction": round(overlap, 4)}
+
+
+def _uv_union(mesh: Mesh, size: int) -> float:
+    """Area of the union of the UV triangles (share of the unit square), by scan conversion."""
+    import cv2
+
+    canvas = np.zeros((size, size), np.uint8)
+    pts = np.rint(np.clip(mesh.uvs.astype(np.float64), 0, 1)[mesh.faces] * (size - 1) * 16).astype(np.int32)
+    cv2.fillPoly(canvas, list(pts), 1, lineType=cv2.LINE_8, shift=4)
+    return float(canvas.sum()) / (size * size)
+
+
+def own_colours(model: MeshFile, bake_mesh: Mesh, same_mesh: bool):
+    """``pipeline.bake.FallbackColours`` from the model's vertex colours or texture, or None
+    when it has neither. ``same_mesh``: ``bake_mesh`` is the model's mesh (its own UVs): the
+    texel's face and barycentrics index the model directly; otherwise (a simplified,
+    re-unwrapped mesh) each texel takes the nearest model vertex's colour."""
+    src = model.mesh
+    if src.vertex_colors is None and (model.texture is None or src.uvs is None):
+        return None
+    tree = None
+    if not same_mesh:
+        from scipy.spatial import cKDTree
+
+        tree = cKDTree(src.vertices.astype(np.float64))
+
+    def colours(face_ids: np.ndarray, bary: np.ndarray, positions: np.ndarray):
+        if same_mesh:
+            corner = src.faces[face_ids]
+            attr = src.vertex_colors if src.vertex_colors is not None else src.uvs
+            vals = np.einsum("nk,nkc->nc", bary.astype(np.float64), attr[corner].astype(np.float64))
+        else:
+            _, idx = tree.query(positions.astype(np.float64), workers=-1)
+            vals = (src.vertex_colors if src.vertex_colors is not None else src.uvs)[idx].astype(np.float64)
+        if src.vertex_colors is None:      # uvs: look the colours up in the model's texture
+            vals = _sample(model.texture, vals)
+        return np.clip(vals, 0.0, 1.0).astype(np.float32), np.ones(len(face_ids), bool)
+
+    return colours
+
+
+def _sample(image: np.ndarray, uv: np.ndarray) -> np.ndarray:
+    """Bilinear colours (N, 3) in [0, 1] of an (H, W, 3) uint8 texture at Kiln uvs (v = 0 bottom)."""
+    h, w = image.shape[:2]
+    x = np.clip(uv[:, 0], 0, 1) * w - 0.5
+    y = (1.0 - np.clip(uv[:, 1], 0, 1)) * h - 0.5
+    x0, y0 = np.floor(x).astype(int), np.floor(y).astype(int)
+    fx, fy = (x - x0)[:, None], (y - y0)[:, None]
+    img = image.astype(np.float64) / 255.0
+
+    def at(yy, xx):
+        return img[np.clip(yy, 0, h - 1), np.clip(xx, 0, w - 1)]
+
+    return ((at(y0, x0) * (1 - fx) + at(y0, x0 + 1) * fx) * (1 - fy)
+            + (at(y0 + 1, x0) * (1 - fx) + at(y0 + 1, x0 + 1) * fx) * fy)
+
+
+def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", out_dir: Path,
+               raster_ctx: "RasterContext", on_event: Optional[EventFn] = None,
+               name: str = "model") -> ModelBakeResult:
+    """Bake ``inputs`` into ``<out_dir>/<name>.glb`` with ``settings`` (bake, views, mesh)."""
+    from . import export, mesh_ops, uv
+    from .bake import bake_texture
+
+    emit = on_event or (lambda stage, fraction, message: None)
+    timings: dict[str, float] = {}
+    stats: dict = {"faces_in": inputs.model.mesh.num_faces, "mesh_format": inputs.model.format,
+                   "mesh_notes": list(inputs.model.notes)}
+    if inputs.frame is not None:
+        stats.update(frame=inputs.frame.source, frame_surface_distance=round(inputs.frame.distance, 5),
+                     frame_distances={k: round(v, 5) for k, v in inputs.frame.distances.items()})
+
+    def stage(stage_name: str, fn, message: str = "done"):
+        emit(stage_name, 0.0, "started")
+        t0 = time.perf_counter()
+        out = fn()
+        timings[stage_name] = time.perf_counter() - t0
+        emit(stage_name, 1.0, message)
+        return out
+
+    photo, camera = _gated_photo(inputs, settings, raster_ctx, stats)
+    views = None
+    if inputs.splat is not None:
+        views = stage("render_views", lambda: _splat_views(inputs, settings, backends, camera, emit))
+    mesh = inputs.model.mesh
+    if not inputs.keep_uvs:
+        mesh = stage("mesh", lambda: mesh_ops.simplify_mesh(
+            mesh_ops.clean_mesh(mesh, min_component_fraction=settings.mesh.min_component_fraction,
+                                fill_holes=settings.mesh.fill_holes),
+            ratio=settings.mesh.simplify_ratio), f"{inputs.model.mesh.num_faces} faces in")
+        b = settings.bake
+        mesh = stage("uv", lambda: uv.unwrap(mesh, texture_size=b.texture_size, gutter=b.gutter,
+                                             max_faces=settings.mesh.max_faces_for_uv, method=b.unwrap,
+                                             source_camera=camera))
+    stats.update(faces=mesh.num_faces, vertices=mesh.num_vertices, uvs="kept" if inputs.keep_uvs else "new")
+    fallback = own_colours(inputs.model, mesh, same_mesh=inputs.keep_uvs)
+    texture, bake_stats = stage("bake", lambda: bake_texture(
+        mesh, views, settings.bake, raster_ctx, device=backends.device, seed=settings.seed,
+        progress=lambda f, m="": emit("bake", f, m), chunk_scale=backends.chunk_scale,
+        photo=photo, source_camera=camera, fallback=fallback, photo_beyond_mask=False))
+    stats.update(bake_stats)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    glb = stage("export", lambda: export.export_glb(mesh, texture, out / f"{name}.glb"))
+    stats["glb_bytes"] = glb.stat().st_size
+    if camera is not None:
+        stats["source_camera"] = camera.to_dict()
+    return ModelBakeResult(glb_path=glb, timings=timings, stats=stats)
+
+
+def _gated_photo(inputs: ModelInputs, settings: Settings, raster_ctx, stats: dict):
+    """(photo, camera) when the photo may be projected: the mesh's silhouette from the camera
+    lies inside the mask by at least ``bake.photo_min_inside``; else (None, None), saying why."""
+    if inputs.photo is None or inputs.camera is None:
+        return None, None
+    fit = silhouette_fit(raster_ctx, inputs.model.mesh, inputs.camera, inputs.photo.mask)
+    stats["silhouette"] = {"inside": round(fit.inside, 4), "coverage": round(fit.coverage, 4),
+                           "iou": round(fit.iou, 4)}
+    need = settings.bake.photo_min_inside
+    if fit.inside < need:
+        stats.setdefault("warnings", []).append(
+            f"the photo was not projected: only {100 * fit.inside:.0f} % of the mesh's silhouette from "
+            f"the camera lies inside the mask (at least {100 * need:.0f} % is needed, "
+            "bake.photo_min_inside); the camera does not fit the photo")
+        return None, None
+    return inputs.photo, inputs.camera
+
+
+def _splat_views(inputs: ModelInputs, settings: Settings, backends: "Backends",
+                 camera: Optional[SourceCamera], emit: EventFn):
+    from .cameras import camera_centers, framed_cameras
+    from .render_views import render_gaussians
+
+    v = settings.views
+    pts = inputs.model.mesh.vertices
+    front = None
+    if camera is not None:   # the first view looks from the photo's side
+        front = camera_centers(camera.as_cameras())[0] - (pts.min(0) + pts.max(0)) / 2.0
+    cams = framed_cameras(pts, v.count, v.fov_deg, v.resolution, front=front)
+    return render_gaussians(inputs.splat, cams, backend=backends.render, device=backends.device,
+                            progress=lambda f, m="": emit("render_views", f, m),
+                            chunk_scale=backends.chunk_scale)
