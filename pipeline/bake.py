@@ -358,7 +358,9 @@ def sample_texture(image: np.ndarray, uv: np.ndarray, device: str = "cpu",
     import torch
 
     size = image.shape[0]
-    tex = torch.as_tensor(np.ascontiguousarray(image))
+    image = np.ascontiguousarray(image)
+    # torch refuses to share a read-only array (a texture read from a file): copy it then
+    tex = torch.as_tensor(image if image.flags.writeable else image.copy())
     tex = (tex.float() / 255.0) if tex.dtype == torch.uint8 else tex.float()
     tex = tex.reshape(size * size, 3).to(device)
     out = np.empty((len(uv), 3), np.float32)

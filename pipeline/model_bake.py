@@ -125,13 +125,18 @@ def _uv_union(mesh: Mesh, size: int) -> float:
     return float(canvas.sum()) / (size * size)
 
 
+def has_own_colours(model: MeshFile) -> bool:
+    """The mesh file brings colour: vertex colours, or a texture with UVs."""
+    return model.mesh.vertex_colors is not None or (model.texture is not None and model.mesh.uvs is not None)
+
+
 def own_colours(model: MeshFile, bake_mesh: Mesh, same_mesh: bool):
     """``pipeline.bake.FallbackColours`` from the model's vertex colours or texture, or None
     when it has neither. ``same_mesh``: ``bake_mesh`` is the model's mesh (its own UVs): the
     texel's face and barycentrics index the model directly; otherwise (a simplified,
     re-unwrapped mesh) each texel takes the nearest model vertex's colour."""
     src = model.mesh
-    if src.vertex_colors is None and (model.texture is None or src.uvs is None):
+    if not has_own_colours(model):
         return None
     tree = None
     if not same_mesh:
@@ -194,6 +199,10 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
         return out
 
     photo, camera = _gated_photo(inputs, settings, raster_ctx, stats)
+    if photo is None and inputs.splat is None and not has_own_colours(inputs.model):
+        why = "; ".join(stats.get("warnings", [])) or "no photo, no splat"
+        raise StageInputError(f"nothing to take colour from: {why}, and the mesh has no colours or "
+                              "texture of its own; give a splat (--splat) or a photo that fits")
     views = None
     if inputs.splat is not None:
         views = stage("render_views", lambda: _splat_views(inputs, settings, backends, camera, emit))
