@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 OUTSIDE_WEIGHT = 0.3      # share of a silhouette pixel outside the mask that counts against the fit
 FIT_SIDE = 128            # the mask's longest side during the search
-POLISH_SIDE = 256         # ... and for the last refinement of the best pose
+POLISH = ((256, 0.25), (512, 0.08))   # (mask side, step scale) of the last refinements
 REPORT_SIDE = 512         # ... when the final fit is measured
 FIT_FACES = 8000          # meshes are decimated to about this many faces for the fit only
 FOVS_DEG = (30.0, 50.0)
@@ -229,9 +229,11 @@ def fit_camera(ctx: "RasterContext", mesh: Mesh, mask: np.ndarray, posed: bool,
     tie = None
     if not posed:
         best, best_score, tie = _tie_break(ctx, prob, best, best_score, refined, render, photo, rng)
-    # the last steps at a finer mask: a pixel of the search's mask is several of the photo's
-    fine = _Problem(small, mask, prob.base, POLISH_SIDE)
-    best, best_score = _refine(ctx, fine, best, rng, POLISH_GENERATIONS, scale=0.25)
+    # the last steps at finer masks: a pixel of the search's mask is several of the photo's
+    fine = prob
+    for side, scale in POLISH:
+        fine = _Problem(small, mask, prob.base, side)
+        best, best_score = _refine(ctx, fine, best, rng, POLISH_GENERATIONS, scale=scale)
     return _measure(ctx, mesh, mask, fine, best, best_score, case, tie, time.perf_counter() - t0)
 
 

@@ -1,7 +1,10 @@
 """pipeline.camera_fit: the photo's camera from the silhouette. Ground truth from synthetic
 renders; the real bench mesh against its mask (which leaves out the occluders in front).
 What it meets today (issue 22 asks for rotation error <= 2 degrees and IoU >= 0.97 on
-synthetic cameras, coverage >= 0.95 and IoU >= 0.65 on the bench): see the bounds below."""
+synthetic cameras, coverage >= 0.95 and IoU >= 0.65 on the bench): the bounds below; measured
+on three random synthetic cameras IoU 0.955-0.988, rotation error 1.2-3.0 degrees (the field of
+view and the distance trade off along a flat valley of the silhouette objective); bench
+coverage 0.964, IoU 0.687."""
 
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ def test_a_canonical_mesh_seen_from_any_side_gets_its_camera_back(yaw, pitch):
     truth = Cameras(vm[None].astype(np.float32), K[None].astype(np.float32), 320, 240)
     mask = np.asarray(rasterize_views(gl_context(), mesh, truth).tri_id[0]) >= 0
     fit = fit_camera(gl_context(), mesh, mask, posed=False)
-    assert fit.iou >= 0.93 and fit.coverage >= 0.98, fit.report()
+    assert fit.iou >= 0.95 and fit.coverage >= 0.98, fit.report()
     assert _rotation_error_deg(fit.camera.viewmat, vm) <= 5.0, fit.report()
     assert fit.tie_break["silhouette"]["chosen"] > fit.tie_break["silhouette"]["other_side"]
 
@@ -75,4 +78,4 @@ def test_the_real_bench_mesh_fits_its_mask():
     mask = load_mask(HUMAN / "bench_mask.png", max_pixels=10 ** 8).mask
     fit = fit_camera(gl_context(), mesh, mask, posed=True)
     # the person's focal length gives coverage 0.33, IoU 0.27; the occluders cap IoU near 0.7
-    assert fit.coverage >= 0.93 and fit.iou >= 0.6, fit.report()
+    assert fit.coverage >= 0.95 and fit.iou >= 0.65, fit.report()
