@@ -79,6 +79,9 @@ class BakeSettings:
     # kiln bake: the photo is projected only when this share of the mesh's silhouette, seen
     # from the photo's camera, lies inside the mask (a wrong camera puts much of it outside)
     photo_min_inside: float = field(default=0.9, metadata=_num(0.0, 1.0))
+    # ... and a camera fitted to the mask (kiln bake --fit-camera) when its silhouette IoU is at
+    # least this (an occluded object's right camera puts part of the mesh outside the mask)
+    fit_min_iou: float = field(default=0.6, metadata=_num(0.0, 1.0))
 
 
 @dataclass(frozen=True)

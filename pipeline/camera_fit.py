@@ -41,12 +41,12 @@ if TYPE_CHECKING:
 
 OUTSIDE_WEIGHT = 0.3      # share of a silhouette pixel outside the mask that counts against the fit
 FIT_SIDE = 128            # the mask's longest side during the search
-POLISH = ((256, 0.25), (512, 0.08))   # (mask side, step scale) of the last refinements
+POLISH = ((256, 0.25, 20), (512, 0.08, 8))   # (mask side, step scale, generations) of the last steps
 REPORT_SIDE = 512         # ... when the final fit is measured
 FIT_FACES = 8000          # meshes are decimated to about this many faces for the fit only
 FOVS_DEG = (30.0, 50.0)
 YAW_STEP, PITCHES = 10.0, (-40.0, -20.0, 0.0, 20.0, 40.0)
-GENERATIONS, POLISH_GENERATIONS, POPULATION, KEEP = 30, 25, 24, 2
+GENERATIONS, POPULATION, KEEP = 30, 24, 2
 
 # a colour renderer for the tie-break: camera -> (rgb (H, W, 3) in [0, 1], covered (H, W))
 RenderFn = Callable[[SourceCamera], "tuple[np.ndarray, np.ndarray]"]
@@ -118,9 +118,9 @@ class _Problem:
         return Cameras(viewmats=np.asarray(vms, np.float32), Ks=np.asarray(Ks, np.float32), width=w, height=h)
 
     def silhouettes(self, ctx, poses: list[_Pose], w: int, h: int) -> np.ndarray:
-        from .rasterize import rasterize_views
+        from .rasterize import rasterize_silhouettes
 
-        return np.asarray(rasterize_views(ctx, self.mesh, self.cameras(poses, w, h)).tri_id) >= 0
+        return rasterize_silhouettes(ctx, self.mesh, self.cameras(poses, w, h))
 
     def score(self, ctx, poses: list[_Pose]) -> np.ndarray:
         sil = self.silhouettes(ctx, poses, self.w, self.h)
@@ -173,15 +173,22 @@ def _refine(ctx, prob: _Problem, start: _Pose, rng, generations: int = GENERATIO
 
 
 def _bbox_fit(prob: _Problem, ctx, poses: list[_Pose]) -> list[_Pose]:
-    """Each pose moved and scaled so its silhouette's bounding box lands on the mask's."""
-    sil = prob.silhouettes(ctx, poses, prob.w, prob.h)
+    """Each pose moved and scaled so its silhouette's bounding box (that of the projected
+    vertices: no render needed) lands on the mask's."""
+    cams = prob.cameras(poses, prob.w, prob.h)
+    v = prob.mesh.vertices.astype(np.float64)
+    cam_pts = np.einsum("cij,nj->cni", cams.viewmats[:, :3, :3].astype(np.float64), v) \
+        + cams.viewmats[:, None, :3, 3]
+    z = np.maximum(cam_pts[..., 2], 1e-6)
+    px = cam_pts[..., 0] / z * cams.Ks[:, None, 0, 0] + cams.Ks[:, None, 0, 2]
+    py = cam_pts[..., 1] / z * cams.Ks[:, None, 1, 1] + cams.Ks[:, None, 1, 2]
     mx0, my0, mx1, my1 = _mask_box(prob.mask)
     out = []
-    for p, s in zip(poses, sil):
-        if not s.any():
+    for i, p in enumerate(poses):
+        if not (cam_pts[i, :, 2] > 1e-6).all():
             out.append(p)
             continue
-        x0, y0, x1, y1 = _mask_box(s)
+        x0, y0, x1, y1 = px[i].min(), py[i].min(), px[i].max(), py[i].max()
         scale = math.sqrt(((mx1 - mx0) * (my1 - my0)) / max((x1 - x0) * (y1 - y0), 1.0))
         x = p.x.copy()
         x[4] += ((mx0 + mx1) - (x0 + x1)) / 2.0 / prob.w
@@ -231,9 +238,9 @@ def fit_camera(ctx: "RasterContext", mesh: Mesh, mask: np.ndarray, posed: bool,
         best, best_score, tie = _tie_break(ctx, prob, best, best_score, refined, render, photo, rng)
     # the last steps at finer masks: a pixel of the search's mask is several of the photo's
     fine = prob
-    for side, scale in POLISH:
+    for side, scale, generations in POLISH:
         fine = _Problem(small, mask, prob.base, side)
-        best, best_score = _refine(ctx, fine, best, rng, POLISH_GENERATIONS, scale=scale)
+        best, best_score = _refine(ctx, fine, best, rng, generations, scale=scale)
     return _measure(ctx, mesh, mask, fine, best, best_score, case, tie, time.perf_counter() - t0)
 
 

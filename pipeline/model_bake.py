@@ -27,6 +27,7 @@ from .validate import StageInputError
 
 if TYPE_CHECKING:
     from .backends import Backends
+    from .camera_fit import CameraFit
     from .rasterize import RasterContext
 
 EventFn = Callable[[str, float, str], None]
@@ -40,8 +41,9 @@ class ModelInputs:
 
     model:  the mesh file; splat: its Gaussians already turned into the mesh's frame (or None),
     frame:  how the splat's frame was found; photo: rgb + mask at the camera's size (or None),
-    camera: the photo's camera in the mesh's frame (or None); keep_uvs: bake into the
-    model's own UV layout (no simplification) rather than a new one.
+    camera: the photo's camera in the mesh's frame (or None); camera_fit: how well it fits
+    when it was fitted to the mask (``pipeline.camera_fit``), else None; keep_uvs: bake into
+    the model's own UV layout (no simplification) rather than a new one.
     """
 
     model: MeshFile
@@ -49,6 +51,7 @@ class ModelInputs:
     frame: Optional[FrameFit] = None
     photo: Optional[ImageInput] = None
     camera: Optional[SourceCamera] = None
+    camera_fit: Optional["CameraFit"] = None
     keep_uvs: bool = False
 
 
@@ -208,10 +211,13 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
         views = stage("render_views", lambda: _splat_views(inputs, settings, backends, camera, emit))
     mesh = inputs.model.mesh
     if not inputs.keep_uvs:
+        # at least enough simplification for the unwrap to take the mesh
+        ratio = max(settings.mesh.simplify_ratio, 1.0 - settings.mesh.max_faces_for_uv / mesh.num_faces)
+        stats["simplify_ratio"] = round(ratio, 4)
         mesh = stage("mesh", lambda: mesh_ops.simplify_mesh(
             mesh_ops.clean_mesh(mesh, min_component_fraction=settings.mesh.min_component_fraction,
                                 fill_holes=settings.mesh.fill_holes),
-            ratio=settings.mesh.simplify_ratio), f"{inputs.model.mesh.num_faces} faces in")
+            ratio=ratio), f"{inputs.model.mesh.num_faces} faces in")
         b = settings.bake
         mesh = stage("uv", lambda: uv.unwrap(mesh, texture_size=b.texture_size, gutter=b.gutter,
                                              max_faces=settings.mesh.max_faces_for_uv, method=b.unwrap,
@@ -240,6 +246,16 @@ def _gated_photo(inputs: ModelInputs, settings: Settings, raster_ctx, stats: dic
     fit = silhouette_fit(raster_ctx, inputs.model.mesh, inputs.camera, inputs.photo.mask)
     stats["silhouette"] = {"inside": round(fit.inside, 4), "coverage": round(fit.coverage, 4),
                            "iou": round(fit.iou, 4)}
+    if inputs.camera_fit is not None:
+        # a fitted camera: its IoU says how well it fits (the mesh may reach behind occluders)
+        stats.update({k: v for k, v in inputs.camera_fit.report().items() if k != "source_camera"})
+        need = settings.bake.fit_min_iou
+        if inputs.camera_fit.iou < need:
+            stats.setdefault("warnings", []).append(
+                f"the photo was not projected: the fitted camera's silhouette IoU is {inputs.camera_fit.iou:.2f} "
+                f"(at least {need:.2f} is needed, bake.fit_min_iou)")
+            return None, None
+        return inputs.photo, inputs.camera
     need = settings.bake.photo_min_inside
     if fit.inside < need:
         stats.setdefault("warnings", []).append(

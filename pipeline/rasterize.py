@@ -150,6 +150,10 @@ def rasterize_views(ctx: RasterContext, mesh: Mesh, cameras: Cameras) -> Raster:
     depth (C, H, W) float32 = camera-space z of the visible surface.
     """
     _check_context(ctx)
+    return _draw(ctx, _views_job(mesh, cameras))
+
+
+def _views_job(mesh: Mesh, cameras: Cameras) -> "_RasterJob":
     mesh.validate("mesh", max_faces=MAX_FACES)
     cameras.validate("cameras")
     c, h, w = len(cameras), int(cameras.height), int(cameras.width)
@@ -158,11 +162,10 @@ def rasterize_views(ctx: RasterContext, mesh: Mesh, cameras: Cameras) -> Raster:
                               f"{MAX_TOTAL_PIXELS}; use fewer views or a lower resolution")
     ortho = cameras.projection == "orthographic"
     views = [_view_projection(mesh.vertices, cameras.viewmats[i], cameras.Ks[i], ortho) for i in range(c)]
-    jobs = _RasterJob(positions=mesh.vertices, faces=mesh.faces, width=w, height=h,
+    return _RasterJob(positions=mesh.vertices, faces=mesh.faces, width=w, height=h,
                       matrices=np.stack([v[0] for v in views]), zrows=np.stack([v[1] for v in views]),
                       near_far=np.array([v[2] for v in views]), enabled=np.array([v[3] for v in views]),
                       depth_test=True, orthographic=ortho)
-    return _draw(ctx, jobs)
 
 
 def rasterize_uv(ctx: RasterContext, mesh: Mesh, size: int) -> Raster:
@@ -191,6 +194,17 @@ def rasterize_uv(ctx: RasterContext, mesh: Mesh, size: int) -> Raster:
                       matrices=m[None], zrows=np.zeros((1, 4)), near_far=np.array([[0.0, 1.0]]),
                       enabled=np.array([True]), depth_test=False)
     return _draw(ctx, jobs)
+
+
+def rasterize_silhouettes(ctx: RasterContext, mesh: Mesh, cameras: Cameras) -> np.ndarray:
+    """(C, H, W) bool: the pixels ``mesh`` covers from each camera, and nothing else (no
+    face ids, barycentrics or depth: a quarter of the read-back, for fitting a camera to a
+    mask)."""
+    _check_context(ctx)
+    jobs = _views_job(mesh, cameras)
+    if ctx.backend == "moderngl":
+        return _moderngl_coverage(ctx._gl, jobs)
+    return _nvdiffrast_rasterize(ctx._nv, ctx.device, jobs).tri_id >= 0
 
 
 def _check_context(ctx) -> None:
@@ -448,6 +462,40 @@ def _new_gl_state() -> _GLState:
         raise BackendUnavailableError(f"the OpenGL driver cannot build the rasterizer's shaders: "
                                       f"{e}") from None
     return _GLState(ctx=ctx, program=program)
+
+
+def _moderngl_coverage(state: _GLState, job: _RasterJob) -> np.ndarray:
+    """Coverage only: each view read back as bytes, whose alpha (face id + 1, clamped) is
+    255 where a face lies and 0 where none does."""
+    import moderngl
+
+    ctx, prog = state.ctx, state.program
+    c, h, w = job.count, job.height, job.width
+    out = np.zeros((c, h, w), bool)
+    expanded = np.ascontiguousarray(job.positions[job.faces.reshape(-1)], dtype=np.float32)
+    with ctx:
+        vbo = ctx.buffer(expanded.tobytes())
+        vao = None
+        try:
+            vao = ctx.vertex_array(prog, [(vbo, "3f", "in_pos")])
+            fbo = state.framebuffer(w, h)
+            fbo.use()
+            ctx.disable(moderngl.DEPTH_TEST | moderngl.CULL_FACE | moderngl.BLEND)
+            to_clip = _clip_from_pixels(0, 0, w, h)
+            for i in range(c):
+                if not job.enabled[i]:
+                    continue
+                fbo.clear(0.0, 0.0, 0.0, 0.0)
+                prog["mvp"].write(np.ascontiguousarray((to_clip @ job.matrices[i]).astype(np.float32).T).tobytes())
+                prog["zrow"].value = tuple(float(x) for x in job.zrows[i])
+                vao.render(moderngl.TRIANGLES, vertices=expanded.shape[0])
+                px = np.frombuffer(fbo.read(components=4, dtype="f1"), np.uint8).reshape(h, w, 4)
+                out[i] = px[..., 3] > 0
+        finally:
+            if vao is not None:
+                vao.release()
+            vbo.release()
+    return out
 
 
 def _moderngl_rasterize(state: _GLState, job: _RasterJob) -> Raster:

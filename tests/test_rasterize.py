@@ -513,3 +513,15 @@ def test_optimizer_after_egl_context_does_not_segfault():
         "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+def test_silhouettes_are_the_coverage_of_the_full_raster():
+    import trimesh
+
+    mesh = to_mesh(trimesh.creation.icosphere(subdivisions=2, radius=0.45))
+    cams = sphere_cameras(5, 2.0, 40.0, 96)
+    cams.Ks[2, 0, 2] += 30.0          # one view with the object partly outside the image
+    full = R.rasterize_views(gl_context(), mesh, cams)
+    sil = R.rasterize_silhouettes(gl_context(), mesh, cams)
+    assert sil.dtype == bool and sil.shape == full.tri_id.shape
+    assert (sil == (full.tri_id >= 0)).all() and sil.any()
