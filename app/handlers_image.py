@@ -20,10 +20,8 @@ import gradio as gr
 
 from . import messages, selection, statusview, uploads
 from .context import AppContext
-from .page import Page
+from .page import Page, Updates
 from .requestinfo import Caller
-
-Updates = dict  # {gr component: value or gr.update(...)}
 
 
 def selection_view(page: Page, st: uploads.SessionState) -> Updates:

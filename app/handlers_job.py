@@ -22,10 +22,8 @@ from . import form, history, jobs, messages, statusview
 from .context import AppContext
 from .gpuqueue import gpu_queue_counts
 from .outcome import Outcome, browser_history, job_outcome, not_started
-from .page import Page
+from .page import Page, Updates
 from .requestinfo import Caller, refusal
-
-Updates = dict  # {gr component: value or gr.update(...)}
 
 BUSY = "This page's job is still running; wait for it or press Cancel."
 

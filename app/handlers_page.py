@@ -12,10 +12,8 @@ from . import messages, statusview
 from .context import AppContext
 from .gpuqueue import gpu_queue_counts
 from .outcome import browser_history
-from .page import Page
+from .page import Page, Updates
 from .requestinfo import Caller
-
-Updates = dict  # {gr component: value or gr.update(...)}
 
 
 def status_line(page: Page, ctx: AppContext) -> str:

@@ -16,6 +16,9 @@ from kiln.settings import Settings, allowed_range, allowed_values
 from . import history, selection, statusview, uploads
 from .examples import EXAMPLES
 
+# What a handler answers: {component of the Page: its new value or a gr.update(...)}
+Updates = dict
+
 
 @dataclass(frozen=True, eq=False)
 class Page:

@@ -376,8 +376,16 @@ def test_every_handler_is_wired_and_events_call_it_with_the_caller_from_the_requ
     assert missing == [], f"handlers the wiring never connects: {missing}"
     # no event of the page runs an anonymous function
     for block_fn in app.page.demo.fns.values():
-        if block_fn.fn is not None and block_fn.name not in ("load_example",):
-            assert getattr(block_fn.fn, "__name__", "") != "<lambda>", block_fn.name
+        assert getattr(block_fn.fn, "__name__", "") != "<lambda>", block_fn.name
+
+
+def test_an_example_runs_the_upload_handler_as_a_drop_would(app, blob, tmp_path):
+    example = png_file(tmp_path, "toy.png", blob[0])
+    page = layout(app.ctx.settings, [Path(example)])
+    wire(page, app.ctx)
+    runs = wired_outputs(page.demo)[image.on_upload]
+    assert len(runs) == 2 and runs[0] == runs[1], "the example and a drop set the same outputs"
+    assert page.examples is not None and page.examples.dataset.samples
 
 
 def test_event_fn_hands_the_handler_the_caller_the_server_derives(app, blob):
