@@ -15,9 +15,9 @@ listing: they take page-shaped values and are no interface to keep stable.
 
 from __future__ import annotations
 
-import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import gradio as gr
 from gradio.components.api_component import Api
@@ -26,10 +26,7 @@ from kiln.settings import Settings, SettingsError
 
 from . import form, history, jobs, messages, selection, statusview, uploads
 from .context import AppContext
-from .requestinfo import client_of, refusal, session_of
-
-# the endpoints, as gradio_client names them ("/generate")
-ENDPOINTS = ("upload_image", "select", "generate", "status", "result", "cancel")
+from .requestinfo import Caller, event_fn, refusal
 
 # generate's parameters -> the setting each sets (kiln.settings checks ranges and names it)
 SETTING_OF = {"bake": "bake.enabled", "simplify_ratio": "mesh.simplify_ratio",
@@ -95,199 +92,284 @@ def to_work_pixels(st: uploads.SessionState, x: float, y: float) -> tuple[float,
     return float(x) * w / W, float(y) * h / H
 
 
-def register(demo: gr.Blocks, ctx: AppContext) -> None:
-    """Add the script endpoints to ``demo`` (after the page's events are defined) and hide
-    the page's own events from the API listing."""
-    s = ctx.settings
-    page_fns = list(demo.fns.values())
-    starting = threading.Lock()   # one Generate per session: busy check and pending mark together
+# -- the endpoints: handler(ctx, caller, *parameters) ------------------------------------
+# A parameter whose Python default is None is optional for clients; the request goes
+# before the first of them (requestinfo.event_fn), as a page handler's does.
 
-    def fail(e: Exception) -> gr.Error:
-        return refusal(messages.public_text(str(e)))
+class JobAnswer(NamedTuple):
+    """What /generate yields and /result answers: the job (``describe_job``) and its
+    published files, once it is done."""
 
-    # gr.Request goes before the optional parameters: Gradio lists a parameter whose
-    # Python default is None as optional for clients
-    def upload_image(image: str, request: gr.Request, mask: Optional[str] = None,
-                     use_alpha: bool = True) -> dict:
-        """Upload an image (PNG, JPEG, WebP, TIFF…) to this session, replacing any earlier one.
-        mask: optional mask file of the image's size (a non-constant alpha marks the object,
-        else white = object). use_alpha: with no mask file, use the image's transparency as
-        the mask (default true). Returns the image's size and the mask's source and share."""
-        if not image:
-            raise refusal("image: no file was given")
-        session, client = session_of(request), client_of(request)
-        with ctx.sessions.edit(session, client) as (_, save):
-            try:
-                ctx.sessions.admit(session, client, Path(image).stat().st_size)
-                with ctx.decodes:
-                    st = uploads.load_upload(image, s.app, name=Path(image).name)
-                    if mask:
-                        st = uploads.set_mask_file(st, mask, s.app, name=Path(mask).name)
-                if not mask and not use_alpha:
-                    st = uploads.set_use_alpha(st, False)
-                save(st)
-            except (messages.UIError, OSError) as e:
-                save(uploads.SessionState())
-                raise fail(e) from None
-        return describe_state(st)
+    info: dict
+    glb: Optional[str] = None
+    ply: Optional[str] = None
 
-    def select(request: gr.Request, points: Optional[list] = None, box: Optional[list] = None) -> dict:
-        """Select the object with prompts instead of a mask: points [[x, y, label], ...]
-        (label 1 = object, 0 = background) and/or box [x0, y0, x1, y1], in the uploaded
-        image's pixels. Replaces the session's mask (alpha or mask file included)."""
-        session = session_of(request)
-        with ctx.sessions.edit(session, client_of(request)) as (st, save):
-            try:
-                pts = [(float(p[0]), float(p[1]), int(p[2])) for p in (points or [])]
-                if any(lb not in (0, 1) for _, _, lb in pts):
-                    raise messages.UIError("points: a label is 1 (object) or 0 (background)")
-                bx = [float(v) for v in box] if box else None
-                if bx is not None and len(bx) != 4:
-                    raise messages.UIError("box: give [x0, y0, x1, y1]")
-            except (TypeError, ValueError, IndexError):
-                raise refusal("points: give [[x, y, label], ...] with label 1 (object) or 0 (background)") from None
-            except messages.UIError as e:
-                raise fail(e) from None
-            if not pts and bx is None:
-                raise refusal("points or box: give at least one")
-            try:
-                st = selection.clear_clicks(st)
-                if bx is not None:
-                    (x0, y0), (x1, y1) = to_work_pixels(st, bx[0], bx[1]), to_work_pixels(st, bx[2], bx[3])
-                    st = selection.set_box(st, x0, y0, x1, y1, ctx.segmenter)
-                for x, y, label in pts:
-                    wx, wy = to_work_pixels(st, x, y)
-                    st = selection.add_click(st, wx, wy, label == 0, ctx.segmenter)
-                save(st)
-            except messages.UIError as e:
-                raise fail(e) from None
-        return describe_state(st)
 
-    def generate(request: gr.Request, bake: Optional[bool] = None, simplify_ratio: Optional[float] = None,
-                 texture_size: Any = None, views: Optional[int] = None, bake_mode: Optional[str] = None,
-                 seed: Optional[int] = None, gaussians_ply: Optional[bool] = None,
-                 progress=gr.Progress()) -> Iterator[tuple]:
-        """Make a 3D model of the session's image and mask. The parameters are the page's
-        settings (kiln.settings names the setting each sets; null keeps the server's).
-        Yields (status, glb, ply) as the job changes; the last has the GLB (and the .ply
-        with gaussians_ply). A failed or cancelled job raises its reason."""
-        session = session_of(request)
-        values = dict(bake=bake, simplify_ratio=simplify_ratio, texture_size=texture_size, views=views,
-                      bake_mode=bake_mode, seed=seed, gaussians_ply=gaussians_ply)
-        st = ctx.sessions.get(session)
+def upload_image(ctx: AppContext, caller: Caller, image: str, mask: Optional[str] = None,
+                 use_alpha: bool = True) -> dict:
+    """Upload an image (PNG, JPEG, WebP, TIFF…) to this session, replacing any earlier one.
+    mask: optional mask file of the image's size (a non-constant alpha marks the object,
+    else white = object). use_alpha: with no mask file, use the image's transparency as
+    the mask (default true). Returns the image's size and the mask's source and share."""
+    if not image:
+        raise refusal("image: no file was given")
+    app_settings = ctx.settings.app
+    with ctx.sessions.edit(caller.session, caller.client) as (_, save):
         try:
-            settings = api_settings(s, values)
-            uploads.require_image(st)
-            # the page's fast checks (mask present, not full, not a speck) on the working copy
-            form.check_job_request(st, s, settings.bake.enabled, settings.mesh.simplify_ratio,
-                                   settings.bake.texture_size, settings.views.count, settings.bake.mode,
-                                   settings.seed, settings.export.gaussians_ply)
+            ctx.sessions.admit(caller.session, caller.client, Path(image).stat().st_size)
+            with ctx.decodes:
+                st = uploads.load_upload(image, app_settings, name=Path(image).name)
+                if mask:
+                    st = uploads.set_mask_file(st, mask, app_settings, name=Path(mask).name)
+            if not mask and not use_alpha:
+                st = uploads.set_use_alpha(st, False)
+            save(st)
+        except (messages.UIError, OSError) as e:
+            save(uploads.SessionState())
+            raise _fail(e) from None
+    return describe_state(st)
+
+
+def _prompts(points: Optional[list], box: Optional[list]) -> tuple[list, Optional[list]]:
+    """/select's points as (x, y, label) and box as [x0, y0, x1, y1]; refused naming the
+    parameter when malformed, or when neither is given."""
+    try:
+        pts = [(float(p[0]), float(p[1]), int(p[2])) for p in (points or [])]
+        if any(lb not in (0, 1) for _, _, lb in pts):
+            raise messages.UIError("points: a label is 1 (object) or 0 (background)")
+        bx = [float(v) for v in box] if box else None
+        if bx is not None and len(bx) != 4:
+            raise messages.UIError("box: give [x0, y0, x1, y1]")
+    except (TypeError, ValueError, IndexError):
+        raise refusal("points: give [[x, y, label], ...] with label 1 (object) or 0 (background)") from None
+    except messages.UIError as e:
+        raise _fail(e) from None
+    if not pts and bx is None:
+        raise refusal("points or box: give at least one")
+    return pts, bx
+
+
+def select(ctx: AppContext, caller: Caller, points: Optional[list] = None, box: Optional[list] = None) -> dict:
+    """Select the object with prompts instead of a mask: points [[x, y, label], ...]
+    (label 1 = object, 0 = background) and/or box [x0, y0, x1, y1], in the uploaded
+    image's pixels. Replaces the session's mask (alpha or mask file included)."""
+    with ctx.sessions.edit(caller.session, caller.client) as (st, save):
+        pts, bx = _prompts(points, box)
+        try:
+            st = selection.clear_clicks(st)
+            if bx is not None:
+                (x0, y0), (x1, y1) = to_work_pixels(st, bx[0], bx[1]), to_work_pixels(st, bx[2], bx[3])
+                st = selection.set_box(st, x0, y0, x1, y1, ctx.segmenter)
+            for x, y, label in pts:
+                wx, wy = to_work_pixels(st, x, y)
+                st = selection.add_click(st, wx, wy, label == 0, ctx.segmenter)
+            save(st)
         except messages.UIError as e:
-            raise fail(e) from None
-        if ctx.sup_error:
-            raise refusal(messages.public_text(ctx.sup_error))
-        with starting:
-            if ctx.active.get(session) or session in ctx.active.pending:
-                raise refusal("this session already has a job running; wait for it or call /cancel")
-            ctx.active.set_pending(session, True)
-        last = None
+            raise _fail(e) from None
+    return describe_state(st)
+
+
+def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simplify_ratio: Optional[float] = None,
+             texture_size: Any = None, views: Optional[int] = None, bake_mode: Optional[str] = None,
+             seed: Optional[int] = None, gaussians_ply: Optional[bool] = None,
+             progress=gr.Progress()) -> Iterator[JobAnswer]:
+    """Make a 3D model of the session's image and mask. The parameters are the page's
+    settings (kiln.settings names the setting each sets; null keeps the server's).
+    Yields (status, glb, ply) as the job changes; the last has the GLB (and the .ply
+    with gaussians_ply). A failed or cancelled job raises its reason."""
+    session = caller.session
+    values = dict(bake=bake, simplify_ratio=simplify_ratio, texture_size=texture_size, views=views,
+                  bake_mode=bake_mode, seed=seed, gaussians_ply=gaussians_ply)
+    st = ctx.sessions.get(session)
+    settings = _checked_settings(ctx, st, values)
+    if ctx.sup_error:
+        raise refusal(messages.public_text(ctx.sup_error))
+    if not ctx.active.press(session):
+        raise refusal("this session already has a job running; wait for it or call /cancel")
+    last = None
+    try:
         try:
-            try:
-                with ctx.decodes:
-                    rgb, mask = form.job_inputs(st)
-            except messages.UIError as e:
-                raise fail(e) from None
-            # kept with the job: its result downloads as '<image-name>-<n>.glb', as the page's do
-            info = history.JobInfo(st.image.name, history.thumbnail_uri(st.image.work))
-            del st
-            steps = jobs.follow_job(ctx, session, rgb, mask, settings, info=info)
-            del rgb, mask
-            for note, last in steps:
-                if last is None:
-                    if note != jobs.WAITING_FOR_POOL:
-                        raise refusal(messages.public_text(note))
-                    progress(0.0, desc=note)
-                    continue
-                progress(float(last.progress or 0.0), desc=statusview.stage_label(last.stage))
-                if not last.terminal:
-                    yield describe_job(last), None, None
-        finally:
-            ctx.active.set_pending(session, False)
-        if last is None or last.state != "done":
-            state = last.state if last is not None else "not started"
-            why = messages.public_text(last.error or "") if last is not None else ""
-            raise refusal(f"job {last.id if last else ''} {state}" + (f": {why}" if why else ""))
-        files = publish(session, last)
-        yield describe_job(last), files.get("glb"), files.get("ply")
+            with ctx.decodes:
+                rgb, mask = form.job_inputs(st)
+        except messages.UIError as e:
+            raise _fail(e) from None
+        # kept with the job: its result downloads as '<image-name>-<n>.glb', as the page's do
+        info = history.JobInfo(st.image.name, history.thumbnail_uri(st.image.work))
+        del st
+        steps = jobs.follow_job(ctx, session, rgb, mask, settings, info=info)
+        del rgb, mask
+        for note, last in steps:
+            if last is None:
+                if note != jobs.WAITING_FOR_POOL:
+                    raise refusal(messages.public_text(note))
+                progress(0.0, desc=note)
+                continue
+            progress(float(last.progress or 0.0), desc=statusview.stage_label(last.stage))
+            if not last.terminal:
+                yield JobAnswer(describe_job(last))
+    finally:
+        ctx.active.end_pending(session)
+    if last is None or last.state != "done":
+        state = last.state if last is not None else "not started"
+        why = messages.public_text(last.error or "") if last is not None else ""
+        raise refusal(f"job {last.id if last else ''} {state}" + (f": {why}" if why else ""))
+    files = _publish(ctx, session, last)
+    yield JobAnswer(describe_job(last), files.get("glb"), files.get("ply"))
 
-    def publish(session: str, st) -> dict[str, str]:
-        try:
-            statuses = jobs.browser_jobs(ctx, session)
-            stem = history.result_stems(statuses, jobs.job_infos(ctx, statuses)).get(st.id)
-            return {k: str(p) for k, p in ctx.publisher.publish(session, st, stem).items()}
-        except (OSError, messages.UIError) as e:
-            raise refusal(f"the result could not be prepared for download: {messages.public_text(str(e))}") from None
 
-    def status(request: gr.Request) -> dict:
-        """This client's jobs, oldest first, and which of them this session follows."""
-        session = session_of(request)
-        return {"jobs": [describe_job(st) for st in jobs.browser_jobs(ctx, session)],
-                "running": ctx.active.get(session)}
+def _checked_settings(ctx: AppContext, st: uploads.SessionState, values: dict) -> Settings:
+    """The job's settings from /generate's parameters, after the page's fast checks of the
+    session's image and mask (present, not full, not a speck) on the working copy."""
+    try:
+        settings = api_settings(ctx.settings, values)
+        uploads.require_image(st)
+        form.check_job_request(st, ctx.settings, settings.bake.enabled, settings.mesh.simplify_ratio,
+                               settings.bake.texture_size, settings.views.count, settings.bake.mode,
+                               settings.seed, settings.export.gaussians_ply)
+    except messages.UIError as e:
+        raise _fail(e) from None
+    return settings
 
-    def result(job: str, request: gr.Request) -> tuple:
-        """The files of a finished job of this client: (status, glb, ply)."""
-        session = session_of(request)
-        st = next((j for j in jobs.browser_jobs(ctx, session) if j.id == str(job or "")), None)
-        if st is None:
-            raise refusal(f"job: no job {str(job)[:64]!r} of this client")
-        if st.state != "done":
-            raise refusal(f"job {st.id} is {st.state}" + (f": {messages.public_text(st.error)}" if st.error else ""))
-        files = publish(session, st)
-        return describe_job(st), files.get("glb"), files.get("ply")
 
-    def cancel(request: gr.Request) -> dict:
-        """Cancel this session's running job; answers the ids cancelled."""
-        session = session_of(request)
-        ids = ctx.active.get(session)
-        jobs.cancel_jobs(ctx, session)
-        return {"cancelled": ids}
+def status(ctx: AppContext, caller: Caller) -> dict:
+    """This client's jobs, oldest first, and which of them this session follows."""
+    return {"jobs": [describe_job(st) for st in jobs.browser_jobs(ctx, caller.session)],
+            "running": ctx.active.get(caller.session)}
 
-    def json_slot(value: Any, schema: dict, label: str) -> Api:
-        # a value handed over as sent: kiln.settings checks it and names the setting, where
-        # a typed component would coerce or refuse it in its own words first
-        return Api(value, schema, label)
 
+def result(ctx: AppContext, caller: Caller, job: str) -> JobAnswer:
+    """The files of a finished job of this client: (status, glb, ply)."""
+    st = next((j for j in jobs.browser_jobs(ctx, caller.session) if j.id == str(job or "")), None)
+    if st is None:
+        raise refusal(f"job: no job {str(job)[:64]!r} of this client")
+    if st.state != "done":
+        raise refusal(f"job {st.id} is {st.state}" + (f": {messages.public_text(st.error)}" if st.error else ""))
+    files = _publish(ctx, caller.session, st)
+    return JobAnswer(describe_job(st), files.get("glb"), files.get("ply"))
+
+
+def cancel(ctx: AppContext, caller: Caller) -> dict:
+    """Cancel this session's running job; answers the ids cancelled."""
+    ids = ctx.active.get(caller.session)
+    jobs.cancel_jobs(ctx, caller.session)
+    return {"cancelled": ids}
+
+
+def _fail(e: Exception) -> gr.Error:
+    return refusal(messages.public_text(str(e)))
+
+
+def _publish(ctx: AppContext, session: str, st) -> dict[str, str]:
+    try:
+        statuses = jobs.browser_jobs(ctx, session)
+        stem = history.result_stems(statuses, jobs.job_infos(ctx, statuses)).get(st.id)
+        return {k: str(p) for k, p in ctx.publisher.publish(session, st, stem).items()}
+    except (OSError, messages.UIError) as e:
+        raise refusal(f"the result could not be prepared for download: {messages.public_text(str(e))}") from None
+
+
+# -- registration -------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class ApiSlots:
+    """The hidden components the endpoints read and write: what a script sends and gets.
+    ``settings``: /generate's parameters, in its order."""
+
+    image: gr.File
+    mask: gr.File
+    use_alpha: Api
+    points: Api
+    box: Api
+    settings: tuple
+    job: Api
+    info: Api
+    glb: gr.File
+    ply: gr.File
+
+
+def _json_slot(value: Any, schema: dict, label: str) -> Api:
+    # a value handed over as sent: kiln.settings checks it and names the setting, where
+    # a typed component would coerce or refuse it in its own words first
+    return Api(value, schema, label)
+
+
+def api_slots(s: Settings) -> ApiSlots:
+    """Make the endpoints' components (inside a Blocks context); defaults from ``s``."""
+    return ApiSlots(
+        image=gr.File(label="image", file_types=["image"], type="filepath"),
+        mask=gr.File(label="mask", file_types=["image"], type="filepath"),
+        use_alpha=_json_slot(True, {"type": "boolean"}, "use_alpha"),
+        points=_json_slot([], {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}, "points"),
+        box=_json_slot(None, {"type": "array", "items": {"type": "number"}}, "box"),
+        settings=(
+            _json_slot(s.bake.enabled, {"type": "boolean"}, "bake"),
+            _json_slot(s.mesh.simplify_ratio, {"type": "number"}, "simplify_ratio"),
+            _json_slot(s.bake.texture_size, {"type": "string", "description": "a power of two or auto"},
+                       "texture_size"),
+            _json_slot(s.views.count, {"type": "integer"}, "views"),
+            _json_slot(s.bake.mode, {"type": "string", "enum": ["fast", "opt"]}, "bake_mode"),
+            _json_slot(s.seed, {"type": "integer"}, "seed"),
+            _json_slot(s.export.gaussians_ply, {"type": "boolean"}, "gaussians_ply"),
+        ),
+        job=_json_slot(None, {"type": "string"}, "job"),
+        info=_json_slot(None, {"type": "object"}, "info"),
+        glb=gr.File(label="glb"),
+        ply=gr.File(label="ply"),
+    )
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One script endpoint: its name ("/generate" to gradio_client), its handler, the
+    ``ApiSlots`` it reads (in the handler's parameter order) and writes, and how it queues:
+    "api" in Gradio's queue four at a time, "job" waiting on its job (the supervisor's
+    queue bounds the jobs, not a slot), "now" at once without the queue."""
+
+    name: str
+    handler: Callable
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    queue: str = "api"
+
+
+ENDPOINT_TABLE = (
+    Endpoint("upload_image", upload_image, ("image", "mask", "use_alpha"), ("info",)),
+    Endpoint("select", select, ("points", "box"), ("info",)),
+    Endpoint("generate", generate, ("settings",), JobAnswer._fields, queue="job"),
+    Endpoint("status", status, (), ("info",), queue="now"),
+    Endpoint("result", result, ("job",), JobAnswer._fields),
+    Endpoint("cancel", cancel, (), ("info",), queue="now"),
+)
+# the endpoints, as gradio_client names them ("/generate")
+ENDPOINTS = tuple(e.name for e in ENDPOINT_TABLE)
+
+
+def _components(slots: ApiSlots, names: tuple[str, ...]) -> list:
+    out = []
+    for name in names:
+        value = getattr(slots, name)
+        out += list(value) if isinstance(value, tuple) else [value]
+    return out
+
+
+def queue_options(ctx: AppContext, queue: str) -> dict:
+    if queue == "now":
+        return {"queue": False}
+    if queue == "job":
+        return {"concurrency_id": "api-generate", "concurrency_limit": ctx.workers + ctx.settings.worker.max_queue}
+    return {"concurrency_id": "api", "concurrency_limit": 4}
+
+
+def register(demo: gr.Blocks, ctx: AppContext) -> None:
+    """Add the script endpoints (``ENDPOINT_TABLE``) to ``demo``, after the page's events are
+    defined, and hide the page's own events from the API listing."""
+    page_fns = list(demo.fns.values())
     with demo:
         with gr.Column(visible=False):
-            image_in = gr.File(label="image", file_types=["image"], type="filepath")
-            mask_in = gr.File(label="mask", file_types=["image"], type="filepath")
-            alpha_in = json_slot(True, {"type": "boolean"}, "use_alpha")
-            points_in = json_slot([], {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
-                                  "points")
-            box_in = json_slot(None, {"type": "array", "items": {"type": "number"}}, "box")
-            form_in = [
-                json_slot(s.bake.enabled, {"type": "boolean"}, "bake"),
-                json_slot(s.mesh.simplify_ratio, {"type": "number"}, "simplify_ratio"),
-                json_slot(s.bake.texture_size, {"type": "string", "description": "a power of two or auto"},
-                          "texture_size"),
-                json_slot(s.views.count, {"type": "integer"}, "views"),
-                json_slot(s.bake.mode, {"type": "string", "enum": ["fast", "opt"]}, "bake_mode"),
-                json_slot(s.seed, {"type": "integer"}, "seed"),
-                json_slot(s.export.gaussians_ply, {"type": "boolean"}, "gaussians_ply"),
-            ]
-            job_in = json_slot(None, {"type": "string"}, "job")
-            info_out = json_slot(None, {"type": "object"}, "info")
-            glb_out = gr.File(label="glb")
-            ply_out = gr.File(label="ply")
-            kw = dict(concurrency_id="api", concurrency_limit=4)
+            slots = api_slots(ctx.settings)
             trigger = gr.Button("api", visible=False)
-            trigger.click(upload_image, [image_in, mask_in, alpha_in], [info_out], api_name="upload_image", **kw)
-            trigger.click(select, [points_in, box_in], [info_out], api_name="select", **kw)
-            # a generate waits on its job, not a slot: the supervisor's queue bounds the jobs
-            trigger.click(generate, form_in, [info_out, glb_out, ply_out], api_name="generate",
-                          concurrency_id="api-generate", concurrency_limit=ctx.workers + s.worker.max_queue)
-            trigger.click(status, None, [info_out], api_name="status", queue=False)
-            trigger.click(result, [job_in], [info_out, glb_out, ply_out], api_name="result", **kw)
-            trigger.click(cancel, None, [info_out], api_name="cancel", queue=False)
+            for ep in ENDPOINT_TABLE:
+                trigger.click(event_fn(ep.handler, ctx), _components(slots, ep.inputs) or None,
+                              _components(slots, ep.outputs), api_name=ep.name, **queue_options(ctx, ep.queue))
     for fn in page_fns:
         fn.api_visibility = "private"

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 from kiln.settings import Settings
 
-from .jobs import ActiveJobs
+from .active import ActiveJobs
 from .results import ResultPublisher
 from .segment import GrabCutSegmenter, SegmenterChoice, choose_segmenter
 from .sessions import SessionLimits, SessionStore
@@ -55,8 +55,7 @@ class AppContext:
         self.sessions = SessionStore(Path(files_dir).parent / "sessions",
                                      SessionLimits.from_settings(settings.app))
         self.decodes = threading.BoundedSemaphore(DECODES_AT_ONCE)
-        # session -> the last job's outcome, until the page has shown it
-        self.outcomes: dict[str, dict] = {}
+        # per tab: its jobs not yet ended, a Generate waiting, its last job's Outcome
         self.active = ActiveJobs()
         self.summaries: dict[str, str] = {}
         self._supervisor_factory = supervisor_factory or self._default_supervisor

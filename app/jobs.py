@@ -18,7 +18,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -71,7 +71,7 @@ def follow_job(ctx, session: str, rgb: np.ndarray, mask: np.ndarray, settings: S
 
     Closing the generator early (the page went away) leaves the job running for the
     browser's next page (``follow_existing``); it is cancelled when the tab pressed
-    Cancel (``ActiveJobs.request_cancel``), or by the reaper once no page followed it for
+    Cancel (``app.active.ActiveJobs.request_cancel``), or by the reaper once no page followed it for
     ``app.orphan_grace_s``.
     """
     while not ctx.sup_ready.is_set():
@@ -279,84 +279,3 @@ def _reap_loop(ctx) -> None:
             reap_orphans(ctx)
         except Exception:  # noqa: BLE001 - the reaper must outlive one bad tick
             log.exception("orphan reaper tick failed")
-
-
-@dataclass
-class ActiveJobs:
-    """The page's jobs that have not ended: which tab shows which (so Cancel finds them
-    whatever the page holds), when a page last followed each, the tabs whose Generate is
-    still waiting in Gradio's queue for a slot, and the tabs that pressed Cancel since."""
-
-    jobs: dict = field(default_factory=dict)      # session -> set of job ids it shows
-    pending: set = field(default_factory=set)
-    cancelling: set = field(default_factory=set)
-    touched: dict = field(default_factory=dict)   # job id -> time.monotonic() of the last follow
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    reaper: Optional[threading.Thread] = None
-
-    def set_pending(self, session: str, on: bool) -> None:
-        with self.lock:
-            (self.pending.add if on else self.pending.discard)(session)
-            if on:
-                self.cancelling.discard(session)   # a new press: an old Cancel is spent
-
-    def take_pending(self, session: str) -> bool:
-        """True (and forget it) when the session had a Generate waiting."""
-        with self.lock:
-            if session in self.pending:
-                self.pending.discard(session)
-                return True
-            return False
-
-    def add(self, session: str, job_id: str) -> None:
-        """The tab shows this job (its Generate got it, or it reconnected to it)."""
-        with self.lock:
-            self.pending.discard(session)
-            self.jobs.setdefault(session, set()).add(job_id)
-            self.touched[job_id] = time.monotonic()
-
-    def discard(self, session: str, job_id: str) -> None:
-        with self.lock:
-            ids = self.jobs.get(session, set())
-            ids.discard(job_id)
-            if not ids:
-                self.jobs.pop(session, None)
-
-    def get(self, session: str) -> list[str]:
-        """The jobs the tab shows that have not ended, oldest id first."""
-        with self.lock:
-            return sorted(self.jobs.get(session, ()))
-
-    def touch(self, job_id: str) -> None:
-        with self.lock:
-            if job_id in self.touched:
-                self.touched[job_id] = time.monotonic()
-
-    def followed(self) -> dict[str, float]:
-        """job id -> when a page last followed it, for every job not known to have ended."""
-        with self.lock:
-            return dict(self.touched)
-
-    def finished(self, job_id: str) -> None:
-        """The job ended (or was given up): no tab shows it any more."""
-        with self.lock:
-            self.touched.pop(job_id, None)
-            for session in [s for s, ids in self.jobs.items() if job_id in ids]:
-                self.jobs[session].discard(job_id)
-                if not self.jobs[session]:
-                    del self.jobs[session]
-
-    def drop_session(self, session: str) -> None:
-        """The tab closed: its jobs go on (the reaper watches them), the tab forgets them."""
-        with self.lock:
-            self.jobs.pop(session, None)
-            self.pending.discard(session)
-            self.cancelling.discard(session)
-
-    def request_cancel(self, session: str) -> None:
-        with self.lock:
-            self.cancelling.add(session)
-
-    def cancel_wanted(self, session: str) -> bool:
-        with self.lock:
-            return session in self.cancelling

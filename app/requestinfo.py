@@ -1,7 +1,14 @@
-"""What a Gradio request says about its caller: the tab's session, the client's address; and
-the error a caller is shown for something they can fix."""
+"""What a Gradio request says about its caller: the tab's session, the client's address; the
+error a caller is shown for something they can fix; and the Gradio event function made
+from a handler of plain values (``event_fn``), which hands the handler the caller the
+server derived from the request, never anything the client names."""
 
 from __future__ import annotations
+
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import gradio as gr
 
@@ -24,3 +31,52 @@ def client_of(request: gr.Request | None) -> str:
 def refusal(message: str) -> gr.Error:
     """A gr.Error for something the person can fix: shown, but no traceback in the log."""
     return gr.Error(message, print_exception=False)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who an event comes from: the session (``browser.session_name``: cookie + tab), which
+    keys its state, jobs and results, and the client's address, which the limits count."""
+
+    session: str
+    client: str = "unknown"
+
+
+def caller_of(request: gr.Request | None) -> Caller:
+    return Caller(session_of(request), client_of(request))
+
+
+def event_fn(handler: Callable, *bound: Any) -> Callable:
+    """``handler(*bound, caller, *inputs)`` as a function Gradio calls with the event's
+    inputs and its request: the handler gets ``caller_of(request)``.
+
+    Gradio finds the request (and ``gr.SelectData``, ``gr.Progress``) by the function's
+    annotations and defaults, which ``functools.partial`` hides from it; so this function
+    carries the handler's own parameters after ``caller``, with their annotations and
+    defaults (what a script's client sees), and the request before the first parameter
+    with a default. A generator handler gives a generator function. ``fn.handler`` is the
+    handler (the tests read the wiring by it)."""
+    sig = inspect.signature(handler)
+    params = list(sig.parameters.values())[len(bound) + 1:]
+    hints = typing.get_type_hints(handler)
+    at = next((i for i, p in enumerate(params) if p.default is not p.empty), len(params))
+    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
+
+    def call(args: tuple):
+        args = list(args)
+        caller = caller_of(args.pop(at))
+        return handler(*bound, caller, *args)
+
+    if inspect.isgeneratorfunction(handler):
+        def fn(*args):
+            yield from call(args)
+    else:
+        def fn(*args):
+            return call(args)
+    fn.__signature__ = sig.replace(parameters=[*params[:at], request, *params[at:]])
+    fn.__annotations__ = {**{p.name: hints[p.name] for p in params if p.name in hints}, "request": gr.Request}
+    fn.__name__ = fn.__qualname__ = handler.__name__
+    fn.__doc__ = handler.__doc__
+    fn.__module__ = handler.__module__
+    fn.handler = handler
+    return fn

@@ -405,7 +405,8 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
     t0 = time.perf_counter()
     keep_big_buffers_mmapped()
     from .context import AppContext
-    from .ui import CSS, build_ui
+    from .pageassets import CSS
+    from .ui import build_ui
 
     ctx = context or AppContext(settings, files_dir)
     example_paths = []

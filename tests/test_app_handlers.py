@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import browser, form, history, jobs, messages, results, selection, statusview, uploads
+from app import active, browser, form, history, jobs, messages, results, selection, statusview, uploads
 from app.segment import GrabCutSegmenter, box_mask, image_key, keep_clicked_components
 from kiln.settings import AppSettings, Settings
 from synthetic import make_object_image
@@ -266,7 +266,7 @@ class _Pool:
         self.sup_ready = threading.Event()
         if ready:
             self.sup_ready.set()
-        self.active = jobs.ActiveJobs()
+        self.active = active.ActiveJobs()
         self.summaries = {}
         self.settings = Settings()
 
@@ -342,13 +342,13 @@ def test_follow_job_closed_early_leaves_the_job_to_the_browser_until_cancel_or_g
     assert ctx.sup.cancelled == ["job0"] and ctx.active.get("web-b") == [] and not ctx.active.followed()
     assert ctx.sup.reasons["job0"] == jobs.orphan_reason(grace)      # the job's status says why
     # Cancel pressed while the tab's Generate was still on its way: cancelled on submit
-    ctx.active.set_pending("web-c", True)
+    assert ctx.active.press("web-c")
     assert jobs.cancel_jobs(ctx, "web-c") is None and ctx.active.take_pending("web-c")
     steps = jobs.follow_job(ctx, "web-c", rgb, mask, Settings(), poll_s=0)
     next(steps)
     assert ctx.sup.cancelled == ["job0", "job1"]
     # and a tab that pressed Cancel while following stops its job when its generator closes
-    ctx.active.set_pending("web-d", True)          # a new press: the old Cancel is spent
+    assert ctx.active.press("web-d")          # a new press: the old Cancel is spent
     steps = jobs.follow_job(ctx, "web-d", rgb, mask, Settings(), poll_s=0)
     next(steps)
     ctx.active.request_cancel("web-d")
@@ -581,7 +581,7 @@ def test_status_line():
 
 
 def test_active_jobs_per_session():
-    act = jobs.ActiveJobs()
+    act = active.ActiveJobs()
     act.add("web-a", "j1")
     act.add("web-b", "j2")
     assert act.get("web-a") == ["j1"] and act.get("web-b") == ["j2"]
@@ -592,14 +592,40 @@ def test_active_jobs_per_session():
     assert act.get("web-a") == ["j3"]
     act.discard("web-a", "j3")
     assert act.get("web-a") == [] and act.get("web-b") == ["j2"]
-    act.set_pending("web-c", True)
+    assert act.press("web-c")
     assert act.take_pending("web-c") and not act.take_pending("web-c")
-    act.set_pending("web-c", True)
-    act.set_pending("web-c", False)
+    assert act.press("web-c")
+    act.end_pending("web-c")
     assert not act.take_pending("web-c")
-    act.set_pending("web-c", True)
+    assert act.press("web-c")
     act.add("web-c", "j4")                 # its job was submitted: nothing pending any more
     assert not act.take_pending("web-c")
+
+
+def test_active_jobs_one_press_at_a_time_and_the_outcome_until_shown():
+    """A tab with a job or a waiting Generate gets no second one; the time of the press
+    is kept for "Done in"; a tab's outcome is kept until taken, and a new press or a
+    closed tab drops it."""
+    from app.outcome import not_started
+
+    act = active.ActiveJobs()
+    assert act.press("web-a", at=100.0) and act.pending_since("web-a") == 100.0 and act.busy("web-a")
+    assert not act.press("web-a", at=200.0) and act.pending_since("web-a") == 100.0
+    act.add("web-a", "j1")
+    assert act.pending_since("web-a") is None and act.busy("web-a") and not act.press("web-a")
+    act.finished("j1")
+    assert not act.busy("web-a") and act.tabs == {}        # nothing left of the tab
+    act.keep_outcome("web-a", not_started("Cannot start: no image"))
+    assert act.take_outcome("web-a").note == "Cannot start: no image"
+    assert act.take_outcome("web-a") is None and act.tabs == {}
+    act.keep_outcome("web-a", not_started("old"))
+    act.request_cancel("web-a")
+    assert act.cancel_wanted("web-a") and act.press("web-a")
+    assert act.take_outcome("web-a") is None and not act.cancel_wanted("web-a")
+    assert act.press("web-b")
+    act.keep_outcome("web-b", not_started("b's"))
+    act.drop_session("web-b")
+    assert act.take_outcome("web-b") is None and not act.busy("web-b")
 
 
 def test_image_key_depends_on_content_and_shape():

@@ -94,7 +94,8 @@ def _serve(tmp_path_factory, name: str, extra_env: dict | None = None):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     log_path = ARTIFACTS / f"{name}.log"
     port = _free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+    # the checkout under test, not whichever copy of Kiln the interpreter has installed
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT), **(extra_env or {}))
     env.pop("KILN_AUTH", None)
     log_file = open(log_path, "w")
     t0 = time.monotonic()

@@ -1,0 +1,180 @@
+"""A page and an app context without a server, for the handlers' and the API's unit tests:
+a supervisor stand-in whose jobs advance one step per status call and end with a real
+GLB-named file, browsers with known cookies, and the outputs the wiring declares."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from PIL import Image
+
+from app import browser
+from app.context import AppContext
+from app.requestinfo import Caller
+from app.segment import GrabCutSegmenter, SegmenterChoice
+from worker.jobstore import JobStatus
+
+ALICE, BOB = "a" * 43, "b" * 43   # two browsers' cookies
+
+
+def caller(token: str | None = ALICE, tab: str = "tab1", client: str = "127.0.0.1") -> Caller:
+    return Caller(browser.session_name(token, tab), client)
+
+
+def png_file(folder: Path, name: str, arr: np.ndarray) -> str:
+    path = Path(folder) / name
+    Image.fromarray(arr).save(path)
+    return str(path)
+
+
+def png_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+class FakeJob:
+    """A ``worker.jobhandle.Job``'s calls, answered by ``FakeSup``."""
+
+    def __init__(self, sup: "FakeSup", job_id: str):
+        self.sup, self.id = sup, job_id
+        self.dir = sup.dirs[job_id]
+
+    def status(self) -> JobStatus:
+        return self.sup.status(self.id)
+
+    def cancel(self, timeout: float = 5.0, reason: str = "") -> bool:
+        return self.sup.cancel(self.id, reason)
+
+
+class FakeSup:
+    """What AppContext and the handlers use of a supervisor. A job runs ``steps`` status
+    calls in stage 'mesh', then ends: done with a GLB (and a .ply when asked), or as
+    ``fail_with`` says. ``hold``: jobs stay running until released. Job directories, with
+    their settings.json, live under ``root``."""
+
+    def __init__(self, root: Path, steps: int = 2, refuse: Exception | None = None):
+        self.root, self.steps, self.refuse = Path(root), steps, refuse
+        self.statuses: dict[str, JobStatus] = {}
+        self.dirs: dict[str, Path] = {}
+        self.calls: dict[str, int] = {}
+        self.cancelled: list[str] = []
+        self.fail_with: str | None = None
+        self.hold = False
+        self.lock = threading.Lock()
+        self.queued = 0
+        self.ply: dict[str, bool] = {}     # job id -> a .ply was asked for
+
+    # the pool
+    def start(self):
+        return self
+
+    def shutdown(self):
+        pass
+
+    def capabilities(self):
+        return {"device": "cpu", "moderngl": True}
+
+    def queue_length(self) -> int:
+        return self.queued
+
+    # jobs
+    def submit(self, rgb, mask, settings, session):
+        if self.refuse is not None:
+            raise self.refuse
+        assert rgb.dtype == np.uint8 and mask.dtype == bool and rgb.shape[:2] == mask.shape
+        with self.lock:
+            job_id = f"job{len(self.statuses)}"
+            d = self.root / session / job_id
+            (d / "outputs").mkdir(parents=True)
+            (d / "settings.json").write_text(json.dumps(settings.to_dict()))
+            self.dirs[job_id] = d
+            self.statuses[job_id] = JobStatus(id=job_id, session=session, state="queued", seq=1,
+                                              created=1000.0 + len(self.statuses))
+            self.ply[job_id] = bool(settings.export.gaussians_ply)
+        return FakeJob(self, job_id)
+
+    def job(self, job_id: str) -> FakeJob:
+        if job_id not in self.statuses:
+            raise KeyError(job_id)
+        return FakeJob(self, job_id)
+
+    def jobs(self, session=None) -> list[JobStatus]:
+        with self.lock:
+            out = list(self.statuses.values())
+        return [st for st in out if session is None or st.session == session]
+
+    def status(self, job_id: str) -> JobStatus:
+        with self.lock:
+            st = self.statuses[job_id]
+            if st.terminal:
+                return st
+            n = self.calls[job_id] = self.calls.get(job_id, 0) + 1
+            if n <= self.steps or self.hold:
+                st = replace(st, state="running", stage="mesh", seq=st.seq + 1 if n <= self.steps else st.seq,
+                             progress=min(0.9, 0.1 * n), message="mesh: simplifying")
+            else:
+                st = self._end(st)
+            self.statuses[job_id] = st
+            return st
+
+    def _end(self, st: JobStatus) -> JobStatus:
+        if self.fail_with:
+            return replace(st, state="failed", seq=st.seq + 1, error=self.fail_with, finished=st.created + 3)
+        out = self.dirs[st.id] / "outputs"
+        (out / "model.glb").write_bytes(b"glTF" + st.id.encode())
+        outputs = {"glb": str(out / "model.glb")}
+        if self.ply.get(st.id):
+            (out / "model.ply").write_bytes(b"ply\n" + st.id.encode())
+            outputs["ply"] = str(out / "model.ply")
+        return replace(st, state="done", stage="export", progress=1.0, seq=st.seq + 1, outputs=outputs,
+                       timings={"total_s": 2.0, "queued_s": 0.0}, finished=st.created + 2)
+
+    def cancel(self, job_id: str, reason: str = "") -> bool:
+        with self.lock:
+            self.cancelled.append(job_id)
+            st = self.statuses[job_id]
+            if not st.terminal:
+                self.statuses[job_id] = replace(st, state="cancelled", seq=st.seq + 1,
+                                                error=reason or "cancelled by user")
+        return True
+
+
+def make_context(tmp_path: Path, settings, sup: FakeSup | None = None, start: bool = True) -> AppContext:
+    """An AppContext around ``sup`` with GrabCut segmentation; started (pool ready) unless
+    ``start`` is False."""
+    ctx = AppContext(settings, Path(tmp_path) / "gradio", supervisor_factory=(lambda: sup) if sup else None,
+                     segmenter_loader=lambda: SegmenterChoice(GrabCutSegmenter(), "GrabCut", "test"))
+    if start:
+        ctx.start(wait=True)
+    return ctx
+
+
+def wired_outputs(demo) -> dict:
+    """handler -> the outputs of every event the wiring runs it for (a list of lists)."""
+    out: dict = {}
+    for block_fn in demo.fns.values():
+        fn = block_fn.fn
+        handler = getattr(fn, "handler", None) or getattr(fn, "func", None)
+        if handler is not None:
+            out.setdefault(handler, []).append(list(block_fn.outputs))
+    return out
+
+
+def named(updates: dict, page) -> dict:
+    """{Page field name: value} of a handler's answer, for readable assertions."""
+    names = {id(getattr(page, f)): f for f in page.__dataclass_fields__ if f not in ("demo", "examples")}
+    return {names[id(c)]: v for c, v in updates.items()}
+
+
+def request(token: str | None, tab: str, host: str = "127.0.0.1"):
+    """What a Gradio request carries that the server reads: the browser cookie, the tab's
+    session hash, the client's address."""
+    cookies = {browser.BROWSER_COOKIE: token} if token else {}
+    return SimpleNamespace(cookies=cookies, session_hash=tab, client=SimpleNamespace(host=host))

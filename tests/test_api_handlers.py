@@ -1,0 +1,158 @@
+"""The script API's endpoints without a server (app/api.py): each handler called with plain
+values, the endpoint table against the handlers' parameters, and the registration against
+what gradio_client lists. tests/test_api.py runs the same endpoints against a live server."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+
+import gradio as gr
+import numpy as np
+import pytest
+
+from app import api
+from app.requestinfo import event_fn
+from app.ui import build_ui
+from kiln.settings import Settings
+from page_helpers import ALICE, BOB, FakeSup, caller, make_context, png_file
+from synthetic import make_object_image
+
+A, B = caller(ALICE, "script-a"), caller(BOB, "script-b")
+
+
+@pytest.fixture
+def app(tmp_path):
+    sup = FakeSup(tmp_path / "jobs")
+    ctx = make_context(tmp_path, Settings(), sup)
+    rgb, mask = make_object_image(160, "blob", seed=1)
+    files = SimpleNamespace(
+        photo=png_file(tmp_path, "photo.png", rgb),
+        cutout=png_file(tmp_path, "cutout.png", np.dstack([rgb, mask.astype(np.uint8) * 255])),
+        mask=png_file(tmp_path, "mask.png", mask.astype(np.uint8) * 255),
+        wrong=png_file(tmp_path, "wrong-size-mask.png", np.zeros((90, 120), np.uint8)))
+    try:
+        yield SimpleNamespace(ctx=ctx, sup=sup, files=files, mask=mask)
+    finally:
+        ctx.shutdown()
+
+
+def _refused(fn, *args, **kw) -> str:
+    with pytest.raises(gr.Error) as e:
+        out = fn(*args, **kw)
+        if inspect.isgenerator(out):
+            list(out)
+    return e.value.message
+
+
+def _no_progress(*_, **__):
+    pass
+
+
+def test_the_endpoint_table_matches_its_handlers_and_is_what_clients_see(app):
+    assert api.ENDPOINTS == ("upload_image", "select", "generate", "status", "result", "cancel")
+    demo = build_ui(app.ctx)
+    for ep in api.ENDPOINT_TABLE:
+        params = [p for p in list(inspect.signature(ep.handler).parameters.values())[2:] if p.name != "progress"]
+        fn = next(f for f in demo.fns.values() if f.api_name == ep.name)
+        assert fn.fn.handler is ep.handler and fn.api_visibility != "private"
+        # one input component per parameter, named as the parameter, in its order
+        assert [c.label for c in fn.inputs] == [p.name for p in params], ep.name
+        assert [c.label for c in fn.outputs] == list(ep.outputs), ep.name
+        # the request sits before the first optional parameter, as clients expect
+        names = list(inspect.signature(ep.handler).parameters)[2:]
+        required = [p for p in params if p.default is p.empty]
+        assert list(inspect.signature(event_fn(ep.handler, app.ctx)).parameters) == \
+            [*names[:len(required)], "request", *names[len(required):]], ep.name
+    # the page's own events are hidden from the API listing
+    public = sorted(f.api_name for f in demo.fns.values() if f.api_visibility == "public")
+    assert public == sorted(api.ENDPOINTS), public
+
+
+def test_upload_image_keeps_the_image_and_its_mask_for_the_callers_session(app):
+    f = app.files
+    info = api.upload_image(app.ctx, A, f.cutout)
+    assert info["image"] == "cutout.png" and info["width"] == 160 and info["mask"]["source"] == "alpha"
+    info = api.upload_image(app.ctx, A, f.cutout, None, False)
+    assert info["mask"] is None and info["has_alpha"] is True
+    info = api.upload_image(app.ctx, A, f.photo, f.mask)
+    assert info["mask"]["source"] == "file" and 0.2 < info["mask"]["share"] < 0.4
+    assert _refused(api.upload_image, app.ctx, A, "") == "image: no file was given"
+    assert "wrong-size-mask.png is 120x90 pixels but the image is 160x160" in \
+        _refused(api.upload_image, app.ctx, A, f.photo, f.wrong)
+    assert app.ctx.sessions.get(A.session).image is None, "a refused upload leaves the session empty"
+    # another client's session is its own
+    api.upload_image(app.ctx, A, f.photo)
+    assert app.ctx.sessions.get(B.session).image is None
+
+
+def test_select_takes_points_and_a_box_in_the_images_pixels(app):
+    assert "upload an image first" in _refused(api.select, app.ctx, A, [[80, 80, 1]])
+    api.upload_image(app.ctx, A, app.files.photo)
+    picked = api.select(app.ctx, A, [[80, 80, 1]])
+    assert picked["mask"]["source"] == "prompt" and 0.2 < picked["mask"]["share"] < 0.4
+    st = app.ctx.sessions.get(A.session)
+    assert (st.mask & app.mask).sum() / (st.mask | app.mask).sum() > 0.8
+    assert _refused(api.select, app.ctx, A, [[80, 80, 3]]) == "points: a label is 1 (object) or 0 (background)"
+    assert _refused(api.select, app.ctx, A, [["x"]]).startswith("points: give [[x, y, label], ...]")
+    assert _refused(api.select, app.ctx, A, None, [1, 2, 3]) == "box: give [x0, y0, x1, y1]"
+    assert _refused(api.select, app.ctx, A) == "points or box: give at least one"
+    boxed = api.select(app.ctx, A, None, [20, 20, 140, 140])
+    assert boxed["mask"]["source"] == "prompt" and app.ctx.sessions.get(A.session).box is not None
+
+
+def test_generate_refuses_with_what_to_fix(app):
+    assert "upload an image first" in _refused(api.generate, app.ctx, A, progress=_no_progress)
+    api.upload_image(app.ctx, A, app.files.photo)
+    assert "select the object first" in _refused(api.generate, app.ctx, A, progress=_no_progress)
+    api.select(app.ctx, A, [[80, 80, 1]])
+    for kw, message in [({"seed": -1}, r"seed: -1 is out of range.*\(setting 'seed'\)"),
+                        ({"views": 0}, r"views: 0 is out of range; allowed 1 to 64 \(setting 'views.count'\)"),
+                        ({"texture_size": 777}, r"texture_size: 777 must be a power of two"),
+                        ({"bake_mode": "best"}, r"bake_mode: 'best' is not allowed; choose one of fast, opt")]:
+        with pytest.raises(gr.Error, match=message):
+            list(api.generate(app.ctx, A, progress=_no_progress, **kw))
+    app.ctx.sup_error = "worker pool failed to start: see /srv/var/workers/worker-0.log"
+    assert _refused(api.generate, app.ctx, A, progress=_no_progress).endswith("see worker-0.log")
+    app.ctx.sup_error = None
+    assert app.sup.jobs() == [] and not app.ctx.active.busy(A.session)
+
+
+def test_generate_follows_the_job_and_answers_its_files_for_this_client_only(app):
+    api.upload_image(app.ctx, A, app.files.cutout)
+    seen = []
+    answers = list(api.generate(app.ctx, A, views=4, seed=7, gaussians_ply=True,
+                                progress=lambda p, desc="": seen.append((p, desc))))
+    assert all(isinstance(a, api.JobAnswer) for a in answers)
+    *running, last = answers
+    assert running and all(a.info["state"] == "running" and a.glb is None for a in running)
+    assert last.info["state"] == "done" and last.info["outputs"] == ["glb", "ply"]
+    assert Path(last.glb).name == "cutout-1.glb" and Path(last.ply).name == "cutout-1.ply"
+    assert Path(last.glb).read_bytes() == b"glTFjob0"
+    assert any(d == "Simplifying mesh" for _, d in seen) and not app.ctx.active.busy(A.session)
+    assert [j["job"] for j in api.status(app.ctx, A)["jobs"]] == ["job0"]
+    again = api.result(app.ctx, A, "job0")
+    assert again.info["job"] == "job0" and Path(again.glb).read_bytes() == Path(last.glb).read_bytes()
+    # another client: none of it
+    assert api.status(app.ctx, B) == {"jobs": [], "running": []}
+    assert _refused(api.result, app.ctx, B, "job0") == "job: no job 'job0' of this client"
+    assert api.cancel(app.ctx, B) == {"cancelled": []}
+
+
+def test_one_job_at_a_time_per_session_cancel_and_a_failed_job(app):
+    api.upload_image(app.ctx, A, app.files.cutout)
+    app.sup.hold = True
+    steps = api.generate(app.ctx, A, progress=_no_progress)
+    assert next(steps).info["state"] == "running"
+    assert api.status(app.ctx, A)["running"] == ["job0"]
+    assert _refused(api.generate, app.ctx, A, progress=_no_progress) == \
+        "this session already has a job running; wait for it or call /cancel"
+    assert _refused(api.result, app.ctx, A, "job0") == "job job0 is running"
+    assert api.cancel(app.ctx, A) == {"cancelled": ["job0"]}
+    with pytest.raises(gr.Error, match="job job0 cancelled: cancelled by user"):
+        list(steps)
+    assert not app.ctx.active.busy(A.session)
+    app.sup.hold, app.sup.fail_with = False, "stage 'uv' failed: ValueError: at /srv/x/mesh.npz"
+    assert _refused(api.generate, app.ctx, A, progress=_no_progress) == \
+        "job job1 failed: stage 'uv' failed: ValueError: at mesh.npz"

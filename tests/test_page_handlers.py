@@ -1,0 +1,412 @@
+"""The page's handlers without a server: each is called with plain values (the page's
+components, an app context around a supervisor stand-in, the caller, the inputs) and its
+answer is read by component. Every answer is checked against the outputs the wiring
+declares for that handler: a handler names its outputs, and may name only those."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+
+import gradio as gr
+import numpy as np
+import pytest
+
+from app import handlers_image as image
+from app import handlers_job as job
+from app import handlers_page as around
+from app import statusview
+from app.outcome import not_started
+from app.page import layout
+from app.requestinfo import Caller, caller_of, event_fn
+from app.wiring import wire
+from kiln.settings import Settings
+from page_helpers import ALICE, BOB, FakeSup, caller, make_context, named, png_file, request, wired_outputs
+from synthetic import make_object_image
+
+# the form's values in ui_overrides' order: bake, simplify, texture, views, mode, seed, ply
+FORM = (False, 0.95, 512, 8, "fast", 0, False)
+A1, A2, A3 = caller(ALICE, "tab1"), caller(ALICE, "tab2"), caller(ALICE, "tab3")
+B1 = caller(BOB, "tab1")
+
+
+@pytest.fixture
+def app(tmp_path):
+    sup = FakeSup(tmp_path / "jobs")
+    ctx = make_context(tmp_path, Settings(), sup)
+    page = layout(ctx.settings)
+    wire(page, ctx)
+    try:
+        yield SimpleNamespace(ctx=ctx, page=page, sup=sup, tmp=tmp_path, outputs=wired_outputs(page.demo))
+    finally:
+        ctx.shutdown()
+
+
+@pytest.fixture(scope="module")
+def blob():
+    return make_object_image(256, "blob", seed=3)
+
+
+def _checked(app, handler, out: dict) -> dict:
+    assert out, f"{handler.__name__} answered {{}}, which Gradio takes for a value"
+    for outputs in app.outputs[handler]:
+        undeclared = [c for c in out if all(c is not o for o in outputs)]
+        assert not undeclared, f"{handler.__name__} sets outputs its event does not declare: {undeclared}"
+    return named(out, app.page)
+
+
+def answer(app, handler, who: Caller, *inputs) -> dict:
+    """``handler``'s answer to ``who`` as {Page field: value}."""
+    return _checked(app, handler, handler(app.page, app.ctx, who, *inputs))
+
+
+def stream(app, handler, who: Caller, *inputs) -> list[dict]:
+    """Every answer a generator handler yields, as ``answer`` reads them."""
+    return [_checked(app, handler, out) for out in handler(app.page, app.ctx, who, *inputs)]
+
+
+def _select(x, y):
+    return gr.SelectData(None, {"index": [x, y], "value": None})
+
+
+def _ready(app, blob, who=A1, name="blob.png"):
+    """``who``'s tab with the blob uploaded and clicked."""
+    answer(app, image.on_upload, who, png_file(app.tmp, name, blob[0]))
+    out = answer(app, image.on_click, who, False, _select(128, 128))
+    assert "Mask:" in out["mask_info"]
+
+
+def _is_update(update, **props) -> bool:
+    return isinstance(update, dict) and update.get("__type__") == "update" and \
+        all(update.get(k) == v for k, v in props.items())
+
+
+# -- the image and its selection ---------------------------------------------------------
+
+def test_upload_shows_the_image_and_a_refused_file_says_why(app, blob):
+    rgb, _ = blob
+    out = answer(app, image.on_upload, A1, png_file(app.tmp, "blob.png", rgb))
+    assert out["canvas"].shape == (256, 256, 3) and np.abs(out["canvas"].astype(int) - rgb).mean() < 1
+    assert "blob.png" in out["mask_info"] and _is_update(out["use_alpha"], visible=False)
+    # a new image clears the last job's text and the mask file; the upload box keeps the file
+    assert out["progress"] == statusview.progress_html() and out["mask_file"] is None and "upload" not in out
+    assert app.ctx.sessions.get(A1.session).image.name == "blob.png"
+
+    bad = Path(app.tmp) / "broken.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really" * 20)
+    with pytest.warns(UserWarning):
+        out = answer(app, image.on_upload, A1, str(bad))
+    assert out["canvas"] is None and out["mask_info"].startswith("**Cannot use this file:**")
+    assert out["upload"] is None, "the refused file must leave the box so the drop zone is back"
+    assert _is_update(out["use_alpha"], visible=False, value=False)
+    assert app.ctx.sessions.get(A1.session).image is None
+
+    # while the tab's job runs, a new image leaves its progress bar alone
+    assert app.ctx.active.press(A1.session)
+    out = answer(app, image.on_upload, A1, png_file(app.tmp, "blob.png", rgb))
+    assert "progress" not in out and out["canvas"] is not None
+    # no file: the tab's image is gone
+    out = answer(app, image.on_upload, A1, None)
+    assert out["canvas"] is None and "Upload an image" in out["mask_info"]
+    assert app.ctx.sessions.get(A1.session).image is None
+
+
+def test_clicks_box_undo_and_clear_change_only_the_callers_tab(app, blob):
+    rgb, gt = blob
+    _ready(app, blob)
+    st = app.ctx.sessions.get(A1.session)
+    assert st.clicks == ((128.0, 128.0, 1),) and (st.mask & gt).sum() / (st.mask | gt).sum() > 0.8
+    ys, xs = np.nonzero(gt)
+    out = answer(app, image.on_click, A1, True, _select(int(xs.min()) + 3, int(ys.min()) + 3))
+    assert app.ctx.sessions.get(A1.session).clicks[-1][2] == 0 and "1 background" in out["mask_info"]
+    answer(app, image.on_undo, A1)
+    assert len(app.ctx.sessions.get(A1.session).clicks) == 1
+    # a click outside the image is refused in a pop-up and changes nothing
+    with pytest.warns(UserWarning, match="outside"):
+        answer(app, image.on_click, A1, False, _select(900, 10))
+    assert len(app.ctx.sessions.get(A1.session).clicks) == 1
+    # the drag script's text: anything but four numbers changes nothing
+    assert answer(app, image.on_box, A1, "not,a,box") == {"canvas": gr.skip()}
+    box = f"{xs.min() - 6},{ys.min() - 6},{xs.max() + 6},{ys.max() + 6}"
+    out = answer(app, image.on_box, A1, box)
+    assert "1 object / 0 background clicks and a box" in out["mask_info"]
+    # "Show selection" off: the photo alone; on: the selection again
+    out = answer(app, image.on_show_mask, A1, False)
+    assert np.abs(out["canvas"].astype(int) - rgb).mean() < 1
+    out = answer(app, image.on_show_mask, A1, True)
+    assert out["canvas"][~gt].mean() < 0.6 * rgb[~gt].mean()
+    # another browser naming the same tab lands in a session of its own: empty
+    out = answer(app, image.on_clear, B1)
+    assert out["canvas"] is None and "Upload an image" in out["mask_info"]
+    assert len(app.ctx.sessions.get(A1.session).clicks) == 1
+    out = answer(app, image.on_clear, A1)
+    assert app.ctx.sessions.get(A1.session).clicks == () and app.ctx.sessions.get(A1.session).mask is None
+    assert "click the object" in out["mask_info"]
+
+
+def test_transparency_and_mask_files(app, blob):
+    rgb, gt = blob
+    rgba = np.dstack([rgb, gt.astype(np.uint8) * 255])
+    out = answer(app, image.on_upload, A1, png_file(app.tmp, "cut.png", rgba))
+    assert _is_update(out["use_alpha"], visible=True, value=True)
+    out = answer(app, image.on_alpha, A1, False)
+    assert _is_update(out["use_alpha"], visible=True, value=False)
+    assert not app.ctx.sessions.get(A1.session).use_alpha
+
+    answer(app, image.on_upload, A1, png_file(app.tmp, "photo.png", rgb))
+    noise = np.random.default_rng(0).integers(0, 256, (256, 256, 3), dtype=np.uint8)
+    out = answer(app, image.on_mask_file, A1, png_file(app.tmp, "m.png", np.dstack([noise, gt.astype(np.uint8) * 255])))
+    assert "from mask file" in out["mask_info"] and "alpha channel" in out["mask_info"] and "mask_file" not in out
+    with pytest.warns(UserWarning):
+        out = answer(app, image.on_mask_file, A1, png_file(app.tmp, "wrong.png", np.zeros((50, 60), np.uint8)))
+    assert out["mask_info"].startswith("**Cannot use this mask:**") and "wrong.png is 60x50 pixels" in out["mask_info"]
+    assert out["mask_file"] is None and out["canvas"] is not None
+    assert app.ctx.sessions.get(A1.session).mask_file is not None    # the earlier file stays
+    # the box cleared: back to clicks
+    out = answer(app, image.on_mask_file, A1, None)
+    assert app.ctx.sessions.get(A1.session).mask_file is None and "mask_file" not in out
+
+
+def test_a_cleared_upload_is_dropped_and_a_loaded_page_takes_over_the_browsers_image(app, blob):
+    _ready(app, blob)
+    around.on_unload(app.ctx, A1)      # the tab closed (a reload): its image is parked
+    out = answer(app, image.on_restore, A2)
+    assert "Mask:" in out["mask_info"] and out["canvas"].shape == (256, 256, 3)
+    assert _is_update(out["show_mask"], value=True)
+    image.prepare_restored(app.ctx, A2)
+    # another browser takes over nothing
+    assert answer(app, image.on_restore, B1) == {"canvas": gr.skip()}
+    out = answer(app, image.on_upload_cleared, A2)
+    assert out["canvas"] is None and app.ctx.sessions.get(A2.session).image is None
+    assert answer(app, image.on_restore, A3) == {"canvas": gr.skip()}, "a removed image must not come back"
+
+
+# -- Generate, its job, its outcome ----------------------------------------------------------
+
+def test_generate_refuses_what_cannot_run_and_says_why(app, blob, monkeypatch):
+    with pytest.raises(gr.Error, match="Upload an image first"):
+        job.on_generate(app.page, app.ctx, A1, *FORM)
+    answer(app, image.on_upload, A1, png_file(app.tmp, "blob.png", blob[0]))
+    with pytest.raises(gr.Error, match="select the object first"):
+        job.on_generate(app.page, app.ctx, A1, *FORM)
+    answer(app, image.on_click, A1, False, _select(128, 128))
+    bad_seed = (*FORM[:5], -3, FORM[6])
+    with pytest.raises(gr.Error, match=r"Seed: -3 is out of range"):
+        job.on_generate(app.page, app.ctx, A1, *bad_seed)
+    app.ctx.sup_error = "worker pool failed to start: see /srv/kiln/var/workers/worker-0.log"
+    with pytest.raises(gr.Error) as e:
+        job.on_generate(app.page, app.ctx, A1, *FORM)
+    assert "worker-0.log" in str(e.value) and "/srv" not in str(e.value)
+    app.ctx.sup_error = None
+    limit = app.ctx.settings.worker.max_queue
+    monkeypatch.setattr(job, "gpu_queue_counts", lambda demo: (1, limit))
+    with pytest.raises(gr.Error, match=rf"The job queue is full \({limit} waiting\)"):
+        job.on_generate(app.page, app.ctx, A1, *FORM)
+    assert not app.ctx.active.busy(A1.session), "a refused press must not leave the tab waiting"
+    monkeypatch.setattr(job, "gpu_queue_counts", lambda demo: (1, 2))
+    out = answer(app, job.on_generate, A1, *FORM)
+    assert "Waiting for a free worker (2 other jobs waiting)…" in out["progress"]
+    with pytest.raises(gr.Error, match="still running; wait for it or press Cancel"):
+        job.on_generate(app.page, app.ctx, A1, *FORM)
+
+
+def test_generate_runs_the_job_and_the_outcome_shows_its_result(app, blob):
+    _ready(app, blob)
+    app.ctx.active.keep_outcome(A1.session, not_started("an old outcome"))
+    form = (False, 0.95, 512, 8, "fast", 3, True)    # Gradio rounds 2.6 in the seed box to 3
+    out = answer(app, job.on_generate, A1, *form)
+    assert "Starting…" in out["progress"] and out["model"] is None
+    assert _is_update(out["glb_download"], visible=False) and _is_update(out["ply_download"], visible=False)
+    assert _is_update(out["generate"], value="Running…", interactive=False)
+    assert _is_update(out["cancel"], interactive=True)
+    assert (out["seed"], out["views"], out["simplify"]) == (3, 8, 0.95)    # as the job uses them
+    assert app.ctx.active.pending_since(A1.session) is not None
+    assert app.ctx.active.take_outcome(A1.session) is None, "a new press drops the outcome not shown"
+
+    steps = stream(app, job.run_job, A1, *form)
+    assert all(set(s) == {"progress"} for s in steps)
+    bars = [s["progress"] for s in steps if s["progress"] != gr.skip()]
+    assert bars and all('data-state="running"' in b and "Simplifying mesh" in b for b in bars)
+    assert steps[-1] == {"progress": gr.skip()}
+    assert not app.ctx.active.busy(A1.session)
+    assert app.sup.jobs()[0].session == A1.session
+
+    out = answer(app, job.show_outcome, A1)
+    assert 'data-state="done"' in out["progress"] and "Done in" in out["progress"]
+    glb = Path(out["model"])
+    assert glb.name == "blob-1.glb" and glb.read_bytes() == b"glTFjob0"
+    assert _is_update(out["glb_download"], value=str(glb), visible=True)
+    assert _is_update(out["ply_download"], visible=True) and out["ply_download"]["value"].endswith("blob-1.ply")
+    assert "job0" in out["history"] and "blob.png" in out["history"]
+    assert sorted(Path(p).name for p in out["history_files"]) == ["blob-1.glb", "blob-1.ply"]
+    assert _is_update(out["generate"], value="Generate", interactive=True) and _is_update(out["cancel"], interactive=False)
+    # shown once; afterwards only the buttons go back to idle
+    assert set(answer(app, job.show_outcome, A1)) == {"generate", "cancel"}
+    # another browser's page never sees it
+    assert "job0" not in answer(app, around.on_load, B1)["history"]
+
+
+def test_a_press_that_never_becomes_a_job_says_why(app, blob):
+    _ready(app, blob)
+    app.sup.refuse = RuntimeError("queue is full (see /srv/secret/var/jobs)")
+    answer(app, job.on_generate, A1, *FORM)
+    steps = stream(app, job.run_job, A1, *FORM)
+    assert steps[-1] == {"progress": gr.skip()} and not app.ctx.active.busy(A1.session)
+    out = answer(app, job.show_outcome, A1)
+    assert "Could not start the job: queue is full (see jobs)" in out["progress"] and "/srv" not in out["progress"]
+    assert "model" not in out and _is_update(out["glb_download"], visible=False)
+    assert _is_update(out["generate"], value="Generate", interactive=True)
+    # the image went away between the check and the slot: the job cannot start
+    app.sup.refuse = None
+    answer(app, job.on_generate, A1, *FORM)
+    app.ctx.sessions.drop(A1.session)
+    stream(app, job.run_job, A1, *FORM)
+    assert "Cannot start: upload an image first" in answer(app, job.show_outcome, A1)["progress"]
+    assert app.sup.jobs() == []
+
+
+def test_cancel_stops_the_tabs_job_or_its_waiting_press(app, blob):
+    out = answer(app, job.on_cancel, A1)
+    assert "Nothing to cancel." in out["progress"] and _is_update(out["generate"], interactive=True)
+    assert app.ctx.active.press(A1.session)
+    out = answer(app, job.on_cancel, A1)
+    assert "Cancelled before it started." in out["progress"] and not app.ctx.active.busy(A1.session)
+
+    _ready(app, blob)
+    app.sup.hold = True
+    answer(app, job.on_generate, A1, *FORM)
+    steps = job.run_job(app.page, app.ctx, A1, *FORM)
+    while 'data-state="running"' not in str(next(steps).get(app.page.progress)):
+        pass
+    out = answer(app, job.on_cancel, A1)
+    assert 'data-state="cancelled"' in out["progress"] and "Cancelled by user" in out["progress"]
+    assert _is_update(out["generate"], value="Generate", interactive=True) and _is_update(out["cancel"], interactive=False)
+    assert app.sup.cancelled == ["job0"] and not app.ctx.active.busy(A1.session)
+    steps.close()
+
+
+def test_a_loaded_page_follows_its_browsers_job_and_then_shows_how_it_ended(app, blob):
+    _ready(app, blob)
+    form = (True, 0.9, 1024, 12, "opt", 7, False)
+    app.sup.hold = True
+    answer(app, job.on_generate, A1, *form)
+    steps = job.run_job(app.page, app.ctx, A1, *form)
+    while 'data-state="running"' not in str(next(steps).get(app.page.progress)):
+        pass
+    steps.close()                      # the page went away (a reload) ...
+    around.on_unload(app.ctx, A1)
+    assert app.sup.cancelled == [] and app.sup.jobs()[0].state == "running"    # ... the job did not
+
+    follow = job.follow_on_load(app.page, app.ctx, A2)
+    first = _checked(app, job.follow_on_load, next(follow))
+    assert 'data-state="running"' in first["progress"] and 'data-job="job0"' in first["progress"]
+    assert _is_update(first["generate"], value="Running…", interactive=False) and _is_update(first["cancel"], interactive=True)
+    assert "job0" in first["history"]
+    assert [first[k] for k in ("bake", "simplify", "texture", "views", "mode", "seed", "ply")] == list(form)
+    app.sup.hold = False
+    rest = [_checked(app, job.follow_on_load, u) for u in follow]
+    assert rest[-1] == {"progress": gr.skip()}
+    out = answer(app, job.show_followed_outcome, A2)
+    assert 'data-state="done"' in out["progress"] and Path(out["model"]).name == "blob-1.glb"
+    assert _is_update(out["generate"], value="Generate", interactive=True)
+
+    # another browser: neither the job nor its settings
+    (only,) = stream(app, job.follow_on_load, B1)
+    assert set(only) == {"history", "history_files"} and "job0" not in only["history"]
+    assert answer(app, job.show_followed_outcome, B1) == {"progress": gr.skip()}
+    # a page loaded after it ended: the form and the outcome as they were
+    (only,) = stream(app, job.follow_on_load, A3)
+    assert "progress" not in only and only["seed"] == 7 and only["history_files"]
+    out = answer(app, job.show_followed_outcome, A3)
+    assert 'data-job="job0"' in out["progress"] and Path(out["model"]).name == "blob-1.glb"
+
+
+def test_a_loaded_page_waits_for_the_pool_and_leaves_a_busy_tab_to_its_own_generate(app, blob, tmp_path):
+    starting = make_context(tmp_path / "starting", Settings(), start=False)
+    follow = job.follow_on_load(app.page, starting, A1)
+    assert next(follow) == {app.page.progress: gr.skip()}   # a beat while the workers start
+    starting.sup_error = "worker pool failed to start: RuntimeError: no worker"
+    starting.sup_ready.set()
+    assert list(follow) == [{app.page.progress: gr.skip()}]     # no pool: nothing to follow
+    # its own Generate shows this tab's job: the page does not follow or fill the form
+    _ready(app, blob)
+    answer(app, job.on_generate, A1, *FORM)
+    stream(app, job.run_job, A1, *FORM)
+    answer(app, job.show_outcome, A1)
+    assert app.ctx.active.press(A1.session)
+    (only,) = stream(app, job.follow_on_load, A1)
+    assert set(only) == {"history", "history_files"}
+    assert app.ctx.active.take_outcome(A1.session) is None
+
+
+# -- around them ---------------------------------------------------------------------------
+
+def test_status_line_history_on_load_and_the_settings_baking_enables(app, blob, tmp_path):
+    assert answer(app, around.on_load, A1)["history_files"] is None
+    out = around.on_status(app.page, app.ctx)
+    assert set(out) == {app.page.status} and "CPU only" in out[app.page.status]
+    on, off = around.on_bake(app.page, True), around.on_bake(app.page, False)
+    assert all(_is_update(on[c], interactive=True) for c in (app.page.texture, app.page.mode))
+    assert all(_is_update(off[c], interactive=False) for c in (app.page.texture, app.page.mode))
+    # while the workers start (or after they failed to): the status says so, the history is empty
+    starting = make_context(tmp_path / "starting", Settings(), start=False)
+    out = around.on_load(app.page, starting, A1)
+    assert "workers starting" in out[app.page.status] and out[app.page.history_files] is None
+    assert "No results yet" in out[app.page.history]
+
+
+def test_a_closed_tab_is_forgotten_but_its_image_parked(app, blob):
+    _ready(app, blob)
+    assert app.ctx.active.press(A1.session)
+    app.ctx.active.keep_outcome(A1.session, not_started("x"))
+    around.on_unload(app.ctx, A1)
+    assert not app.ctx.active.busy(A1.session) and app.ctx.active.take_outcome(A1.session) is None
+    assert app.ctx.sessions.adopt(A2.session, A2.client).image is not None
+
+
+# -- the wiring ----------------------------------------------------------------------------
+
+def test_every_handler_is_wired_and_events_call_it_with_the_caller_from_the_request(app):
+    handlers = [f for m in (image, job, around) for name, f in vars(m).items()
+                if inspect.isfunction(f) and f.__module__ == m.__name__
+                and (name.startswith(("on_", "show_", "follow_", "run_", "prepare_")))]
+    assert len(handlers) >= 20
+    missing = [h.__name__ for h in handlers if h not in app.outputs]
+    assert missing == [], f"handlers the wiring never connects: {missing}"
+    # no event of the page runs an anonymous function
+    for block_fn in app.page.demo.fns.values():
+        assert getattr(block_fn.fn, "__name__", "") != "<lambda>", block_fn.name
+
+
+def test_an_example_runs_the_upload_handler_as_a_drop_would(app, blob, tmp_path):
+    example = png_file(tmp_path, "toy.png", blob[0])
+    page = layout(app.ctx.settings, [Path(example)])
+    wire(page, app.ctx)
+    runs = wired_outputs(page.demo)[image.on_upload]
+    assert len(runs) == 2 and runs[0] == runs[1], "the example and a drop set the same outputs"
+    assert page.examples is not None and page.examples.dataset.samples
+
+
+def test_event_fn_hands_the_handler_the_caller_the_server_derives(app, blob):
+    from gradio import helpers, utils
+
+    seen = []
+
+    def handler(page, ctx, who: Caller, background: bool, evt: gr.SelectData) -> dict:
+        seen.append((who, background, evt.index))
+        return {page.canvas: gr.skip()}
+
+    fn = event_fn(handler, app.page, app.ctx)
+    assert str(inspect.signature(fn)).startswith("(background: 'bool', evt: 'gr.SelectData', request:")
+    assert utils.get_function_params(fn) == [("background", False, None, bool)]
+    # the same tab hash from two browsers: two sessions
+    for token in (ALICE, BOB):
+        args, _, _, _ = helpers.special_args(fn, [True], request=request(token, "tab1"),
+                                             event_data=_select(5, 6))
+        fn(*args)
+    assert [w for w, _, _ in seen] == [caller_of(request(ALICE, "tab1")), caller_of(request(BOB, "tab1"))]
+    assert seen[0][0] == A1 and seen[1][0] == B1 and seen[0][1:] == (True, [5, 6])
+    # a generator stays one (Gradio streams it)
+    follow = event_fn(job.follow_on_load, app.page, app.ctx)
+    assert inspect.isgeneratorfunction(follow) and follow.handler is job.follow_on_load
