@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Optional
 
+from kiln.records import Capabilities
 from kiln.settings import Settings
 
 from .jobs import ActiveJobs
@@ -126,7 +127,7 @@ class AppContext:
         c = self._seg
         return f"{c.description} — {c.reason}" if c.reason else c.description
 
-    def capabilities(self) -> Optional[dict]:
+    def capabilities(self) -> Optional[Capabilities]:
         if self.sup is None:
             return None
         try:

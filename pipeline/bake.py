@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
+from kiln.records import BakeStats
 from kiln.settings import BakeSettings, allowed_range
 
 from .backends import torch_device
@@ -70,7 +72,7 @@ OPT_PIXELS_PER_TEXEL = 4.0     # opt solves for at most one texel per this many 
 def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "RasterContext",
                  device: str, seed: int, progress: Optional[ProgressFn] = None,
                  chunk_scale: float = 1.0, photo: Optional[ImageInput] = None,
-                 source_camera: Optional[SourceCamera] = None) -> tuple[Texture, dict]:
+                 source_camera: Optional[SourceCamera] = None) -> tuple[Texture, BakeStats]:
     """Bake ``views`` onto ``mesh``'s UV layout.
 
     mesh:  validated Mesh with ``uvs`` (V, 2) float32 in [0, 1]
@@ -85,17 +87,11 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "
     photo, source_camera: the original photo and its camera (``Reconstruction.source_camera``);
            with ``settings.photo_projection`` the texels that camera sees take the photo's
            own pixels, blended into the multi-view bake (``pipeline.photo_projection``)
-    Returns (Texture, stats). Texture.image (S, S, 3) uint8 with S =
-    settings.texture_size, Texture.seen (S, S) bool. stats (JSON-friendly):
-    ``bake_mode``, ``bake_l1`` (mean absolute error on the same pixels: what opt minimises),
-    ``bake_psnr_db`` (masked PSNR of the final uint8 texture
-    rendered from the views' cameras, over pixels the mesh covers with
-    alpha > ALPHA_MIN), ``bake_fast_psnr_db`` (opt only: the same measure for
-    the fast result opt starts from, before quantisation and inpainting), ``texels_seen_fraction`` (seen / chart texels),
-    ``texels_chart_fraction``, ``bake_pixels``, ``bake_timings`` (seconds); with the photo
-    projection also ``photo_texels_fraction`` (chart texels with photo weight > 0.5),
-    ``photo_pixels_per_texel`` (median, by area, over those texels) and, when the photo holds
-    clearly more detail than the texture, ``texture_size_suggested`` and a ``warnings`` entry.
+    Returns (Texture, BakeStats). Texture.image (S, S, 3) uint8 with S =
+    settings.texture_size, Texture.seen (S, S) bool. ``kiln.records.BakeStats`` says what each
+    stat means: the masked PSNR counts pixels the mesh covers with view alpha > ALPHA_MIN; opt's
+    ``fast_psnr_db`` is measured before quantisation and inpainting; ``photo_pixels_per_texel``
+    is a median by area.
     """
     import torch
 
@@ -150,7 +146,8 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "
         raise StageInputError("no texel is visible in any view; the cameras do not see the mesh")
     timings["fast"] = time.perf_counter() - t0
 
-    stats: dict = {"bake_mode": settings.mode}
+    fast_psnr_db: Optional[float] = None
+    opt_texture_size: Optional[int] = None
     pixel_uv = pix_uv[target_mask]                                            # (M, 2)
     target = views.rgb[target_t].to(dev) if views.on_device else views.rgb[target_mask]   # (M, 3)
     if settings.mode == "opt":
@@ -174,19 +171,16 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "
                 init, opt_size, mesh, raster_ctx, opt_uv, opt_target, settings, dev,
                 step_report, sample_chunk)
         seen |= touched
-        stats["bake_fast_psnr_db"] = round(fast_psnr, 3)
-        stats["bake_opt_texture_size"] = opt_size
+        fast_psnr_db, opt_texture_size = round(fast_psnr, 3), opt_size
         timings["opt"] = time.perf_counter() - t0
 
-    use_photo = bool(getattr(settings, "photo_projection", False)) and photo is not None \
-        and source_camera is not None
-    if use_photo:
+    blend: Optional[_PhotoBlend] = None
+    if settings.photo_projection and photo is not None and source_camera is not None:
         t0 = time.perf_counter()
         report(0.85, "projecting the photo")
-        stats.update(_blend_photo(image, seen, chart, mesh, face_ids, bary, positions, normals, photo,
-                                  source_camera, size, raster_ctx, dev))
+        blend = _blend_photo(image, seen, chart, mesh, face_ids, bary, positions, normals, photo,
+                             source_camera, size, raster_ctx, dev)
         timings["photo"] = time.perf_counter() - t0
-    stats["photo_projection"] = use_photo
 
     t0 = time.perf_counter()
     report(0.9, "inpainting unseen texels and dilating the gutter")
@@ -201,15 +195,18 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "
     l1 = float(np.abs(rendered - target).mean())
     timings["psnr"] = time.perf_counter() - t0
 
-    stats.update({
-        "bake_psnr_db": round(psnr, 3),
-        "bake_l1": round(l1, 5),
-        "texels_seen_fraction": round(float(seen[chart].mean()), 4),
-        "texels_chart_fraction": round(float(chart.mean()), 4),
-        "bake_pixels": int(len(target)),
-        "bake_timings": {k: round(v, 3) for k, v in timings.items()},
-    })
-    report(1.0, "; ".join([f"baked, PSNR {psnr:.1f} dB"] + stats.get("warnings", [])))
+    stats = BakeStats(
+        mode=settings.mode, psnr_db=round(psnr, 3), l1=round(l1, 5), pixels=int(len(target)),
+        texels_seen_fraction=round(float(seen[chart].mean()), 4),
+        texels_chart_fraction=round(float(chart.mean()), 4),
+        timings={k: round(v, 3) for k, v in timings.items()},
+        fast_psnr_db=fast_psnr_db, opt_texture_size=opt_texture_size,
+        photo_projection=blend is not None,
+        photo_texels_fraction=blend.texels_fraction if blend is not None else None,
+        photo_pixels_per_texel=blend.pixels_per_texel if blend is not None else None,
+        texture_size_suggested=blend.texture_size_suggested if blend is not None else None,
+        warnings=_photo_warnings(blend, size))
+    report(1.0, "; ".join((f"baked, PSNR {psnr:.1f} dB",) + stats.warnings))
     return Texture(image=final, seen=seen), stats
 
 
@@ -389,13 +386,31 @@ def _project_view(p, n, viewmat, K, center, depth, rgba):
 
 # --------------------------------------------------------------------------- photo
 
+@dataclass(frozen=True)
+class _PhotoBlend:
+    """What blending the photo in measured (``BakeStats`` says what each means)."""
+
+    texels_fraction: float
+    pixels_per_texel: float
+    texture_size_suggested: Optional[int]
+
+
+def _photo_warnings(blend: Optional[_PhotoBlend], size: int) -> tuple[str, ...]:
+    if blend is None or blend.texture_size_suggested is None:
+        return ()
+    keep = min(blend.texture_size_suggested, allowed_range("bake.texture_size")[1])
+    return (f"the photo shows the object's front with about {blend.pixels_per_texel:.1f} "
+            f"photo pixels per texel at texture size {size}: fine detail is averaged away; "
+            f"texture size {keep} (or auto) would keep it",)
+
+
 def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, mesh: Mesh,
                  face_ids: np.ndarray, bary: np.ndarray, positions: np.ndarray, normals: np.ndarray,
                  photo: ImageInput, camera: SourceCamera, size: int, raster_ctx: "RasterContext",
-                 dev) -> dict:
+                 dev) -> _PhotoBlend:
     """Blend the photo's colours into ``image`` (S, S, 3) in place, where its camera sees the
     surface: weight * photo + (1 - weight) * multi-view. Texels no view saw but the photo
-    did blend with their nearest seen texel. Updates ``seen``. Returns stats."""
+    did blend with their nearest seen texel. Updates ``seen``."""
     from .photo_projection import project_photo, suggested_texture_size
 
     proj = project_photo(mesh, face_ids, bary, positions, normals, photo, camera, size,
@@ -407,17 +422,9 @@ def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, mesh: M
     image[chart] = base * (1.0 - w) + proj.colors * w
     seen[chart] = seen[chart] | (proj.weight > 0)
     front = proj.weight > 0.5
-    stats = {"photo_texels_fraction": round(float(front.mean()), 4),
-             "photo_pixels_per_texel": round(float(np.median(proj.density[front])), 3)
-             if front.any() else 0.0}
-    better = suggested_texture_size(proj.density, proj.weight, size)
-    if better is not None:
-        stats["texture_size_suggested"] = better
-        stats["warnings"] = [
-            f"the photo shows the object's front with about {stats['photo_pixels_per_texel']:.1f} "
-            f"photo pixels per texel at texture size {size}: fine detail is averaged away; "
-            f"texture size {min(better, allowed_range('bake.texture_size')[1])} (or auto) would keep it"]
-    return stats
+    return _PhotoBlend(texels_fraction=round(float(front.mean()), 4),
+                       pixels_per_texel=round(float(np.median(proj.density[front])), 3) if front.any() else 0.0,
+                       texture_size_suggested=suggested_texture_size(proj.density, proj.weight, size))
 
 
 # --------------------------------------------------------------------------- opt mode

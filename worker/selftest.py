@@ -253,13 +253,13 @@ def _job_check(settings, work: Path) -> Result:
     t0 = time.perf_counter()
     try:
         with Supervisor(js, work / "jobs", None, var_dir=work) as sup:
-            caps = sup.capabilities() or {}
+            caps = sup.capabilities()
             st = sup.run(rgb, mask, js, session="selftest", timeout=CHILD_TIMEOUT_S)
     except Exception as e:  # noqa: BLE001
         return Result("whole job in a spawned worker", "fail", note=f"{type(e).__name__}: {e}", needed=True)
     took = round(time.perf_counter() - t0, 3)
-    used = ", ".join(f"{k} {v}" for k, v in sorted((st.backends or {}).items()))
-    on_gpu = bool(caps.get("cuda")) and settings.worker.device != "cpu"
+    used = ", ".join(f"{k} {v}" for k, v in sorted(st.backends.to_dict().items())) if st.backends else ""
+    on_gpu = caps is not None and caps.cuda and settings.worker.device != "cpu"
     res = Result("whole job in a spawned worker", "pass" if st.state == "done" else "fail",
                  gpu_s=took if on_gpu else None, cpu_s=None if on_gpu else took,
                  note=(f"backends: {used}" if st.state == "done" else f"{st.state}: {st.error}"),

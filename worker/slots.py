@@ -14,7 +14,6 @@ its lock.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -22,9 +21,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Literal, Optional
 
+from kiln.records import Capabilities
+
 from . import process as process_mod
 from .liveness import LivenessProbe
 from .messages import Heartbeat, Probing, Ready
+from .workerconfig import WorkerConfig
 
 log = logging.getLogger("kiln.worker")
 
@@ -68,7 +70,7 @@ class WorkerSlot:
         self.restarts = 0                       # processes lost after they were ready
         self.next_spawn = 0.0                   # no start before this (monotonic), a back-off
         self.broken: Optional[str] = None       # why the slot gave up for good
-        self.caps: Optional[dict] = None        # last capability report, kept across restarts
+        self.caps: Optional[Capabilities] = None   # last capability report, kept across restarts
         self._reset()
 
     def _reset(self) -> None:
@@ -92,13 +94,11 @@ class WorkerSlot:
         self.stop_since = 0.0
 
     # ------------------------------------------------------------------ process
-    def spawn(self, ctx, cfg: dict) -> None:
-        """Start a worker with fresh queues. ``cfg``: the pool-wide part of
-        ``process.worker_main``'s configuration; the slot adds its own."""
+    def spawn(self, ctx, cfg: WorkerConfig) -> None:
+        """Start a worker with fresh queues; ``cfg``: its configuration (this slot's
+        index, GPU, log and skipped probes in it)."""
         self._reset()
         inbox, outbox = ctx.SimpleQueue(), ctx.SimpleQueue()
-        cfg = dict(cfg, slot=self.index, gpu=self.gpu, log_path=str(self.log_path),
-                   skip_probes=dict(self.skip_probes))
         try:
             proc = ctx.Process(target=process_mod.worker_main, args=(cfg, inbox, outbox),
                                name=f"kiln-worker-{self.index}", daemon=True)
@@ -186,8 +186,8 @@ class WorkerSlot:
             self.probe, self.caps, self.state = None, msg.caps, "idle"
             self.startup_s = round(now - self.spawned, 3)
             self.failures = 0
-            log.info("worker %d (pid %s) ready in %.2f s: %s", self.index, msg.pid,
-                     self.startup_s, {k: v for k, v in self.caps.items() if isinstance(v, bool)})
+            log.info("worker %d (pid %s) ready in %.2f s; working: %s", self.index, msg.pid,
+                     self.startup_s, ", ".join(msg.caps.working()) or "nothing")
             return True
         return False
 
@@ -283,12 +283,7 @@ class WorkerSlot:
                 "gpu": self.gpu, "job": job_id,
                 "restarts": self.restarts, "startup_s": self.startup_s, "broken": self.broken,
                 "heartbeat_age_s": round(now - self.last_msg, 2) if self.proc else None,
-                "capabilities": copy_json(self.caps), "log": str(self.log_path)}
-
-
-def copy_json(obj):
-    """A deep copy of plain JSON data, so callers cannot change the slot's."""
-    return None if obj is None else json.loads(json.dumps(obj))
+                "capabilities": self.caps, "log": str(self.log_path)}
 
 
 def _close_queues(*queues) -> None:
