@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from kiln import settings as settings_mod
-from worker.inputs import InputProblem, NoSpace, is_no_space, no_space
+from worker.inputs import InputProblem, Loaded, NoSpace, is_no_space, no_space
 
 from .clirunner import Cancelled, CliError, InProcessRunner, JobFailed, WorkerRunner
 from .cliview import BatchLine, ItemResult, Progress, summary_table, timing_table
@@ -46,22 +46,24 @@ def _settings_from_args(args) -> settings_mod.Settings:
     return settings_mod.load(args.config, overrides)
 
 
-def _validate(items, settings, mask_dir, keep: bool) -> list:
+def _validate(items, settings, mask_dir, keep: bool) -> list[Loaded]:
     """Read every input completely before anything starts; refuse them all at once if any
     is unusable. Returns the loaded inputs (arrays dropped unless ``keep``: a batch
     reads each image again when its turn comes, so memory holds one image at a time)."""
+    import numpy as np
+
     from worker.inputs import load
 
-    loaded, problems = [], []
+    loaded: list[Loaded] = []
+    problems: list[str] = []
     for item in items:
         try:
             got = load(item, settings.app.max_pixels, settings.reconstruct, mask_dir)
         except InputProblem as e:
             problems.append(str(e))
-            loaded.append(None)
             continue
-        if not keep:
-            got.rgb = got.mask = None
+        if not keep:   # only the notes stay
+            got = Loaded(rgb=np.empty((0, 0, 3), np.uint8), mask=np.empty((0, 0), bool), notes=got.notes)
         loaded.append(got)
     if problems and len(items) == 1:
         raise CliError(problems[0])

@@ -43,6 +43,8 @@ from .types import MAX_IMAGE_SIDE, Cameras, ImageInput, Mesh, Raster, SourceCame
 from .validate import StageInputError, check_array, is_tensor
 
 if TYPE_CHECKING:
+    import torch
+
     from .rasterize import RasterContext
 
 ProgressFn = Callable[[float, str], None]
@@ -111,6 +113,7 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "
         raise StageInputError(f"the mesh's UV layout covers no texel of a {size}x{size} texture; "
                               "its uvs are degenerate")
     view_raster = rz.rasterize_views(raster_ctx, mesh, views.cameras)
+    assert mesh.uvs is not None   # _validate_mesh refuses a mesh without
     pix_uv = np.asarray(rz.interpolate(view_raster, mesh, mesh.uvs), np.float32)  # (C, H, W, 2)
     if views.on_device:
         # views the renderer left on its device are read there: only the covered-pixel mask
@@ -118,7 +121,7 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "
         # moved whole (it can be gigabytes), only the picked colours and one view at a time
         target_t = torch.as_tensor(np.asarray(view_raster.tri_id) >= 0, device=views.alpha.device) \
             & (views.alpha > ALPHA_MIN)
-        target_mask = target_t.cpu().numpy()
+        target_mask = target_t.cpu().numpy()  # type: ignore[attr-defined]  # a tensor: Views are typed as numpy
     else:
         target_mask = np.asarray(view_raster.tri_id >= 0) & (views.alpha > ALPHA_MIN)  # (C, H, W)
     if not target_mask.any():
@@ -149,7 +152,8 @@ def bake_texture(mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx: "
     fast_psnr_db: Optional[float] = None
     opt_texture_size: Optional[int] = None
     pixel_uv = pix_uv[target_mask]                                            # (M, 2)
-    target = views.rgb[target_t].to(dev) if views.on_device else views.rgb[target_mask]   # (M, 3)
+    # (M, 3); on the device a tensor (Views are typed as numpy, and hold tensors there)
+    target = views.rgb[target_t].to(dev) if views.on_device else views.rgb[target_mask]  # type: ignore[attr-defined]
     if settings.mode == "opt":
         t0 = time.perf_counter()
         report(0.2, "optimising texture")
@@ -226,6 +230,7 @@ def render_textured(mesh: Mesh, texture: Texture, cameras: Cameras, raster_ctx: 
         raise StageInputError(f"texture.image must be square, got {texture.image.shape[:2]}")
     hits = rz.rasterize_views(raster_ctx, mesh, cameras)
     covered = np.asarray(hits.tri_id) >= 0
+    assert mesh.uvs is not None   # _validate_mesh refuses a mesh without
     uv = np.asarray(rz.interpolate(hits, mesh, mesh.uvs), np.float32)
     rgb = np.zeros((*covered.shape, 3), np.float32)
     rgb[covered] = sample_texture(texture.image, uv[covered], "cpu")
@@ -250,7 +255,7 @@ def masked_psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
     return float(-10.0 * math.log10(mse))
 
 
-def sample_texture(image: np.ndarray, uv: np.ndarray, device: str = "cpu",
+def sample_texture(image: np.ndarray, uv: np.ndarray, device: str | torch.device = "cpu",
                    chunk: int = SAMPLE_CHUNK) -> np.ndarray:
     """Bilinear lookup: image (S, S, 3) uint8 or float32 in [0, 1], uv (N, 2) -> (N, 3) float32."""
     import torch
@@ -309,7 +314,7 @@ def fill_texture(image: np.ndarray, seen: np.ndarray, chart: np.ndarray) -> np.n
     out = np.clip(np.round(prefilled * 255.0), 0, 255).astype(np.uint8)
     holes = chart & ~seen
     if holes.any():
-        out = cv2.inpaint(out, holes.astype(np.uint8), INPAINT_RADIUS, cv2.INPAINT_TELEA)
+        out = np.asarray(cv2.inpaint(out, holes.astype(np.uint8), INPAINT_RADIUS, cv2.INPAINT_TELEA), np.uint8)
     if not keep.all():
         out = out[_nearest_index(keep)]
     return out
@@ -458,8 +463,7 @@ def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_ctx: "R
     # fit the correction to what the full-resolution init still gets wrong
     fast_pred = sample_texture(init, pixel_uv, dev, chunk=sample_chunk)
     if is_tensor(target):       # views kept on the device: so is their target list
-        fast_pred = torch.as_tensor(fast_pred, device=target.device)
-        residual = target - fast_pred
+        residual = target - torch.as_tensor(fast_pred, device=target.device)
     else:
         residual = (target - fast_pred).astype(np.float32)
     zero = np.zeros((opt_size, opt_size, 3), np.float32)
@@ -523,6 +527,7 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
         l1 = float(resid.abs().mean()) if report_now else 0.0
         torch.mm(sample_t, resid.sign_(), out=grad)
         if tv_x is not None:
+            assert tv_buf is not None   # allocated with tv_x
             # anisotropic L1 TV on the flat (S*S*3) array: right neighbour 3 entries on, lower 3*S on
             flat, gflat = tex.view(-1), grad.view(-1)
             for shift, pair_w in ((3, tv_x), (3 * size, tv_y)):

@@ -30,12 +30,16 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
 
 from .backends import check_backend
 from .types import MAX_IMAGE_SIDE, Cameras, Mesh, Raster
 from .validate import StageInputError, check_array, check_finite
+
+if TYPE_CHECKING:
+    import moderngl
 
 # The rasterizers' own limit on a target's side (a float32 RGBA target of 8192^2 is 1 GiB),
 # whatever a setting allows: settings' ranges are checked once, when settings are built.
@@ -202,6 +206,7 @@ def _check_context(ctx) -> None:
 
 def _draw(ctx: RasterContext, job: "_RasterJob") -> Raster:
     if ctx.backend == "moderngl":
+        assert ctx._gl is not None   # held until released, and check_usable refuses a released one
         return _moderngl_rasterize(ctx._gl, job)
     return _nvdiffrast_rasterize(ctx._nv, ctx.device, job)
 
@@ -380,13 +385,13 @@ void main() {
 
 @dataclass
 class _GLState:
-    ctx: object
-    program: object
-    fbo: object = None
-    fbo_size: tuple = (0, 0)
-    owned: list = field(default_factory=list)
+    ctx: moderngl.Context
+    program: moderngl.Program
+    fbo: Optional[moderngl.Framebuffer] = None
+    fbo_size: tuple[int, int] = (0, 0)
+    owned: list[Any] = field(default_factory=list)   # the fbo's attachments
 
-    def framebuffer(self, width: int, height: int):
+    def framebuffer(self, width: int, height: int) -> moderngl.Framebuffer:
         if self.fbo_size != (width, height):
             self._drop_fbo()
             color = self.ctx.texture((width, height), 4, dtype="f4")
@@ -394,6 +399,7 @@ class _GLState:
             self.fbo = self.ctx.framebuffer(color_attachments=[color], depth_attachment=depth)
             self.owned = [color, depth]
             self.fbo_size = (width, height)
+        assert self.fbo is not None   # made above for this size
         return self.fbo
 
     def _drop_fbo(self) -> None:
@@ -436,7 +442,8 @@ def _new_gl_state() -> _GLState:
         raise BackendUnavailableError(f"moderngl is not installed: {e}") from None
     _load_triton_before_mesa()
     try:
-        ctx = moderngl.create_standalone_context(backend="egl", require=330)
+        # moderngl's stub types every keyword as a dict; backend is a str (its docs and code)
+        ctx = moderngl.create_standalone_context(backend="egl", require=330)  # type: ignore[arg-type]
     except Exception as e:
         raise BackendUnavailableError(
             f"cannot create an OpenGL context on EGL ({e}); install Mesa's EGL and GL drivers "
@@ -470,14 +477,16 @@ def _moderngl_rasterize(state: _GLState, job: _RasterJob) -> Raster:
                 ctx.disable(moderngl.DEPTH_TEST)
             ctx.disable(moderngl.CULL_FACE | moderngl.BLEND)
             to_clip = _clip_from_pixels(0, 0, w, h)
+            # both are uniforms of _VERTEX_SHADER (a program member may be other kinds)
+            mvp_u, zrow_u = cast(moderngl.Uniform, prog["mvp"]), cast(moderngl.Uniform, prog["zrow"])
             strip = max(1, (64 << 20) // (w * 16))   # read back in strips of <= 64 MiB
             for i in range(c):
                 if not job.enabled[i]:
                     continue
                 fbo.clear(0.0, 0.0, 0.0, 0.0, depth=1.0)
                 mvp = (to_clip @ job.matrices[i]).astype(np.float32)
-                prog["mvp"].write(np.ascontiguousarray(mvp.T).tobytes())   # GLSL is column-major
-                prog["zrow"].value = tuple(float(x) for x in job.zrows[i])
+                mvp_u.write(np.ascontiguousarray(mvp.T).tobytes())   # GLSL is column-major
+                zrow_u.value = tuple(float(x) for x in job.zrows[i])
                 vao.render(moderngl.TRIANGLES, vertices=expanded.shape[0])
                 for y0 in range(0, h, strip):
                     rows = min(strip, h - y0)

@@ -114,20 +114,22 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
         if settings.bake.texture_size == "auto":
             texture_size_auto = _auto_texture_size(mesh, recon)
             settings = settings.override({"bake.texture_size": texture_size_auto})
+        texture_size = int(settings.bake.texture_size)   # "auto" was just resolved
         # faces the photo sees get its pixel grid as their UVs (pipeline/photo_chart.py)
         photo_cam = recon.source_camera if settings.bake.photo_projection else None
-        mesh = uv.unwrap(mesh, texture_size=settings.bake.texture_size,
+        mesh = uv.unwrap(mesh, texture_size=texture_size,
                          gutter=settings.bake.gutter, max_faces=m.max_faces_for_uv,
                          method=settings.bake.unwrap, source_camera=photo_cam)
         done("uv", t0)
 
         t0 = stage("bake")
+        assert views is not None   # rendered above: the bake is on
         own = raster_ctx is None
-        ctx = raster_context(backends.rasterize, backends.device) if own else raster_ctx
+        ctx = raster_context(backends.rasterize, backends.device) if raster_ctx is None else raster_ctx
         try:
             texture, bake_stats = bake_mod.bake_texture(
                 mesh, views, settings.bake, ctx, device=backends.device, seed=settings.seed,
-                progress=lambda f, m="": emit("bake", f, m), chunk_scale=backends.chunk_scale,
+                progress=lambda f, m: emit("bake", f, m), chunk_scale=backends.chunk_scale,
                 photo=image, source_camera=recon.source_camera)
         finally:
             if own:
@@ -171,8 +173,8 @@ def _reconstruct_cached(image: ImageInput, settings: Settings, cache_dir: Path |
         if recon is not None:
             return recon, True
     recon = reconstruct.reconstruct(image, settings.reconstruct, seed=settings.seed,
-                                    progress=lambda f, m="": emit("reconstruct", f, m))
-    if key is not None:
+                                    progress=lambda f, m: emit("reconstruct", f, m))
+    if cache_dir is not None and key is not None:
         try:
             cache_mod.save_reconstruction(Path(cache_dir), key, recon)
         except OSError as e:
@@ -201,15 +203,16 @@ def _render_views_cached(image: ImageInput, recon: Reconstruction, settings: Set
     # on a GPU the views stay there for the bake, which reads them on the same device
     views = render_views.render_gaussians(
         recon.gaussians, cams, backend=backends.render, device=backends.device,
-        progress=lambda f, m="": emit("render_views", f, m), chunk_scale=backends.chunk_scale,
+        progress=lambda f, m: emit("render_views", f, m), chunk_scale=backends.chunk_scale,
         as_tensors=backends.device.startswith("cuda"))
-    if key is not None:
+    if cache_dir is not None and key is not None:
         # bake from what a later cache hit will load, so both runs give the same texture
         stored = cache_mod.quantise_views(views.to_numpy())
         if views.on_device:
             # the same float16 rounding (IEEE, to nearest even) done where the views are, so
             # the bake's copy need not travel back from the host
-            views = Views(rgb=views.rgb.half().float(), alpha=views.alpha.half().float(),
+            views = Views(rgb=views.rgb.half().float(),  # type: ignore[attr-defined]  # tensors (on_device)
+                          alpha=views.alpha.half().float(),  # type: ignore[attr-defined]
                           cameras=views.cameras)
         else:
             views = stored

@@ -265,7 +265,7 @@ def reconstruct_sam3d(image: ImageInput, settings, seed: int,
     """
     from .reconstruct import prepare_image
 
-    report = progress or (lambda f, m="": None)
+    report = progress or (lambda f, m: None)
     image, _ = prepare_image(image, settings.max_image_side)
     report(0.0, "loading SAM 3D Objects")
     pipe = load_pipeline(settings.sam3d_config)
@@ -323,8 +323,8 @@ def matrix_to_quat(m: np.ndarray) -> np.ndarray:
         q = [(m[0, 2] - m[2, 0]) / s, (m[0, 1] + m[1, 0]) / s, s / 4, (m[1, 2] + m[2, 1]) / s]
     else:
         q = [(m[1, 0] - m[0, 1]) / s, (m[0, 2] + m[2, 0]) / s, (m[1, 2] + m[2, 1]) / s, s / 4]
-    q = np.array(q)
-    return q if q[0] >= 0 else -q
+    quat = np.array(q)
+    return quat if quat[0] >= 0 else -quat
 
 
 def _raw_gaussians(gs: Any) -> dict:

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from dataclasses import replace
 from pathlib import Path
+from types import EllipsisType
 from typing import Optional
 
 from kiln.glb import GLBError, check_glb_light
@@ -92,7 +93,7 @@ class Dispatcher:
             if ready:
                 return
             if settled:
-                why = "; ".join(s.broken for s in self.slots)
+                why = "; ".join(s.broken or "" for s in self.slots)
             else:
                 why = (f"no worker became ready within {timeout:.0f} s ("
                        + "; ".join(f"worker {s.index}: {s.state}" for s in self.slots) + ")")
@@ -144,7 +145,7 @@ class Dispatcher:
             self._finish(job, FAILED, "the server shut down before the job started")
             return
         if all(s.broken for s in self.slots):
-            self._finish(job, FAILED, "no worker is available: " + "; ".join(s.broken for s in self.slots))
+            self._finish(job, FAILED, "no worker is available: " + "; ".join(s.broken or "" for s in self.slots))
             return
         ahead = len(self.queue)
         self.queue.append(job)
@@ -315,7 +316,7 @@ class Dispatcher:
             self._emit(job, state=RUNNING, stage=None, message=what, force_write=True)
 
     def _on_exit(self, s: WorkerSlot) -> None:
-        code = s.proc.exitcode
+        code = s.proc.exitcode if s.proc is not None else None
         desc = describe_exit(code)
         job, reason, was, frozen_status = s.job, s.kill_reason, s.state, s.frozen_status
         if was == "starting":
@@ -336,7 +337,8 @@ class Dispatcher:
         if reason == "cancel" or job.cancel_requested:
             self._apply(job, decide(job.failure("cancel", "cancelled")))
             return
-        how = {-signal.SIGTERM: "SIGTERM", -signal.SIGKILL: "SIGKILL"}.get(code, desc)
+        how = {-signal.SIGTERM: "SIGTERM", -signal.SIGKILL: "SIGKILL"}.get(code or 0, desc)
+        kind: FailureKind
         if reason == "hang":
             kind, why = "hang", (f"worker hung {where(stage)}: no progress for {job.stage_timeout:g} s "
                                  f"(worker.stage_timeout_s); it was stopped with {how}")
@@ -360,7 +362,7 @@ class Dispatcher:
     def _fail_if_no_workers(self) -> None:
         if any(not s.broken for s in self.slots):
             return
-        why = "; ".join(s.broken for s in self.slots)
+        why = "; ".join(s.broken or "" for s in self.slots)
         while self.queue:
             self._finish(self.queue.popleft(), FAILED, f"no worker could start: {why}")
 
@@ -430,7 +432,8 @@ class Dispatcher:
             append_log(job.dir, d.log or d.message)
             self._finish(job, CANCELLED, d.message)
             return
-        job.retried.add(d.retried)
+        if d.retried is not None:
+            job.retried.add(d.retried)
         if d.overrides is not None:
             job.overrides = dict(d.overrides)
         if d.chunk_scale is not None:
@@ -460,7 +463,8 @@ class Dispatcher:
         # a long-running server keeps every job's record; only recent events of finished ones
         del job.events[:-EVENTS_KEPT_FINISHED]
 
-    def _emit(self, job: JobRecord, state: Optional[JobState] = None, stage: object = ...,
+    def _emit(self, job: JobRecord, state: Optional[JobState] = None,
+              stage: Optional[str] | EllipsisType = ...,
               progress: Optional[float] = None, message: Optional[str] = None,
               stage_progress: Optional[float] = None, force_write: bool = False) -> None:
         st = job.status

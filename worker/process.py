@@ -33,7 +33,7 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from kiln.records import Capabilities, JobTimes, WorkerReport
 
@@ -288,7 +288,8 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
     job_id, job_dir, attempt = msg.job, Path(msg.dir), msg.attempt
     fault = msg.fault if cfg.faults_enabled else None
     fault_kind, fault_stage = faults.split_spec(fault) if fault else (None, None)
-    state = {"stage": None, "last": 0.0}
+    stage_now: Optional[str] = None   # the stage running (None before the first)
+    last_sent = 0.0                   # when its last Progress went out (monotonic)
     t_job = time.perf_counter()
     print(f"=== job {job_id} attempt {attempt} ===", flush=True)
     note = f" with {msg.overrides}" if msg.overrides else ""
@@ -297,15 +298,16 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
     append_log(job_dir, f"worker {cfg.slot} (pid {os.getpid()}): attempt {attempt}{note}")
 
     def on_event(stage: str, fraction: float, message: str = "") -> None:
+        nonlocal stage_now, last_sent
         now = time.monotonic()
-        new = stage != state["stage"]
+        new = stage != stage_now
         if new:
-            state["stage"] = stage
+            stage_now = stage
             append_log(job_dir, f"stage {stage}: started")
-        if new or fraction >= 1.0 or now - state["last"] >= 0.1:
-            state["last"] = now
+        if new or fraction >= 1.0 or now - last_sent >= 0.1:
+            last_sent = now
             send(Progress(job_id, stage, float(fraction), str(message)[:200]))
-        if new and fault_stage == stage:
+        if new and fault_kind is not None and fault_stage == stage:
             append_log(job_dir, f"test fault '{fault_kind}' fires at stage {stage}")
             faults.fire(fault_kind)
 
@@ -340,8 +342,8 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
         kind = classify_error(e)
         tb = traceback.format_exc()
         print(tb, flush=True)
-        append_log(job_dir, f"stage {state['stage']}: {kind} error\n{tb}")
-        send(Failed(job_id, state["stage"], kind, f"{type(e).__name__}: {e}".strip()))
+        append_log(job_dir, f"stage {stage_now}: {kind} error\n{tb}")
+        send(Failed(job_id, stage_now, kind, f"{type(e).__name__}: {e}".strip()))
         if kind == "cuda":
             # The CUDA context is poisoned for good; only a new process gets a clean one.
             sys.stdout.flush()

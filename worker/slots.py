@@ -18,6 +18,8 @@ import logging
 import os
 import signal
 import time
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import SimpleQueue
 from pathlib import Path
 from typing import Any, Iterator, Literal, Optional
 
@@ -74,9 +76,9 @@ class WorkerSlot:
         self._reset()
 
     def _reset(self) -> None:
-        self.proc = None
-        self.inbox = None
-        self.outbox = None
+        self.proc: Optional[BaseProcess] = None
+        self.inbox: Optional[SimpleQueue[Any]] = None     # supervisor -> worker
+        self.outbox: Optional[SimpleQueue[Any]] = None    # worker -> supervisor
         self.state: SlotState = "down"
         self.job: Any = None                    # the supervisor's record of the job it runs
         self.spawned = 0.0
@@ -132,10 +134,12 @@ class WorkerSlot:
     def send(self, msg) -> bool:
         """Put one of ``worker.messages``' requests in the worker's inbox; False when its
         pipe is gone."""
+        if self.inbox is None:
+            return False
         try:
             self.inbox.put(msg)
             return True
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError):
             return False
 
     def kill(self, reason: str) -> None:
@@ -143,13 +147,15 @@ class WorkerSlot:
         ``KILL_GRACE_S`` (see ``watch``). ``reason`` says what its exit will mean."""
         self.kill_reason = reason
         self.term_sent = time.monotonic()
+        if self.proc is None:
+            return
         try:
             self.proc.terminate()
-            if reason == "frozen":
+            if reason == "frozen" and self.proc.pid is not None:
                 # a stopped process keeps SIGTERM pending; SIGCONT lets it act on it and
                 # its faulthandler log where it was stuck
                 os.kill(self.proc.pid, signal.SIGCONT)
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError):
             pass
 
     def discard(self) -> None:
@@ -196,6 +202,8 @@ class WorkerSlot:
         """Kill a worker that overran its deadline, or a busy one that has shown no sign of
         life (no CPU time, no message) for ``stall_timeout`` s (0: not checked); SIGKILL
         one that outlived SIGTERM."""
+        if self.proc is None:
+            return
         if self.kill_reason:
             if not self.kill_sent and now - self.term_sent > KILL_GRACE_S:
                 self.proc.kill()
@@ -218,15 +226,18 @@ class WorkerSlot:
             self.kill("stopping")
 
     def _stalled(self, now: float, stall_timeout: float) -> bool:
+        pid = self.proc.pid if self.proc is not None else None
+        if pid is None:
+            return False
         if self.liveness is None:
             # four samples per window, at most one a second: reading /proc is cheap, not free
-            self.liveness = LivenessProbe(self.proc.pid, min(1.0, stall_timeout / 4), now)
+            self.liveness = LivenessProbe(pid, min(1.0, stall_timeout / 4), now)
         silent = self.liveness.sample(now, max(self.last_msg, self.last_progress))
         if silent <= stall_timeout:
             return False
         self.frozen_status = self.liveness.status
         log.error("worker %d (pid %s) shows no sign of life for %.1f s (state %s): frozen",
-                  self.index, self.proc.pid, silent, self.frozen_status)
+                  self.index, pid, silent, self.frozen_status)
         return True
 
     def start_ended(self, desc: str) -> Optional[str]:
