@@ -461,9 +461,10 @@ def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_ctx: "R
     if not chart_o.any():       # charts thinner than a coarse texel: nothing to correct at this scale
         chart_o = np.ones((opt_size, opt_size), bool)
     # fit the correction to what the full-resolution init still gets wrong
-    fast_pred = sample_texture(init, pixel_uv, dev, chunk=sample_chunk)
+    fast_pred: np.ndarray | torch.Tensor = sample_texture(init, pixel_uv, dev, chunk=sample_chunk)
     if is_tensor(target):       # views kept on the device: so is their target list
-        residual = target - torch.as_tensor(fast_pred, device=target.device)
+        fast_pred = torch.as_tensor(fast_pred, device=target.device)
+        residual = target - fast_pred
     else:
         residual = (target - fast_pred).astype(np.float32)
     zero = np.zeros((opt_size, opt_size, 3), np.float32)
