@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from kiln import settings as settings_mod
-from worker.inputs import InputProblem, NoSpace, is_no_space, no_space
+from worker.inputs import InputProblem, Loaded, NoSpace, is_no_space, no_space
 
 from .clirunner import Cancelled, CliError, InProcessRunner, JobFailed, WorkerRunner
 from .cliview import BatchLine, ItemResult, Progress, summary_table, timing_table
@@ -46,22 +46,24 @@ def _settings_from_args(args) -> settings_mod.Settings:
     return settings_mod.load(args.config, overrides)
 
 
-def _validate(items, settings, mask_dir, keep: bool) -> list:
+def _validate(items, settings, mask_dir, keep: bool) -> list[Loaded]:
     """Read every input completely before anything starts; refuse them all at once if any
     is unusable. Returns the loaded inputs (arrays dropped unless ``keep``: a batch
     reads each image again when its turn comes, so memory holds one image at a time)."""
+    import numpy as np
+
     from worker.inputs import load
 
-    loaded, problems = [], []
+    loaded: list[Loaded] = []
+    problems: list[str] = []
     for item in items:
         try:
             got = load(item, settings.app.max_pixels, settings.reconstruct, mask_dir)
         except InputProblem as e:
             problems.append(str(e))
-            loaded.append(None)
             continue
-        if not keep:
-            got.rgb = got.mask = None
+        if not keep:   # only the notes stay
+            got = Loaded(rgb=np.empty((0, 0, 3), np.uint8), mask=np.empty((0, 0), bool), notes=got.notes)
         loaded.append(got)
     if problems and len(items) == 1:
         raise CliError(problems[0])
@@ -123,21 +125,33 @@ def _run_one(runner, item, got, args) -> int:
     total = time.perf_counter() - t0
     extra = {"worker start": startup, "queued": result["queued"]}
     print(timing_table(result["timings"], total, extra), file=sys.stderr)
-    stats = result.get("stats", {})
-    for k in ("faces", "vertices", "bake_psnr_db", "reconstruction_cached", "views_cached",
-              "texture_size_auto", "photo_pixels_per_texel"):
-        if k in stats:
-            print(f"{k}: {stats[k]}", file=sys.stderr)
-    for w in stats.get("warnings", []):
+    stats = result["stats"]
+    for k, v in _stats_lines(stats.pipeline):
+        print(f"{k}: {v}", file=sys.stderr)
+    for w in stats.pipeline.warnings if stats.pipeline is not None else ():
         print(f"kiln: warning: {w}", file=sys.stderr)
     out = item.output
     if args.report:
         _write_report(args.report, {"timings": result["timings"], "total_s": total,
-                                    "stats": result.get("stats", {}), "glb": str(out.resolve())})
+                                    "stats": stats.to_dict(), "glb": str(out.resolve())})
     print(f"wrote {out.resolve()}")
     if result.get("ply"):
         print(f"wrote {Path(result['ply']).resolve()}")
     return 0
+
+
+def _stats_lines(p) -> list[tuple[str, object]]:
+    """The stats a person running one image sees, under their report names; ``p``: the
+    job's ``kiln.records.PipelineStats`` (None: nothing to say)."""
+    if p is None:
+        return []
+    bake = p.bake
+    rows = [("faces", p.faces), ("vertices", p.vertices),
+            ("bake_psnr_db", bake.psnr_db if bake else None),
+            ("reconstruction_cached", p.reconstruction_cached), ("views_cached", p.views_cached),
+            ("texture_size_auto", p.texture_size_auto),
+            ("photo_pixels_per_texel", bake.photo_pixels_per_texel if bake else None)]
+    return [(k, v) for k, v in rows if v is not None]
 
 
 def _run_batch(runner, items, load_item, args) -> int:

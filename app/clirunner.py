@@ -8,6 +8,7 @@ import re
 import time
 from pathlib import Path
 
+from kiln.records import JobStats
 from worker.inputs import Loaded, NoSpace, no_space, writing_to
 
 # How long Ctrl-C waits for the cancelled job's worker to exit (it is sent SIGTERM, and
@@ -89,8 +90,9 @@ class WorkerRunner:
             self.sup = None
 
     def run(self, item: Loaded, out: Path, display) -> dict:
-        """Run one job and copy its GLB (and .ply) to ``out``. Returns timings and stats;
-        raises CliError / JobFailed / Cancelled / NoSpace."""
+        """Run one job and copy its GLB (and .ply) to ``out``. Returns timings, stats (a
+        ``kiln.records.JobStats``), ply and queued; raises CliError / JobFailed / Cancelled /
+        NoSpace."""
         sup = self.sup
         try:
             with writing_to(self.jobs_dir):
@@ -154,4 +156,5 @@ class InProcessRunner:
         with writing_to(out.parent):
             res = run_in_process(item.rgb, item.mask, self.settings, out, on_event=display.update,
                                  cache_dir=Path(self.settings.app.cache_dir))
-        return {**res, "queued": 0.0}
+        # the same stats a worker's job has, without the job's own (no queue, no worker)
+        return {**res, "stats": JobStats(pipeline=res["stats"]), "queued": 0.0}

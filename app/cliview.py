@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kiln.records import JobStats
+
 
 class Progress:
     """Per-stage progress. On a terminal each stage gets one line whose bar is redrawn
@@ -82,13 +84,13 @@ class ItemResult:
     seconds: float = 0.0
     error: str = ""
     timings: dict = field(default_factory=dict)
-    stats: dict = field(default_factory=dict)
+    stats: JobStats = field(default_factory=JobStats)
     ply: Path | None = None
 
     def to_dict(self) -> dict:
         return {"image": str(self.image), "output": str(self.output.resolve()) if self.state == "done"
                 else None, "state": self.state, "seconds": round(self.seconds, 3), "error": self.error,
-                "timings": self.timings, "stats": self.stats,
+                "timings": self.timings, "stats": self.stats.to_dict(),
                 "ply": str(self.ply.resolve()) if self.ply else None}
 
 
@@ -138,7 +140,8 @@ def summary_table(results: list[ItemResult], total: float, startup: float = 0.0)
     lines = [f"{'image':<{name_w}}  {'result':<9} {'seconds':>8} {'faces':>7}  output / reason"]
     lines.append("-" * (len(lines[0]) + 10))
     for r in results:
-        faces = r.stats.get("faces", "-") if r.state == "done" else "-"
+        pipeline = r.stats.pipeline
+        faces = pipeline.faces if r.state == "done" and pipeline is not None else "-"
         tail = str(r.output) if r.state == "done" else (r.error or "")
         secs = f"{r.seconds:8.1f}" if r.state != "not run" else f"{'-':>8}"
         lines.append(f"{r.image.name:<{name_w}}  {r.state:<9} {secs} {faces!s:>7}  {tail}")

@@ -12,14 +12,18 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
+from kiln.records import Capabilities
 from kiln.settings import Settings
 
 from .active import ActiveJobs
 from .results import ResultPublisher
 from .segment import GrabCutSegmenter, SegmenterChoice, choose_segmenter
 from .sessions import SessionLimits, SessionStore
+
+if TYPE_CHECKING:
+    from worker.supervisor import Supervisor
 
 # Full-size decodes at once (an upload, a job's submit): PIL's copy, its conversion and the
 # array made from it took ~540 MB at the peak of one 40 MP decode (app.max_pixels), so they
@@ -43,7 +47,7 @@ def expected_workers(settings: Settings) -> int:
 
 class AppContext:
     def __init__(self, settings: Settings, files_dir: Path,
-                 supervisor_factory: Optional[Callable[[], object]] = None,
+                 supervisor_factory: Optional[Callable[[], Supervisor]] = None,
                  segmenter_loader: Optional[Callable[[], SegmenterChoice]] = None):
         """``files_dir``: Gradio's upload/cache folder (results are published there).
         ``supervisor_factory``: returns an un-started ``worker.supervisor.Supervisor``;
@@ -60,7 +64,7 @@ class AppContext:
         self.summaries: dict[str, str] = {}
         self._supervisor_factory = supervisor_factory or self._default_supervisor
         self._segmenter_loader = segmenter_loader
-        self.sup = None
+        self.sup: Optional[Supervisor] = None
         self.sup_error: Optional[str] = None
         self.sup_ready = threading.Event()
         self._seg = SegmenterChoice(GrabCutSegmenter(), "GrabCut", "SAM2 not checked yet")
@@ -125,7 +129,7 @@ class AppContext:
         c = self._seg
         return f"{c.description} — {c.reason}" if c.reason else c.description
 
-    def capabilities(self) -> Optional[dict]:
+    def capabilities(self) -> Optional[Capabilities]:
         if self.sup is None:
             return None
         try:

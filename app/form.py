@@ -35,6 +35,8 @@ def form_values(settings: Optional[dict]) -> Optional[tuple]:
     """The web form's boxes (``ui_overrides``' arguments, in order) showing a job's
     settings (``Settings.to_dict()``), so a reloaded page shows what its last job used;
     None when ``settings`` is not such a dict."""
+    if settings is None:
+        return None
     try:
         b, m = settings["bake"], settings["mesh"]
         return (bool(b["enabled"]), float(m["simplify_ratio"]), b["texture_size"],
@@ -78,6 +80,7 @@ def full_mask(state: SessionState, alpha: Optional[np.ndarray] = None) -> np.nda
     if state.use_alpha and img.has_alpha:
         if alpha is None:
             alpha = img.full()[1]
+        assert alpha is not None   # has_alpha: the upload has an alpha channel
         return alpha >= 128
     if state.mask_file:
         return _full_mask_file(state)
@@ -94,7 +97,8 @@ def _full_mask_file(state: SessionState) -> np.ndarray:
     from kiln.imageio import ImageError
     from kiln.maskfile import load_mask
 
-    H, W = state.image.size
+    H, W = require_image(state).size
+    assert state.mask_file   # full_mask asks only for a state with a mask file
     try:
         # its limits were checked when it was uploaded
         mask = load_mask(state.mask_file, max_pixels=max(1, H * W)).mask

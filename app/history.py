@@ -92,7 +92,8 @@ def result_stems(statuses: Sequence[Any], infos: dict) -> dict[str, str]:
     """job id -> '<image-name>-<n>' for done jobs: n counts the done results of that image
     among ``statuses`` (a browser's jobs), oldest first, so names stay put as more come.
     A job whose image the page does not know (a CLI job) counts as 'model'."""
-    out, seen = {}, {}
+    out: dict[str, str] = {}
+    seen: dict[str, int] = {}    # stem -> done results so far
     for st in sorted(statuses, key=lambda s: (s.created, s.id)):
         if st.state != "done":
             continue

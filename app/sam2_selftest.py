@@ -27,6 +27,8 @@ def twin_sam2(settings) -> dict:
     from kiln.examples import draw_object
 
     info = resolve_checkpoint(settings.app)
+    if info is None:   # no_checkpoint skips this twin then; a child started anyway says why
+        return {"ok": False, "error": "no SAM2 checkpoint is configured or found"}
     rgb, mask = draw_object(256, kind="toy", seed=1)
     ys, xs = np.nonzero(mask)
     click = np.array([[xs[len(xs) // 2], ys[len(ys) // 2]]], np.float32)

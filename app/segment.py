@@ -148,7 +148,9 @@ class GrabCutSegmenter:
         # clicks always give the same mask (and the worker's cache sees the same input)
         cv2.setRNGSeed(12345)
         try:
-            cv2.grabCut(small, seeds, None, bgd, fgd, self.iterations, cv2.GC_INIT_WITH_MASK)
+            # no rect with GC_INIT_WITH_MASK: OpenCV takes None, its stub wants a tuple
+            cv2.grabCut(small, seeds, None, bgd, fgd, self.iterations,  # type: ignore[call-overload]
+                        cv2.GC_INIT_WITH_MASK)
         except cv2.error as e:
             # GrabCut refuses when one side has no samples at all (e.g. a click fills the image)
             log.info("grabCut failed (%s); using the seed region", e)
@@ -218,7 +220,7 @@ class Sam2Segmenter:
             if fut is None:
                 fut = self._pool.submit(self._embed, key, np.ascontiguousarray(rgb))
                 self._pending[key] = fut
-                fut.add_done_callback(lambda _f, k=key: self._drop_pending(k))
+                fut.add_done_callback(lambda _f: self._drop_pending(key))
             return fut
 
     def _drop_pending(self, key: str) -> None:

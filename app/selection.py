@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -26,7 +26,7 @@ MANY_PIECES = 4
 def _resegment(state: SessionState, clicks: tuple[Click, ...], segmenter,
                box: Optional[Box] = None) -> SessionState:
     img = require_image(state)
-    fresh = dict(clicks=clicks, box=box, use_alpha=False, mask_file=None, mask_note="")
+    fresh: dict[str, Any] = dict(clicks=clicks, box=box, use_alpha=False, mask_file=None, mask_note="")
     if not has_prompt(clicks, box):
         return replace(state, mask=None, **fresh)
     mask = segmenter.segment(img.work, list(clicks), box) if box is not None else \

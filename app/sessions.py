@@ -200,6 +200,7 @@ class SessionStore:
         if not same:
             self._new_image(session, client, state, now)
             return
+        assert rec is not None   # same image as the record's
         if state.mask is not None:
             _save(rec.dir / "mask.npy", np.asarray(state.mask, bool))
         with self._lock:
@@ -209,6 +210,7 @@ class SessionStore:
 
     def _new_image(self, session: str, client: str, state: SessionState, now: float) -> None:
         img = state.image
+        assert img is not None   # a state without an image removes the session instead
         d = self.root / secrets.token_hex(16)
         d.mkdir()
         try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 from typing import Any, Optional
 
+from kiln.records import Capabilities
+
 from .messages import public_text
 
 STAGE_LABELS = {"reconstruct": "Reconstructing", "render_views": "Rendering views",
@@ -52,9 +54,9 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0) -> str:
                 text += f" ({queued:.1f} s of it waiting for a worker)"
         else:
             text = "Done"
-        stats = st.stats or {}
-        reused = [what for what, key in (("reconstruction", "reconstruction_cached"),
-                                         ("views", "views_cached")) if stats.get(key)]
+        stats = st.stats.pipeline
+        reused = [what for what, cached in (("reconstruction", stats and stats.reconstruction_cached),
+                                            ("views", stats and stats.views_cached)) if cached]
         if reused:
             text += f" ({' and '.join(reused)} reused from cache)"
         if note:
@@ -72,7 +74,7 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0) -> str:
             f'<div class="kiln-note">{html.escape(public_text(text))}</div></div>')
 
 
-def status_line(caps: Optional[dict], segmenter_text: str, running: int, waiting: int,
+def status_line(caps: Optional[Capabilities], segmenter_text: str, running: int, waiting: int,
                 workers_note: str = "") -> str:
     """The status line: one sentence in plain words (what to expect, what to do), with the
     technical detail (device, backends, queue, segmenter and why) in a fold one click away."""
@@ -81,9 +83,8 @@ def status_line(caps: Optional[dict], segmenter_text: str, running: int, waiting
         backends = "…"
         plain = [workers_note[:1].upper() + workers_note[1:] if workers_note else "Workers starting…"]
     else:
-        dev = caps.get("device") or "cpu"
-        dev = "CPU" if dev == "cpu" else dev
-        names = [n for n in ("gsplat", "nvdiffrast", "moderngl") if caps.get(n)]
+        dev = "CPU" if caps.device == "cpu" else caps.device
+        names = [n for n in ("gsplat", "nvdiffrast", "moderngl") if caps.works(n)]
         backends = ", ".join(names + ["cpu renderer"])
         plain = ["CPU only: a model takes a minute or more" if dev == "CPU"
                  else f"GPU ready ({dev}): a model takes seconds to a minute"]

@@ -117,7 +117,7 @@ def load_upload(source: str | Path | bytes | None, app_settings, name: str = "")
 def set_use_alpha(state: SessionState, on: bool) -> SessionState:
     """Use the image's transparency as the mask (on), or go back to clicks (off)."""
     img = state.image
-    if img is None or not img.has_alpha:
+    if img is None or not img.has_alpha or img.work_alpha is None:
         return replace(state, use_alpha=False)
     if on:
         return replace(state, use_alpha=True, mask=img.work_alpha >= 128, mask_file=None, mask_note="")

@@ -59,7 +59,7 @@ def _run(device: str, recon, image, overrides: dict, repeat: int) -> dict:
             wall = time.perf_counter() - t0
             if i:   # the first run warms up
                 runs.append({**res.timings, "wall": wall})
-            faces = res.stats.get("faces")
+            faces = res.stats.faces
     if device == "cuda":
         import torch
 

@@ -9,7 +9,7 @@ CPU seconds; which mode runs first alternates between inputs). The GLB is then
 rendered by a renderer that did not bake it (three.js in headless Chromium,
 bench/glb_render.py: unlit, no colour management, cameras exactly as Kiln defines them):
 
-* front: from the photo's own camera (``PipelineResult.stats["source_camera"]``; for a
+* front: from the photo's own camera (``PipelineResult.stats.source_camera``; for a
   reconstruction that does not report one, the built-in backend's orthographic camera
   rebuilt from ``Reconstruction.meta["world_to_pixels"]``) at the photo's size, against
   the photo: PSNR over mask & rendered coverage, SSIM (see ``front_metrics``), and the
@@ -241,7 +241,7 @@ def run_one(inp, mode: str, settings, out: Path, renderer, refs_cache: dict,
     if recon is None:
         raise RuntimeError(f"{inp.name}: the reconstruction was not cached in {cache_dir}")
 
-    src, camera_from = res.stats.get("source_camera"), "stats"
+    src, camera_from = res.stats.source_camera, "stats"
     if src is None:
         if "world_to_pixels" not in recon.meta:
             raise RuntimeError(f"{inp.name}: the reconstruction reports no source camera and is "
@@ -280,10 +280,10 @@ def run_one(inp, mode: str, settings, out: Path, renderer, refs_cache: dict,
     Image.fromarray(front_rgb).save(out / "renders" / f"{inp.name}-{mode}-front.png")
     Image.fromarray(sheet(inp.rgb, inp.mask, front_rgb, front_cov, side_imgs, ref_imgs)).save(
         out / f"{inp.name}-{mode}.png")
-    keep = {k: res.stats.get(k) for k in ("faces", "bake_psnr_db", "texture_size", "glb_bytes")
-            if k in res.stats}
+    flat = res.stats.to_dict()   # the stats under their report names
+    keep = {k: flat[k] for k in ("faces", "bake_psnr_db", "texture_size", "glb_bytes") if k in flat}
     keep["timings"] = {k: round(v, 3) for k, v in res.timings.items()}
-    keep.update({k: v for k, v in res.stats.items() if k.startswith("photo")})
+    keep.update({k: v for k, v in flat.items() if k.startswith("photo")})
     return RunResult(inp.name, mode, secs, cpu, camera_from, fm, side_psnr,
                      "truth" if inp.truth_glb is not None else "gaussians", keep)
 

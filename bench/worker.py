@@ -72,9 +72,9 @@ def bench_overhead(settings, root: Path, repeat: int) -> tuple[list[float], list
                 via.append(wall)
                 # everything but the pipeline call itself: input files, queues, dispatch,
                 # GLB checks on both sides, status writes, event delivery
-                job = st.stats["job"]
-                overhead.append(wall - job["pipeline_s"])
-                worker_side.append(job["worker_job_s"] - job["pipeline_s"])
+                job = st.stats.job
+                overhead.append(wall - job.pipeline_s)
+                worker_side.append(job.worker_job_s - job.pipeline_s)
     return inproc, via, overhead, worker_side
 
 

@@ -85,6 +85,7 @@ def info_for(path: str | Path, config: str = "", source: str = "discovered") -> 
     path = Path(path).expanduser()
     parsed = parse_name(path.name)
     family, size = parsed if parsed else (None, None)
+    cfg: Optional[str]
     if config:
         cfg = config
         # the configured config decides which model is built, so describe that one
@@ -92,7 +93,7 @@ def info_for(path: str | Path, config: str = "", source: str = "discovered") -> 
         if parsed_cfg:
             family, size = parsed_cfg
     else:
-        cfg = config_name(family, size) if parsed else None
+        cfg = config_name(*parsed) if parsed else None
     return CheckpointInfo(path=path, config=cfg, family=family, size=size, source=source)
 
 

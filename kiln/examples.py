@@ -52,7 +52,7 @@ def cluttered_background(size: int, seed: int = 0) -> np.ndarray:
     small = rng.uniform(0.35, 0.65, (8, 8, 3)).astype(np.float32)
     from PIL import Image
 
-    img = Image.fromarray((small * 255).astype(np.uint8)).resize((size, size), Image.BICUBIC)
+    img = Image.fromarray((small * 255).astype(np.uint8)).resize((size, size), Image.Resampling.BICUBIC)
     return np.asarray(img)
 
 

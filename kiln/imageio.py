@@ -185,7 +185,7 @@ def load_image(source: str | Path | bytes, max_pixels: int,
         with warnings.catch_warnings():
             # We enforce our own pixel limit below; PIL's warning would only be noise.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data), formats=FORMATS)
+            img: Image.Image = Image.open(io.BytesIO(data), formats=FORMATS)
     except Image.DecompressionBombError as e:
         raise ImageError(_bomb_message(name, e, max_pixels)) from None
     except UnidentifiedImageError:

@@ -252,8 +252,9 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
             continue
         key = prefix + name
         value = data[name]
-        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
-            kwargs[name] = _build(f.default_factory, value or {}, key + ".")
+        section = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if isinstance(section, type) and dataclasses.is_dataclass(section):
+            kwargs[name] = _build(section, value or {}, key + ".")
             continue
         value = _coerce(key, f, value)
         _check(key, f, value)

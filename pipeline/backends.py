@@ -13,10 +13,19 @@ worker's supervisor side can use it without loading torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+from kiln.records import Backends, Capabilities
 
 from .validate import StageInputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from kiln.settings import Settings
+
+__all__ = ["Backends", "CUDA_ONLY", "RASTER_BACKENDS", "RENDER_BACKENDS", "check_backend", "requirements",
+           "resolve_backends", "torch_device", "unmet_requirements"]
 
 RENDER_BACKENDS = ("cpu", "gsplat")
 RASTER_BACKENDS = ("moderngl", "nvdiffrast")
@@ -24,38 +33,29 @@ RASTER_BACKENDS = ("moderngl", "nvdiffrast")
 CUDA_ONLY = ("gsplat", "nvdiffrast")
 
 
-@dataclass
-class Backends:
-    """Which implementation each stage uses; resolved from settings + what works here."""
-
-    render: str = "cpu"          # "cpu" | "gsplat"
-    rasterize: str = "moderngl"  # "moderngl" | "nvdiffrast"
-    device: str = "cpu"          # torch device for bake optimisation / rendering
-    chunk_scale: float = 1.0     # < 1 shrinks memory-bound blocks (the worker's out-of-memory retry)
-
-
-def resolve_backends(settings, capabilities: Optional[dict] = None) -> Backends:
+def resolve_backends(settings: Settings, capabilities: Optional[Capabilities] = None,
+                     chunk_scale: float = 1.0) -> Backends:
     """Pick backends: explicit settings win; ``auto`` takes the GPU path only when the
     capability probe (worker start-up) said it works.
 
-    settings: ``kiln.settings.Settings``; capabilities: the worker's probe results
-    (``{"cuda": bool, "gsplat": bool, "nvdiffrast": bool, ...}``), None = nothing probed.
+    capabilities: the worker's probe results, None = nothing probed (nothing works).
+    chunk_scale: the attempt's (``Backends.chunk_scale``).
     """
-    caps = capabilities or {}
+    caps = capabilities or Capabilities()
     device = settings.worker.device
     if device == "auto":
-        device = "cuda" if caps.get("cuda") else "cpu"
+        device = "cuda" if caps.cuda else "cpu"
     on_gpu = device == "cuda"
     render = settings.views.backend
     if render == "auto":
-        render = "gsplat" if (on_gpu and caps.get("gsplat")) else "cpu"
+        render = "gsplat" if (on_gpu and caps.gsplat) else "cpu"
     raster = settings.rasterize.backend
     if raster == "auto":
-        raster = "nvdiffrast" if (on_gpu and caps.get("nvdiffrast")) else "moderngl"
-    return Backends(render=render, rasterize=raster, device=device)
+        raster = "nvdiffrast" if (on_gpu and caps.nvdiffrast) else "moderngl"
+    return Backends(render=render, rasterize=raster, device=device, chunk_scale=float(chunk_scale))
 
 
-def requirements(settings, backends: Backends) -> list[tuple[str, str]]:
+def requirements(settings: Settings, backends: Backends) -> list[tuple[str, str]]:
     """(capability, what needs it) for every probe a job with these backends relies on.
     Stages a job skips (no bake: no views, no rasterizer) need nothing."""
     need = []
@@ -70,21 +70,20 @@ def requirements(settings, backends: Backends) -> list[tuple[str, str]]:
     return need
 
 
-def needed_capabilities(settings, capabilities: Optional[dict] = None) -> set[str]:
+def needed_capabilities(settings: Settings, capabilities: Optional[Capabilities] = None) -> set[str]:
     """The probes a job with these settings relies on where the probes found
     ``capabilities`` (None: nothing probed, so ``auto`` picks the CPU twins and only what the
     settings name is needed). The one rule for the worker, ``kiln doctor`` and ``kiln selftest``."""
     return {cap for cap, _ in requirements(settings, resolve_backends(settings, capabilities))}
 
 
-def unmet_requirements(settings, backends: Backends, capabilities: dict) -> Optional[str]:
+def unmet_requirements(settings: Settings, backends: Backends, capabilities: Capabilities) -> Optional[str]:
     """Why this worker cannot run the job with ``backends`` (the first unmet need, with the
     probe's reason), or None when it can."""
-    why = capabilities.get("reasons", {})
     for cap, what in requirements(settings, backends):
-        if not capabilities.get(cap):
+        if not capabilities.works(cap):
             return (f"settings ask for {what}, which does not work on this worker: "
-                    f"{why.get(cap, 'probe failed')}")
+                    f"{capabilities.reasons.get(cap, 'probe failed')}")
     return None
 
 
@@ -95,7 +94,7 @@ def check_backend(kind: str, backend: str) -> None:
         raise StageInputError(f"unknown {kind} backend {backend!r}; choose one of {', '.join(names)}")
 
 
-def torch_device(device: str, stage: str, backend: Optional[str] = None):
+def torch_device(device: str, stage: str, backend: Optional[str] = None) -> torch.device:
     """``device`` as a ``torch.device`` a stage can use here, or StageInputError saying why not.
 
     stage: the stage's name for messages ("render", "bake"); backend: the stage's backend,

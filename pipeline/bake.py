@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import numpy as np
 
 from kiln.limits import MAX_RASTER_SIDE, MIN_TEXTURE_SIZE
+from kiln.records import BakeStats
 from kiln.settings import BakeSettings, allowed_range
 
 from .backends import torch_device
@@ -76,7 +77,7 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
                  chunk_scale: float = 1.0, photo: Optional[ImageInput] = None,
                  source_camera: Optional[SourceCamera] = None,
                  fallback: Optional[FallbackColours] = None,
-                 photo_beyond_mask: bool = True) -> tuple[Texture, dict]:
+                 photo_beyond_mask: bool = True) -> tuple[Texture, BakeStats]:
     """Bake ``views`` (and the photo, and a fallback) onto ``mesh``'s UV layout.
 
     Per texel, in order: the photo where its camera sees the surface; the views (multi-view
@@ -98,18 +99,12 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
     fallback: colours for texels neither the views nor the photo saw (``FallbackColours``)
     photo_beyond_mask: False: texels whose projection falls outside the photo's mask never
            take the photo's colour (the mask may leave out what stands in front of the object)
-    Returns (Texture, stats). Texture.image (S, S, 3) uint8 with S =
-    settings.texture_size, Texture.seen (S, S) bool. stats (JSON-friendly):
-    ``bake_mode``, ``texels_from`` (share of chart texels coloured by the photo, the views,
-    the fallback and the fill), ``texels_seen_fraction`` (seen / chart texels),
-    ``texels_chart_fraction``, ``bake_timings`` (seconds); with views also ``bake_l1`` (mean
-    absolute error on the view pixels: what opt minimises), ``bake_psnr_db`` (masked PSNR of
-    the final uint8 texture rendered from the views' cameras, over pixels the mesh covers
-    with alpha > ALPHA_MIN), ``bake_fast_psnr_db`` (opt only: the same measure for the fast
-    result opt starts from), ``bake_pixels``; with the photo projection also
-    ``photo_texels_fraction`` (chart texels with photo weight > 0.5),
-    ``photo_pixels_per_texel`` (median, by area, over those texels) and, when the photo holds
-    clearly more detail than the texture, ``texture_size_suggested`` and a ``warnings`` entry.
+    Returns (Texture, BakeStats). Texture.image (S, S, 3) uint8 with S =
+    settings.texture_size, Texture.seen (S, S) bool. ``kiln.records.BakeStats`` says what each
+    stat means: the masked PSNR (with views only) counts pixels the mesh covers with view
+    alpha > ALPHA_MIN; opt's ``fast_psnr_db`` is measured before quantisation and inpainting;
+    ``photo_pixels_per_texel`` is a median by area; ``texels_from`` the share of chart texels
+    each source coloured.
     """
     _validate_inputs(mesh, views, settings)
     dev = torch_device(device, "bake")
@@ -176,9 +171,18 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
         "texels_chart_fraction": round(float(tex.chart.mean()), 4),
         "bake_timings": {k: round(v, 3) for k, v in timings.items()},
     })
-    head = f"baked, PSNR {stats['bake_psnr_db']:.1f} dB" if fit is not None else "baked"
-    report(1.0, "; ".join([head] + stats.get("warnings", [])))
-    return Texture(image=final, seen=seen), stats
+    out = BakeStats(
+        mode=settings.mode, psnr_db=stats.get("bake_psnr_db"), l1=stats.get("bake_l1"),
+        pixels=stats.get("bake_pixels"), texels_seen_fraction=stats["texels_seen_fraction"],
+        texels_chart_fraction=stats["texels_chart_fraction"], timings=stats["bake_timings"],
+        fast_psnr_db=stats.get("bake_fast_psnr_db"), opt_texture_size=stats.get("bake_opt_texture_size"),
+        photo_projection=use_photo, photo_texels_fraction=stats.get("photo_texels_fraction"),
+        photo_pixels_per_texel=stats.get("photo_pixels_per_texel"),
+        texture_size_suggested=stats.get("texture_size_suggested"),
+        warnings=tuple(stats.get("warnings", ())), texels_from=stats["texels_from"])
+    head = f"baked, PSNR {out.psnr_db:.1f} dB" if out.psnr_db is not None else "baked"
+    report(1.0, "; ".join((head,) + out.warnings))
+    return Texture(image=final, seen=seen), out
 
 
 @dataclass
@@ -238,6 +242,7 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
 
     from . import rasterize as rz
 
+    assert mesh.uvs is not None   # _validate_mesh refuses a mesh without
     t0 = time.perf_counter()
     view_raster = rz.rasterize_views(raster_ctx, mesh, views.cameras)
     pix_uv = np.asarray(rz.interpolate(view_raster, mesh, mesh.uvs), np.float32)  # (C, H, W, 2)
@@ -284,14 +289,12 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
         opt_size = _opt_texture_size(size, int(tex.chart.sum()), len(opt_uv))
         step_report = lambda f, m: report(0.2 + 0.65 * f, m)   # noqa: E731
         if opt_size == size:
-            result, touched, fast_psnr = _optimise(image_init := init, tex.chart, opt_uv, opt_target,
-                                                   settings, dev, step_report)
+            result, touched, fast_psnr = _optimise(init, tex.chart, opt_uv, opt_target, settings, dev,
+                                                   step_report)
         else:
-            image_init = init
             result, touched, fast_psnr = _optimise_coarse(
                 init, opt_size, mesh, raster_ctx, opt_uv, opt_target, settings, dev,
                 step_report, sample_chunk)
-        del image_init
         image[...] = result
         seen |= touched
         stats["bake_fast_psnr_db"] = round(fast_psnr, 3)
@@ -326,6 +329,7 @@ def render_textured(mesh: Mesh, texture: Texture, cameras: Cameras, raster_ctx: 
     check_array("texture.image", texture.image, dtype=np.uint8, shape=(None, None, 3))
     if texture.image.shape[0] != texture.image.shape[1]:
         raise StageInputError(f"texture.image must be square, got {texture.image.shape[:2]}")
+    assert mesh.uvs is not None   # _validate_mesh refuses a mesh without
     hits = rz.rasterize_views(raster_ctx, mesh, cameras)
     covered = np.asarray(hits.tri_id) >= 0
     uv = np.asarray(rz.interpolate(hits, mesh, mesh.uvs), np.float32)
@@ -352,7 +356,7 @@ def masked_psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
     return float(-10.0 * math.log10(mse))
 
 
-def sample_texture(image: np.ndarray, uv: np.ndarray, device: str = "cpu",
+def sample_texture(image: np.ndarray, uv: np.ndarray, device: "str | torch.device" = "cpu",
                    chunk: int = SAMPLE_CHUNK) -> np.ndarray:
     """Bilinear lookup: image (S, S, 3) uint8 or float32 in [0, 1], uv (N, 2) -> (N, 3) float32."""
     import torch
@@ -413,7 +417,7 @@ def fill_texture(image: np.ndarray, seen: np.ndarray, chart: np.ndarray) -> np.n
     out = np.clip(np.round(prefilled * 255.0), 0, 255).astype(np.uint8)
     holes = chart & ~seen
     if holes.any():
-        out = cv2.inpaint(out, holes.astype(np.uint8), INPAINT_RADIUS, cv2.INPAINT_TELEA)
+        out = np.asarray(cv2.inpaint(out, holes.astype(np.uint8), INPAINT_RADIUS, cv2.INPAINT_TELEA), np.uint8)
     if not keep.all():
         out = out[_nearest_index(keep)]
     return out
@@ -555,7 +559,7 @@ def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_ctx: "R
     if not chart_o.any():       # charts thinner than a coarse texel: nothing to correct at this scale
         chart_o = np.ones((opt_size, opt_size), bool)
     # fit the correction to what the full-resolution init still gets wrong
-    fast_pred = sample_texture(init, pixel_uv, dev, chunk=sample_chunk)
+    fast_pred: "np.ndarray | torch.Tensor" = sample_texture(init, pixel_uv, dev, chunk=sample_chunk)
     if is_tensor(target):       # views kept on the device: so is their target list
         fast_pred = torch.as_tensor(fast_pred, device=target.device)
         residual = target - fast_pred
@@ -622,6 +626,7 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
         l1 = float(resid.abs().mean()) if report_now else 0.0
         torch.mm(sample_t, resid.sign_(), out=grad)
         if tv_x is not None:
+            assert tv_buf is not None   # allocated with tv_x
             # anisotropic L1 TV on the flat (S*S*3) array: right neighbour 3 entries on, lower 3*S on
             flat, gflat = tex.view(-1), grad.view(-1)
             for shift, pair_w in ((3, tv_x), (3 * size, tv_y)):

@@ -43,7 +43,7 @@ def reconstruct_builtin(image: ImageInput, settings: ReconstructSettings, seed: 
     the photo on the front and a darkened copy on the back. Gaussians: flat disks
     sampled on that surface, ``settings.num_gaussians`` of them, seeded by ``seed``.
     """
-    report = progress or (lambda f, m="": None)
+    report = progress or (lambda f, m: None)
     _check_builtin_settings(settings)
     image, scale = prepare_image(image, settings.max_image_side)
     report(0.02, "cleaning mask")
@@ -184,7 +184,7 @@ def _silhouette_grid(mask: np.ndarray, resolution: int) -> _Grid:
     xa, xb = max(0, c0 - m), min(mask.shape[1], c1 + m)
     crop = mask[ya:yb, xa:xb].astype(np.float32)
     if sigma > 0:
-        crop = cv2.GaussianBlur(crop, (0, 0), sigma, borderType=cv2.BORDER_CONSTANT)
+        crop = np.asarray(cv2.GaussianBlur(crop, (0, 0), sigma, borderType=cv2.BORDER_CONSTANT), np.float32)
     xs = (x0 + np.arange(nx) * cell - 0.5 - xa).astype(np.float32)
     ys = (y0 + np.arange(ny) * cell - 0.5 - ya).astype(np.float32)
     map_x, map_y = np.meshgrid(xs, ys)

@@ -137,7 +137,7 @@ def save_reconstruction(cache_dir: Path, key: str, recon: Reconstruction) -> Pat
     path = _entry(cache_dir, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     m, g = recon.mesh, recon.gaussians
-    arrays = {
+    arrays: dict[str, np.ndarray] = {
         "format": np.array(CACHE_FORMAT, np.int32),
         "key": np.frombuffer(key.encode(), np.uint8),
         "mesh_vertices": m.vertices, "mesh_faces": m.faces,
@@ -153,7 +153,8 @@ def save_reconstruction(cache_dir: Path, key: str, recon: Reconstruction) -> Pat
         arrays["source_camera_json"] = np.frombuffer(
             json.dumps(recon.source_camera.to_dict()).encode(), np.uint8)
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    # the stub also types **arrays as savez's own keywords; the keys here are array names
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
     atomic_write(path, buf.getbuffer())
     return path
 

@@ -193,7 +193,7 @@ def chart_length(graph: FaceGraph, charts: np.ndarray, centroids: np.ndarray) ->
     w = graph.areas + 1e-30
     wsum = np.bincount(charts, w, minlength=n)
     mean = np.stack([np.bincount(charts, w * centroids[:, k], minlength=n) for k in range(3)], 1)
-    mean /= np.maximum(wsum, 1e-300)[:, None]
+    mean /= np.maximum(wsum, 1e-300)[:, None]  # type: ignore[misc]  # weighted bincount is float64; the stub says intp
     d = centroids - mean[charts]
     cov = np.zeros((n, 3, 3))
     np.add.at(cov, charts, w[:, None, None] * d[:, :, None] * d[:, None, :])
@@ -217,7 +217,7 @@ def split_charts(graph: FaceGraph, charts: np.ndarray, bad: np.ndarray,
     w = graph.areas[sel] + 1e-30
     wsum = np.bincount(c, w, minlength=n)
     mean = np.stack([np.bincount(c, w * centroids[sel, k], minlength=n) for k in range(3)], 1)
-    mean /= np.maximum(wsum, 1e-300)[:, None]
+    mean /= np.maximum(wsum, 1e-300)[:, None]  # type: ignore[misc]  # weighted bincount is float64; the stub says intp
     d = centroids[sel] - mean[c]
     # per-chart 3x3 covariance, its main eigenvector
     cov = np.zeros((n, 3, 3))

@@ -69,7 +69,8 @@ def export_glb(mesh: Mesh, texture: Texture | None, path) -> Path:
             name="kiln_plain", baseColorFactor=[200, 200, 200, 255], metallicFactor=0.0,
             roughnessFactor=ROUGHNESS)
         tm.visual = trimesh.visual.TextureVisuals(material=material)
-    tm.vertex_normals = smooth_vertex_normals(mesh)
+    # a settable cached property in trimesh, which its annotations show as a method
+    tm.vertex_normals = smooth_vertex_normals(mesh)  # type: ignore[method-assign]
     data = trimesh.exchange.gltf.export_glb(trimesh.Scene(tm), include_normals=True)
     return atomic_write(path, data)
 
@@ -92,7 +93,8 @@ def check_glb(path) -> dict:
         scene = trimesh.load(path, file_type="glb", force="scene", process=False)
     except Exception as e:   # trimesh raises many types on corrupt input
         raise GLBError(f"GLB {path} cannot be read: {type(e).__name__}: {e}") from None
-    meshes = [g for g in scene.geometry.values() if isinstance(g, trimesh.Trimesh)]
+    # force="scene" makes it a trimesh.Scene (load is annotated with the base class)
+    meshes = [g for g in scene.geometry.values() if isinstance(g, trimesh.Trimesh)]  # type: ignore[attr-defined]
     faces = sum(len(g.faces) for g in meshes)
     vertices = sum(len(g.vertices) for g in meshes)
     if faces == 0:
@@ -143,7 +145,8 @@ def _texture_size(meshes) -> tuple[int, int] | None:
         if image is None and material is not None:
             image = getattr(material, "image", None)
         if image is not None:
-            return tuple(int(x) for x in image.size)
+            width, height = image.size
+            return int(width), int(height)
     return None
 
 

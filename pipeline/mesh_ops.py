@@ -200,7 +200,7 @@ def _decimate(vertices: np.ndarray, faces: np.ndarray, target: int):
         if miss(best[1]) <= TARGET_TOLERANCE:
             break
         start = best if len(best[1]) > target else (vertices, faces)
-        trial = run(*start, aggressiveness, border, iterations)
+        trial = run(start[0], start[1], aggressiveness, border, iterations)
         if miss(trial[1]) < miss(best[1]):
             best = trial
     return best

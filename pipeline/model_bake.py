@@ -228,7 +228,7 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
         mesh, views, settings.bake, raster_ctx, device=backends.device, seed=settings.seed,
         progress=lambda f, m="": emit("bake", f, m), chunk_scale=backends.chunk_scale,
         photo=photo, source_camera=camera, fallback=fallback, photo_beyond_mask=False))
-    stats.update(bake_stats)
+    stats.update(bake_stats.to_dict())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     glb = stage("export", lambda: export.export_glb(mesh, texture, out / f"{name}.glb"))

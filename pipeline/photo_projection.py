@@ -427,6 +427,7 @@ def _texel_density(mesh: Mesh, camera: SourceCamera, texture_size: int) -> np.nd
     faces turned away from the camera). Faces with no UV area count as 0."""
     f = mesh.faces
     photo_area = _photo_face_area(mesh, camera)
+    assert mesh.uvs is not None   # asked for after the unwrap
     uv = mesh.uvs.astype(np.float64) * texture_size
     ua = uv[f[:, 1]] - uv[f[:, 0]]
     ub = uv[f[:, 2]] - uv[f[:, 0]]

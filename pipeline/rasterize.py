@@ -30,6 +30,7 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from kiln.limits import MAX_FACES, MAX_RASTER_SIDE, MAX_TOTAL_PIXELS
 
 from .types import Cameras, Mesh, Raster
 from .validate import StageInputError, check_array, check_finite
+
+if TYPE_CHECKING:
+    import moderngl
 
 # The rasterizers' limits (kiln.limits): a target's side (MAX_RASTER_SIDE), the faces
 # (MAX_FACES keeps face ids exact in float32 render targets), views x height x width
@@ -216,6 +220,7 @@ def _check_context(ctx) -> None:
 
 def _draw(ctx: RasterContext, job: "_RasterJob") -> Raster:
     if ctx.backend == "moderngl":
+        assert ctx._gl is not None   # held until released, and check_usable refuses a released one
         return _moderngl_rasterize(ctx._gl, job)
     return _nvdiffrast_rasterize(ctx._nv, ctx.device, job)
 
@@ -394,13 +399,13 @@ void main() {
 
 @dataclass
 class _GLState:
-    ctx: object
-    program: object
-    fbo: object = None
-    fbo_size: tuple = (0, 0)
-    owned: list = field(default_factory=list)
+    ctx: moderngl.Context
+    program: moderngl.Program
+    fbo: Optional[moderngl.Framebuffer] = None
+    fbo_size: tuple[int, int] = (0, 0)
+    owned: list[Any] = field(default_factory=list)   # the fbo's attachments
 
-    def framebuffer(self, width: int, height: int):
+    def framebuffer(self, width: int, height: int) -> moderngl.Framebuffer:
         if self.fbo_size != (width, height):
             self._drop_fbo()
             color = self.ctx.texture((width, height), 4, dtype="f4")
@@ -408,6 +413,7 @@ class _GLState:
             self.fbo = self.ctx.framebuffer(color_attachments=[color], depth_attachment=depth)
             self.owned = [color, depth]
             self.fbo_size = (width, height)
+        assert self.fbo is not None   # made above for this size
         return self.fbo
 
     def _drop_fbo(self) -> None:
@@ -450,7 +456,8 @@ def _new_gl_state() -> _GLState:
         raise BackendUnavailableError(f"moderngl is not installed: {e}") from None
     _load_triton_before_mesa()
     try:
-        ctx = moderngl.create_standalone_context(backend="egl", require=330)
+        # moderngl's stub types every keyword as a dict; backend is a str (its docs and code)
+        ctx = moderngl.create_standalone_context(backend="egl", require=330)  # type: ignore[arg-type]
     except Exception as e:
         raise BackendUnavailableError(
             f"cannot create an OpenGL context on EGL ({e}); install Mesa's EGL and GL drivers "
@@ -518,14 +525,16 @@ def _moderngl_rasterize(state: _GLState, job: _RasterJob) -> Raster:
                 ctx.disable(moderngl.DEPTH_TEST)
             ctx.disable(moderngl.CULL_FACE | moderngl.BLEND)
             to_clip = _clip_from_pixels(0, 0, w, h)
+            # both are uniforms of _VERTEX_SHADER (a program member may be other kinds)
+            mvp_u, zrow_u = cast(moderngl.Uniform, prog["mvp"]), cast(moderngl.Uniform, prog["zrow"])
             strip = max(1, (64 << 20) // (w * 16))   # read back in strips of <= 64 MiB
             for i in range(c):
                 if not job.enabled[i]:
                     continue
                 fbo.clear(0.0, 0.0, 0.0, 0.0, depth=1.0)
                 mvp = (to_clip @ job.matrices[i]).astype(np.float32)
-                prog["mvp"].write(np.ascontiguousarray(mvp.T).tobytes())   # GLSL is column-major
-                prog["zrow"].value = tuple(float(x) for x in job.zrows[i])
+                mvp_u.write(np.ascontiguousarray(mvp.T).tobytes())   # GLSL is column-major
+                zrow_u.value = tuple(float(x) for x in job.zrows[i])
                 vao.render(moderngl.TRIANGLES, vertices=expanded.shape[0])
                 for y0 in range(0, h, strip):
                     rows = min(strip, h - y0)

@@ -121,7 +121,7 @@ def _validate(g: Gaussians, cameras: Cameras, backend: str) -> None:
     if (Ks[:, 0, 0] <= 0).any() or (Ks[:, 1, 1] <= 0).any():
         raise StageInputError("cameras.Ks must have positive focal lengths fx, fy")
     if (Ks[:, 0, 1] != 0).any() or (Ks[:, 1, 0] != 0).any() or \
-            not np.array_equal(Ks[:, 2], np.broadcast_to(np.float32([0, 0, 1]), Ks[:, 2].shape)):
+            not np.array_equal(Ks[:, 2], np.broadcast_to(np.array([0, 0, 1], np.float32), Ks[:, 2].shape)):
         raise StageInputError("cameras.Ks must be pinhole intrinsics [[fx,0,cx],[0,fy,cy],[0,0,1]] "
                               "(gsplat ignores skew)")
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
+from kiln.records import BakeStats, PipelineStats
 from kiln.settings import Settings
 
 from .backends import Backends, resolve_backends  # noqa: F401  (the worker imports them from here)
@@ -24,13 +25,19 @@ if TYPE_CHECKING:
 EventFn = Callable[[str, float, str], None]
 
 
-@dataclass
+@dataclass(frozen=True)
 class PipelineResult:
+    """What ``run_pipeline`` wrote and measured: the GLB (and the Gaussians' .ply, when
+    asked for), stage -> seconds, and the stats (``kiln.records.PipelineStats``)."""
+
     glb_path: Path
     ply_path: Optional[Path]
-    timings: dict = field(default_factory=dict)   # stage -> seconds
-    stats: dict = field(default_factory=dict)     # faces, vertices, psnr, backends used, cache hit
-    reconstruction_cached: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+    stats: PipelineStats = field(default_factory=PipelineStats)
+
+    @property
+    def reconstruction_cached(self) -> bool:
+        return self.stats.reconstruction_cached
 
 
 def _noop(stage: str, fraction: float, message: str) -> None:
@@ -65,7 +72,7 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
-    stats: dict = {"backends": backends.__dict__.copy()}
+    cache_errors: dict[str, str] = {}   # stage -> why its result could not be cached
 
     def stage(name_: str):
         emit(name_, 0.0, "started")
@@ -76,12 +83,7 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
         emit(name_, 1.0, message)
 
     t0 = stage("reconstruct")
-    recon, cached = _reconstruct_cached(image, settings, cache_dir, emit, stats)
-    stats["reconstruction_cached"] = cached
-    stats["reconstruct_faces"] = recon.mesh.num_faces
-    stats["gaussians"] = len(recon.gaussians)
-    if recon.source_camera is not None:
-        stats["source_camera"] = recon.source_camera.to_dict()
+    recon, cached = _reconstruct_cached(image, settings, cache_dir, emit, cache_errors)
     done("reconstruct", t0, "cache hit" if cached else "done")
 
     if settings.export.gaussians_ply:
@@ -89,11 +91,11 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     else:
         ply_path = None
 
-    views = None
+    views, views_cached = None, None
     if settings.bake.enabled:
         t0 = stage("render_views")
-        views, views_cached = _render_views_cached(image, recon, settings, backends, cache_dir, emit, stats)
-        stats["views_cached"] = views_cached
+        views, views_cached = _render_views_cached(image, recon, settings, backends, cache_dir, emit,
+                                                   cache_errors)
         done("render_views", t0, "cache hit" if views_cached else "done")
 
     t0 = stage("mesh")
@@ -101,43 +103,51 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     mesh = mesh_ops.clean_mesh(recon.mesh, min_component_fraction=m.min_component_fraction,
                                fill_holes=m.fill_holes)
     mesh = mesh_ops.simplify_mesh(mesh, ratio=m.simplify_ratio)
-    stats["faces"] = mesh.num_faces
-    stats["vertices"] = mesh.num_vertices
+    simplified = mesh
     done("mesh", t0, f"{mesh.num_faces} faces")
 
     texture = None
+    texture_size_auto: Optional[int] = None
+    bake_stats: Optional[BakeStats] = None
     if settings.bake.enabled:
         t0 = stage("uv")
         if settings.bake.texture_size == "auto":
-            settings = settings.override({"bake.texture_size": _auto_texture_size(mesh, recon)})
-            stats["texture_size_auto"] = settings.bake.texture_size
+            texture_size_auto = _auto_texture_size(mesh, recon)
+            settings = settings.override({"bake.texture_size": texture_size_auto})
+        texture_size = int(settings.bake.texture_size)   # "auto" was just resolved
         # faces the photo sees get its pixel grid as their UVs (pipeline/photo_chart.py)
         photo_cam = recon.source_camera if settings.bake.photo_projection else None
-        mesh = uv.unwrap(mesh, texture_size=settings.bake.texture_size,
+        mesh = uv.unwrap(mesh, texture_size=texture_size,
                          gutter=settings.bake.gutter, max_faces=m.max_faces_for_uv,
                          method=settings.bake.unwrap, source_camera=photo_cam)
         done("uv", t0)
 
         t0 = stage("bake")
+        assert views is not None   # rendered above: the bake is on
         own = raster_ctx is None
-        ctx = raster_context(backends.rasterize, backends.device) if own else raster_ctx
+        ctx = raster_context(backends.rasterize, backends.device) if raster_ctx is None else raster_ctx
         try:
             texture, bake_stats = bake_mod.bake_texture(
                 mesh, views, settings.bake, ctx, device=backends.device, seed=settings.seed,
-                progress=lambda f, m="": emit("bake", f, m), chunk_scale=backends.chunk_scale,
+                progress=lambda f, m: emit("bake", f, m), chunk_scale=backends.chunk_scale,
                 photo=image, source_camera=recon.source_camera)
         finally:
             if own:
                 ctx.release()
-        stats.update(bake_stats)
         done("bake", t0)
 
     t0 = stage("export")
     glb_path = export_mod.export_glb(mesh, texture, out_dir / f"{name}.glb")
     done("export", t0)
-    stats["glb_bytes"] = glb_path.stat().st_size
-    return PipelineResult(glb_path=glb_path, ply_path=ply_path, timings=timings, stats=stats,
-                          reconstruction_cached=cached)
+    stats = PipelineStats(
+        backends=backends, reconstruction_cached=cached, reconstruct_faces=recon.mesh.num_faces,
+        gaussians=len(recon.gaussians),
+        source_camera=recon.source_camera.to_dict() if recon.source_camera is not None else None,
+        views_cached=views_cached, faces=simplified.num_faces, vertices=simplified.num_vertices,
+        texture_size_auto=texture_size_auto, bake=bake_stats, glb_bytes=glb_path.stat().st_size,
+        reconstruction_cache_error=cache_errors.get("reconstruct"),
+        views_cache_error=cache_errors.get("render_views"))
+    return PipelineResult(glb_path=glb_path, ply_path=ply_path, timings=timings, stats=stats)
 
 
 def _auto_texture_size(mesh, recon: Reconstruction) -> int:
@@ -151,7 +161,7 @@ def _auto_texture_size(mesh, recon: Reconstruction) -> int:
 
 
 def _reconstruct_cached(image: ImageInput, settings: Settings, cache_dir: Path | None,
-                        emit: EventFn, stats: dict) -> tuple[Reconstruction, bool]:
+                        emit: EventFn, cache_errors: dict[str, str]) -> tuple[Reconstruction, bool]:
     """(reconstruction, whether it came from the cache)."""
     from . import cache as cache_mod
     from . import reconstruct
@@ -163,19 +173,19 @@ def _reconstruct_cached(image: ImageInput, settings: Settings, cache_dir: Path |
         if recon is not None:
             return recon, True
     recon = reconstruct.reconstruct(image, settings.reconstruct, seed=settings.seed,
-                                    progress=lambda f, m="": emit("reconstruct", f, m))
-    if key is not None:
+                                    progress=lambda f, m: emit("reconstruct", f, m))
+    if cache_dir is not None and key is not None:
         try:
             cache_mod.save_reconstruction(Path(cache_dir), key, recon)
         except OSError as e:
             # a full or read-only cache costs the next job time; it must not fail this one
-            stats["reconstruction_cache_error"] = f"{type(e).__name__}: {e}"
+            cache_errors["reconstruct"] = f"{type(e).__name__}: {e}"
     return recon, False
 
 
 def _render_views_cached(image: ImageInput, recon: Reconstruction, settings: Settings,
                          backends: Backends, cache_dir: Path | None, emit: EventFn,
-                         stats: dict):
+                         cache_errors: dict[str, str]) -> tuple[Views, bool]:
     """(bake views, whether they came from the cache)."""
     from . import cache as cache_mod
     from . import render_views
@@ -193,20 +203,21 @@ def _render_views_cached(image: ImageInput, recon: Reconstruction, settings: Set
     # on a GPU the views stay there for the bake, which reads them on the same device
     views = render_views.render_gaussians(
         recon.gaussians, cams, backend=backends.render, device=backends.device,
-        progress=lambda f, m="": emit("render_views", f, m), chunk_scale=backends.chunk_scale,
+        progress=lambda f, m: emit("render_views", f, m), chunk_scale=backends.chunk_scale,
         as_tensors=backends.device.startswith("cuda"))
-    if key is not None:
+    if cache_dir is not None and key is not None:
         # bake from what a later cache hit will load, so both runs give the same texture
         stored = cache_mod.quantise_views(views.to_numpy())
         if views.on_device:
             # the same float16 rounding (IEEE, to nearest even) done where the views are, so
             # the bake's copy need not travel back from the host
-            views = Views(rgb=views.rgb.half().float(), alpha=views.alpha.half().float(),
+            views = Views(rgb=views.rgb.half().float(),  # type: ignore[attr-defined]  # tensors (on_device)
+                          alpha=views.alpha.half().float(),  # type: ignore[attr-defined]
                           cameras=views.cameras)
         else:
             views = stored
         try:
             cache_mod.save_views(Path(cache_dir), key, stored)
         except OSError as e:
-            stats["views_cache_error"] = f"{type(e).__name__}: {e}"
+            cache_errors["render_views"] = f"{type(e).__name__}: {e}"
     return views, False

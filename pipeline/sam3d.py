@@ -266,7 +266,7 @@ def reconstruct_sam3d(image: ImageInput, settings, seed: int,
     """
     from .reconstruct import prepare_image
 
-    report = progress or (lambda f, m="": None)
+    report = progress or (lambda f, m: None)
     image, _ = prepare_image(image, settings.max_image_side)
     report(0.0, "loading SAM 3D Objects")
     pipe = load_pipeline(settings.sam3d_config)

@@ -231,7 +231,9 @@ class Views:
         """These views with numpy arrays (copied off the device), or ``self`` when they are."""
         if not self.on_device:
             return self
-        return Views(rgb=self.rgb.detach().cpu().numpy(), alpha=self.alpha.detach().cpu().numpy(),
+        # tensors here: Views are typed as numpy, and hold torch tensors on the render device
+        return Views(rgb=self.rgb.detach().cpu().numpy(),  # type: ignore[attr-defined]
+                     alpha=self.alpha.detach().cpu().numpy(),  # type: ignore[attr-defined]
                      cameras=self.cameras)
 
 

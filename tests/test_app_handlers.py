@@ -15,6 +15,7 @@ from PIL import Image
 
 from app import active, browser, form, history, jobs, messages, results, selection, statusview, uploads
 from app.segment import GrabCutSegmenter, box_mask, image_key, keep_clicked_components
+from kiln.records import Capabilities, JobStats, PipelineStats
 from kiln.settings import AppSettings, Settings
 from synthetic import make_object_image
 from worker.jobstore import JobStatus
@@ -233,9 +234,9 @@ def test_progress_html_names_stage_and_escapes_reasons():
     out = statusview.progress_html(failed)
     assert "Failed: worker crashed with SIGSEGV" in out and "<script>" not in out and "&lt;script&gt;" in out
     done = JobStatus(id="x", session="web-a", state="done", progress=1.0, timings={"total_s": 12.3},
-                     stats={"reconstruction_cached": True})
+                     stats=JobStats(pipeline=PipelineStats(reconstruction_cached=True)))
     assert "Done in 12.3 s" in statusview.progress_html(done) and "reused from cache" in statusview.progress_html(done)
-    both = replace(done, stats={"reconstruction_cached": True, "views_cached": True})
+    both = replace(done, stats=JobStats(pipeline=PipelineStats(reconstruction_cached=True, views_cached=True)))
     assert "(reconstruction and views reused from cache)" in statusview.progress_html(both)
     # the wait in the page's queue and the job store's queue both count
     waited = replace(done, timings={"total_s": 12.3, "queued_s": 2.0})
@@ -569,7 +570,7 @@ def test_job_info_is_kept_with_the_job_and_says_why_the_page_cancelled(tmp_path)
 
 
 def test_status_line():
-    caps = {"device": "cpu", "cuda": False, "gsplat": False, "nvdiffrast": False, "moderngl": True}
+    caps = Capabilities(device="cpu", cuda=False, gsplat=False, nvdiffrast=False, moderngl=True)
     line = statusview.status_line(caps, "GrabCut — no SAM2 checkpoint", running=1, waiting=2)
     assert "CPU" in line and "moderngl" in line and "gsplat" not in line
     assert "1 running, 2 waiting" in line and "GrabCut — no SAM2 checkpoint" in line
@@ -847,7 +848,7 @@ def main():
         out["old_route"] = [alice.get(path.replace("/file=", "/file/")).status_code,
                             mallory.get(path.replace("/file=", "/file/")).status_code]
         out["no_cookie_result"] = httpx.get(base + path).status_code
-        out["caps"] = ctx.capabilities()
+        out["caps"] = ctx.capabilities().to_dict()
         out["sup_error"] = ctx.sup_error
         out["pipeline_modules"] = sorted(m for m in sys.modules if m.split(".")[0] == "pipeline")
         import torch

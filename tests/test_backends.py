@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kiln.records import Capabilities
 from kiln.settings import Settings
 from pipeline.backends import (Backends, check_backend, needed_capabilities, requirements, resolve_backends,
                                torch_device, unmet_requirements)
 from pipeline.validate import StageInputError
 
-ALL_GPU = {"cuda": True, "gsplat": True, "nvdiffrast": True, "moderngl": True}
+ALL_GPU = Capabilities(cuda=True, gsplat=True, nvdiffrast=True, moderngl=True)
 
 
 def _settings(**changes) -> Settings:
@@ -20,17 +21,18 @@ def _settings(**changes) -> Settings:
 @pytest.mark.parametrize("changes, caps, expected", [
     ({}, None, ("cpu", "moderngl", "cpu")),
     ({}, ALL_GPU, ("gsplat", "nvdiffrast", "cuda")),
-    ({}, {"cuda": True, "gsplat": False, "nvdiffrast": True}, ("cpu", "nvdiffrast", "cuda")),
-    ({}, {"cuda": False, "gsplat": True, "nvdiffrast": True}, ("cpu", "moderngl", "cpu")),
+    ({}, Capabilities(cuda=True, gsplat=False, nvdiffrast=True), ("cpu", "nvdiffrast", "cuda")),
+    ({}, Capabilities(cuda=False, gsplat=True, nvdiffrast=True), ("cpu", "moderngl", "cpu")),
     ({"worker.device": "cpu"}, ALL_GPU, ("cpu", "moderngl", "cpu")),
     # explicit choices win, even where the probe said no (the job then fails up front)
     ({"views.backend": "gsplat", "rasterize.backend": "nvdiffrast"}, None, ("gsplat", "nvdiffrast", "cpu")),
     ({"views.backend": "cpu", "rasterize.backend": "moderngl"}, ALL_GPU, ("cpu", "moderngl", "cuda")),
-    ({"worker.device": "cuda"}, {"gsplat": True}, ("gsplat", "moderngl", "cuda")),
+    ({"worker.device": "cuda"}, Capabilities(gsplat=True), ("gsplat", "moderngl", "cuda")),
 ])
 def test_resolve_backends(changes, caps, expected):
     b = resolve_backends(_settings(**changes), caps)
     assert (b.render, b.rasterize, b.device) == expected and b.chunk_scale == 1.0
+    assert resolve_backends(_settings(**changes), caps, chunk_scale=0.5).chunk_scale == 0.5
 
 
 def test_requirements_follow_the_stages_a_job_runs():
@@ -57,12 +59,12 @@ def test_needed_capabilities_one_rule_for_jobs_doctor_and_selftest(changes, caps
 
 def test_unmet_requirements_name_the_choice_and_the_probe_reason():
     s = _settings(**{"views.backend": "gsplat"})
-    caps = {"cuda": True, "gsplat": False, "moderngl": True, "reasons": {"gsplat": "build failed: nvcc 9.1"}}
+    caps = Capabilities(cuda=True, gsplat=False, moderngl=True, reasons={"gsplat": "build failed: nvcc 9.1"})
     b = resolve_backends(s, caps)
     assert unmet_requirements(s, b, caps) == ("settings ask for render backend 'gsplat', which does not "
                                               "work on this worker: build failed: nvcc 9.1")
     assert unmet_requirements(_settings(), resolve_backends(_settings(), caps), caps) is None
-    assert "probe failed" in unmet_requirements(_settings(), Backends(), {})
+    assert "probe failed" in unmet_requirements(_settings(), Backends(), Capabilities())
 
 
 def test_backend_names_are_checked():

@@ -180,13 +180,13 @@ def test_fast_bake_recovers_known_texture(scene, fast_bake):
     mesh, _, truth, _ = scene
     texture, stats = fast_bake
     assert texture.image.shape == (TEX, TEX, 3) and texture.image.dtype == np.uint8
-    assert stats["bake_mode"] == "fast"
+    assert stats.mode == "fast"
     chart = chart_mask(mesh, TEX)
     # every side is seen by some of the 10 views
-    assert stats["texels_seen_fraction"] > 0.99
+    assert stats.texels_seen_fraction > 0.99
     assert texture.seen[chart].mean() > 0.99
     assert texel_psnr(texture, truth, interior(chart, 2)) > 24.0
-    assert stats["bake_psnr_db"] > 24.0
+    assert stats.psnr_db > 24.0
 
 
 def test_opt_bake_recovers_known_texture(scene, fast_bake, opt_bake):
@@ -196,10 +196,10 @@ def test_opt_bake_recovers_known_texture(scene, fast_bake, opt_bake):
     seen_inside = interior(chart, 2) & texture.seen
     assert seen_inside.sum() > 0.9 * interior(chart, 2).sum()
     assert texel_psnr(texture, truth, seen_inside) > 30.0
-    assert stats["bake_psnr_db"] > 35.0
+    assert stats.psnr_db > 35.0
     # optimisation starts from the fast bake and must improve on it
-    assert stats["bake_fast_psnr_db"] == pytest.approx(fast_bake[1]["bake_psnr_db"], abs=1.0)
-    assert stats["bake_psnr_db"] > stats["bake_fast_psnr_db"] + 3.0
+    assert stats.fast_psnr_db == pytest.approx(fast_bake[1].psnr_db, abs=1.0)
+    assert stats.psnr_db > stats.fast_psnr_db + 3.0
 
 
 def test_baked_texture_renders_back_to_views(scene, opt_bake):
@@ -210,7 +210,7 @@ def test_baked_texture_renders_back_to_views(scene, opt_bake):
     for c in (0, 5):
         assert bake.masked_psnr(rgb[c], views.rgb[c], mask[c]) > 33.0
     # the stage's own figure is this same measurement over all views
-    assert stats["bake_psnr_db"] == pytest.approx(bake.masked_psnr(rgb, views.rgb, mask), abs=0.05)
+    assert stats.psnr_db == pytest.approx(bake.masked_psnr(rgb, views.rgb, mask), abs=0.05)
 
 
 def test_opt_reports_monotonic_progress(opt_bake):
@@ -292,7 +292,7 @@ def test_unseen_texels_are_inpainted(scene, one_sided_bake):
     texture, stats = one_sided_bake
     chart = chart_mask(mesh, TEX)
     unseen = chart & ~texture.seen
-    assert 0.3 < stats["texels_seen_fraction"] < 0.4      # front and +x: two of six sides
+    assert 0.3 < stats.texels_seen_fraction < 0.4      # front and +x: two of six sides
     assert unseen.sum() > 0.6 * chart.sum()
     # no black holes: inpainted colours come from the seen texels' range (Telea may overshoot a little)
     seen = texture.image[chart & texture.seen].astype(int)
@@ -408,10 +408,10 @@ def test_tensor_views_bake_like_numpy_views(scene, mode, kw):
     (a, sa), (b, sb) = _bake_both(scene, settings(mode, steps=30), "cpu", **kw)
     assert np.abs(a.image / 255.0 - b.image / 255.0).max() <= 1e-5
     assert np.array_equal(a.seen, b.seen)
-    for k in ("bake_psnr_db", "bake_l1", "texels_seen_fraction", "bake_pixels"):
-        assert sa[k] == pytest.approx(sb[k], abs=1e-5), k
+    for k in ("psnr_db", "l1", "texels_seen_fraction", "pixels"):
+        assert getattr(sa, k) == pytest.approx(getattr(sb, k), abs=1e-5), k
     if mode == "opt":
-        assert sa["bake_opt_texture_size"] == sb["bake_opt_texture_size"] < TEX
+        assert sa.opt_texture_size == sb.opt_texture_size < TEX
 
 
 def test_tensor_views_are_checked_like_numpy_views(scene):
@@ -438,7 +438,7 @@ def test_cuda_bake_matches_cpu(scene, opt_bake):
     mesh, _, _, views = scene
     texture, stats = bake.bake_texture(mesh, views, settings("opt"), RASTER, "cuda", seed=0)
     cpu_texture, cpu_stats = opt_bake
-    assert abs(stats["bake_psnr_db"] - cpu_stats["bake_psnr_db"]) < 0.5
+    assert abs(stats.psnr_db - cpu_stats.psnr_db) < 0.5
     assert texel_psnr(texture, cpu_texture, np.ones((TEX, TEX), bool)) > 35.0
     fast_gpu = bake.bake_texture(mesh, views, settings("fast"), RASTER, "cuda", seed=0)[0]
     fast_cpu = bake.bake_texture(mesh, views, settings("fast"), RASTER, "cpu", seed=0)[0]
@@ -453,7 +453,7 @@ def test_cuda_tensor_views_bake_like_numpy_views(scene, mode, kw):
     """Views the renderer left on the GPU bake as the same views handed over as numpy."""
     (a, sa), (b, sb) = _bake_both(scene, settings(mode, steps=30), "cuda", **kw)
     assert np.abs(a.image / 255.0 - b.image / 255.0).max() <= 1e-5
-    assert sa["bake_psnr_db"] == pytest.approx(sb["bake_psnr_db"], abs=1e-3)
+    assert sa.psnr_db == pytest.approx(sb.psnr_db, abs=1e-3)
 
 
 # --------------------------------------------------------------------------- end to end
@@ -485,9 +485,9 @@ def test_pipeline_bake_matches_gaussian_views():
     for mode in ("fast", "opt"):
         texture, stats = bake.bake_texture(mesh, views, s.override({"bake.mode": mode}).bake,
                                            RASTER, "cpu", seed=0)
-        results[mode] = stats["bake_psnr_db"]
-        l1[mode] = stats["bake_l1"]
-        assert stats["texels_seen_fraction"] > 0.95
+        results[mode] = stats.psnr_db
+        l1[mode] = stats.l1
+        assert stats.texels_seen_fraction > 0.95
     print("bake PSNR against the Gaussian views:", results, "L1:", l1)
     assert results["opt"] >= 28.0
     assert results["fast"] >= 24.0

@@ -232,7 +232,7 @@ def test_a_worker_that_met_a_full_disk_is_named():
     from app.clirunner import WorkerRunner
     from worker.inputs import Loaded
 
-    status = SimpleNamespace(state="failed", terminal=True, message="", outputs={}, timings={}, stats={},
+    status = SimpleNamespace(state="failed", terminal=True, message="", outputs={}, timings={}, stats=None,
                              error="stage 'export' failed: OSError: [Errno 28] No space left on device: "
                                    "'/data/jobs/cli/j1/outputs/model.glb'")
 

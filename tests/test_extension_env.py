@@ -80,8 +80,8 @@ def test_job_workers_selftest_children_and_doctor_probes_share_one_cache(fake_gp
     # a job worker (spawned by the supervisor) reports what it received
     with Supervisor(small_settings(), tmp_path / "jobs", None, var_dir=tmp_path / "var") as sup:
         caps = sup.capabilities()
-    assert caps["torch_extensions_dir"] == want["TORCH_EXTENSIONS_DIR"]
-    assert caps["torch_cuda_arch_list"] == want["TORCH_CUDA_ARCH_LIST"]
+    assert caps.torch_extensions_dir == want["TORCH_EXTENSIONS_DIR"]
+    assert caps.torch_cuda_arch_list == want["TORCH_CUDA_ARCH_LIST"]
     # a selftest twin child, in a process of its own
     out = selftest.run_isolated(_report_build_env, small_settings(), timeout=120)
     assert out["note"] == f"{want['TORCH_EXTENSIONS_DIR']}|{want['TORCH_CUDA_ARCH_LIST']}"

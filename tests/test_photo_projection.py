@@ -115,7 +115,7 @@ def test_photo_rendered_back_from_its_camera_reproduces_the_photo(blob):
         out, covered = render_from(recon.source_camera, mesh, tex)
         inner = ndimage.binary_erosion(mask, iterations=3) & covered
         results[on] = bake.masked_psnr(out, rgb.astype(np.float32) / 255.0, inner)
-        assert stats["photo_projection"] is on
+        assert stats.photo_projection is on
     assert results[True] >= 30.0, results
     assert results[False] < 20.0, results           # grey views: without the photo nothing matches
 
@@ -153,12 +153,12 @@ def test_texel_density_is_reported(blob):
     photo = ImageInput(np.kron(rgb, np.ones((8, 8, 1), np.uint8)), np.kron(mask, np.ones((8, 8), bool)))
     _, stats = bake.bake_texture(mesh, views, settings(texture_size=64), RASTER, "cpu", 0,
                                  photo=photo, source_camera=big)
-    assert stats["photo_pixels_per_texel"] > 2.0
-    assert stats["texture_size_suggested"] > 64
-    assert "texture size" in stats["warnings"][0]
+    assert stats.photo_pixels_per_texel > 2.0
+    assert stats.texture_size_suggested > 64
+    assert "texture size" in stats.warnings[0]
     _, stats = bake.bake_texture(mesh, views, settings(texture_size=512), RASTER, "cpu", 0,
                                  photo=ImageInput(rgb, mask), source_camera=recon.source_camera)
-    assert "warnings" not in stats
+    assert stats.warnings == () and stats.texture_size_suggested is None
 
 
 # --------------------------------------------------------------------------- what it must not colour
@@ -279,7 +279,7 @@ def test_opt_bake_leaves_no_speckle_in_texels_the_views_do_not_determine(blob, m
                    photo_projection=False)
     fast_tex, _ = bake.bake_texture(mesh, views, settings(photo_projection=False), RASTER, "cpu", 0)
     opt_tex, stats = bake.bake_texture(mesh, views, opt, RASTER, "cpu", 0)
-    assert stats["bake_opt_texture_size"] < 256
+    assert stats.opt_texture_size < 256
     base = speckle(fast_tex, mesh)
     assert speckle(opt_tex, mesh) < base + 1.5, (speckle(opt_tex, mesh), base)
     # what the opt bake did before: every texel free, Adam random-walks the undetermined ones

@@ -41,7 +41,7 @@ def test_rerun_with_only_postprocessing_changes_skips_reconstruction_and_views(t
     img, s = _input(), small_settings()
     c = tmp_path / "cache"
     first = run_pipeline(img, s, tmp_path / "a", cache_dir=c)
-    assert renders.calls == 1 and first.stats["views_cached"] is False
+    assert renders.calls == 1 and first.stats.views_cached is False
 
     def no_reconstruct(*a, **k):
         raise AssertionError("reconstruction ran again")
@@ -50,12 +50,12 @@ def test_rerun_with_only_postprocessing_changes_skips_reconstruction_and_views(t
     for i, change in enumerate(({"mesh.simplify_ratio": 0.8}, {"bake.mode": "fast"},
                                 {"bake.texture_size": 512}, {"bake.unwrap": "xatlas"})):
         res = run_pipeline(img, s.override(change), tmp_path / f"b{i}", cache_dir=c)
-        assert res.reconstruction_cached and res.stats["views_cached"] is True, change
+        assert res.reconstruction_cached and res.stats.views_cached is True, change
     assert renders.calls == 1
 
     # the views depend on the view settings: those render again
     again = run_pipeline(img, s.override({"views.count": 3}), tmp_path / "c", cache_dir=c)
-    assert again.stats["views_cached"] is False and renders.calls == 2
+    assert again.stats.views_cached is False and renders.calls == 2
 
 
 def test_cache_hit_bakes_the_same_texture_as_the_first_run(tmp_path):
@@ -66,7 +66,7 @@ def test_cache_hit_bakes_the_same_texture_as_the_first_run(tmp_path):
     img, s = _input(seed=4), small_settings(**{"bake.mode": "fast"})
     a = run_pipeline(img, s, tmp_path / "a", cache_dir=tmp_path / "cache")
     b = run_pipeline(img, s, tmp_path / "b", cache_dir=tmp_path / "cache")
-    assert not a.stats["views_cached"] and b.stats["views_cached"]
+    assert not a.stats.views_cached and b.stats.views_cached
 
     def texture(path):
         scene = trimesh.load(path)
@@ -154,7 +154,7 @@ def test_views_kept_as_tensors_store_the_same_cache_and_bake_the_same(tmp_path, 
     monkeypatch.setattr(render_views, "render_gaussians",
                         lambda *a_, **k: real_render(*a_, **{**k, "as_tensors": True}))
     b = run_pipeline(img, s, tmp_path / "b", cache_dir=tmp_path / "cb")
-    assert not a.stats["views_cached"] and not b.stats["views_cached"]
+    assert not a.stats.views_cached and not b.stats.views_cached
 
     assert isinstance(baked[0].rgb, np.ndarray) and isinstance(baked[1].rgb, torch.Tensor)
     assert np.array_equal(baked[1].rgb.numpy(), baked[0].rgb)

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from kiln.records import Backends
 from worker.faults import FaultPlan
 from worker.jobhandle import JobCancelled, JobFailed
 from worker.jobstore import JobStore
@@ -55,7 +56,7 @@ def env(tmp_path_factory):
     # A job a previous server left running: start() must fail it, naming the stage.
     store = JobStore(root / "jobs")
     rgb, mask = image()
-    orphan = store.create(rgb, mask, small_settings().to_dict(), "old")
+    orphan = store.create(rgb, mask, small_settings(), "old")
     orphan.state, orphan.stage, orphan.seq = "running", "bake", 7
     store.write_status(orphan)
 
@@ -145,8 +146,8 @@ def test_oom_is_retried_with_smaller_chunks_once_then_fails(env):
     st = sup.run(*image(), no_retry(), session="oom-once", timeout=JOB_TIMEOUT)
     assert st.state == "done", st.error
     assert st.attempts == 2
-    assert st.stats["earlier_attempts"] == ["CUDA out of memory during stage 'bake'"]
-    assert st.backends["chunk_scale"] == 0.5   # the retry really ran with smaller blocks
+    assert st.stats.earlier_attempts == ("CUDA out of memory during stage 'bake'",)
+    assert st.backends.chunk_scale == 0.5   # the retry really ran with smaller blocks
 
 
 def test_bad_input_fails_in_its_stage_without_costing_the_worker(env):
@@ -165,12 +166,12 @@ def test_crash_is_retried_once_with_safe_backends(env):
     st = env.sup.run(*image(seed=11), small_settings(), session="flaky", timeout=JOB_TIMEOUT)
     assert st.state == "done", st.error
     assert st.attempts == 2
-    assert st.stats["earlier_attempts"] == ["worker crashed with SIGSEGV during stage 'mesh'"]
-    assert st.backends == {"render": "cpu", "rasterize": "moderngl", "device": "cpu", "chunk_scale": 1.0}
+    assert st.stats.earlier_attempts == ("worker crashed with SIGSEGV during stage 'mesh'",)
+    assert st.backends == Backends(render="cpu", rasterize="moderngl", device="cpu", chunk_scale=1.0)
     stages = ("reconstruct", "render_views", "mesh", "uv", "bake", "export")
     assert set(stages) <= set(st.timings)
     assert st.timings["total_s"] >= sum(st.timings[s] for s in stages)
-    assert st.stats["job"]["pipeline_s"] <= st.stats["job"]["worker_job_s"] <= st.timings["total_s"]
+    assert st.stats.job.pipeline_s <= st.stats.job.worker_job_s <= st.stats.job.total_s == st.timings["total_s"]
     assert json.loads((env.sup.job(st.id).dir / "settings.json").read_text())["views"]["backend"] \
         == "auto"  # the job's own settings are untouched; the fallback is per attempt
     assert FALLBACK["rasterize.backend"] == "moderngl"
@@ -255,9 +256,9 @@ def test_a_worker_stopped_mid_bake_is_caught_by_its_cpu_time_and_the_job_retried
     st = job.wait(timeout=JOB_TIMEOUT)
     assert st.state == "done", st.error
     assert st.attempts == 2
-    assert st.stats["earlier_attempts"] == [
+    assert st.stats.earlier_attempts == (
         "worker froze during stage 'bake': it used no CPU time and sent nothing for 2 s "
-        "(worker.stall_timeout_s; process state 'stopped'); it was stopped with SIGTERM"]
+        "(worker.stall_timeout_s; process state 'stopped'); it was stopped with SIGTERM",)
     assert worker_pid(sup) != pid0
     # SIGCONT after SIGTERM let the stopped worker's faulthandler say where it was
     assert "in fire" in job.log()
@@ -387,12 +388,12 @@ def test_only_postprocessing_changes_reuse_the_reconstruction(env):
     sup = env.sup
     rgb, mask = image(seed=21)
     first = sup.run(rgb, mask, small_settings(), session="cache", timeout=JOB_TIMEOUT)
-    assert first.state == "done" and first.stats["reconstruction_cached"] is False
+    assert first.state == "done" and first.stats.pipeline.reconstruction_cached is False
     again = sup.run(rgb, mask, small_settings(mesh__simplify_ratio=0.9, bake__enabled=False,
                                               bake__texture_size=512), session="cache")
-    assert again.state == "done" and again.stats["reconstruction_cached"] is True
+    assert again.state == "done" and again.stats.pipeline.reconstruction_cached is True
     changed = sup.run(rgb, mask, small_settings(reconstruct__thickness=0.8), session="cache")
-    assert changed.state == "done" and changed.stats["reconstruction_cached"] is False
+    assert changed.state == "done" and changed.stats.pipeline.reconstruction_cached is False
 
 
 def test_restart_marks_jobs_left_running_as_failed(env):
@@ -410,7 +411,7 @@ def test_app_process_never_initialised_cuda(env):
     assert env.trip.calls == []
     assert not env.trip.torch.cuda.is_initialized()
     caps = env.sup.capabilities()
-    assert caps["cpu"] is True and caps["moderngl"] is True
+    assert caps.cpu is True and caps.moderngl is True
 
 
 def test_supervisor_modules_import_neither_torch_nor_pipeline():

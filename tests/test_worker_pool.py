@@ -39,7 +39,7 @@ def test_one_worker_per_visible_gpu_and_a_crash_stays_in_its_worker(tmp_path, mo
         ws = sup.workers()
         assert [w["gpu"] for w in ws] == ["0", "1"]
         # each worker saw only its own device before it imported torch
-        assert [w["capabilities"]["cuda_visible_devices"] for w in ws] == ["0", "1"]
+        assert [w["capabilities"].cuda_visible_devices for w in ws] == ["0", "1"]
         long = sup.submit(*image(), small_settings(), session="long")
         for ev in long.follow(timeout=60):
             if ev.stage == "bake":
@@ -133,8 +133,8 @@ def test_a_probe_that_crashes_the_worker_only_disables_its_backend(tmp_path):
     plan = FaultPlan(["segv@probe:moderngl"])
     with Supervisor(small_settings(), tmp_path / "jobs", None, faults=plan) as sup:
         caps = sup.capabilities()
-        assert caps["moderngl"] is False and caps["cpu"] is True
-        assert caps["reasons"]["moderngl"] == ("probe crashed with SIGSEGV twice in a row "
+        assert caps.moderngl is False and caps.cpu is True
+        assert caps.reasons["moderngl"] == ("probe crashed with SIGSEGV twice in a row "
                                                "(see worker-0.log)")
         assert sup._dispatcher.slots[0].starts == 3   # crashed, crashed again, started without it
         st = sup.run(*image(), small_settings(), timeout=60)
@@ -152,13 +152,13 @@ def test_a_probe_that_crashed_once_is_probed_again_and_keeps_its_backend(tmp_pat
     plan = FaultPlan(["segv@probe:moderngl:attempt=1"])
     with Supervisor(small_settings(), tmp_path / "jobs", None, faults=plan) as sup:
         caps = sup.capabilities()
-        assert caps["moderngl"] is True, caps["reasons"]
-        assert "moderngl" not in caps["reasons"]
+        assert caps.moderngl is True, caps.reasons
+        assert "moderngl" not in caps.reasons
         slot = sup._dispatcher.slots[0]
         assert slot.starts == 2 and slot.skip_probes == {}
         st = sup.run(*image(), small_settings(rasterize__backend="moderngl"), timeout=60)
         assert st.state == "done", st.error
-        assert st.backends["rasterize"] == "moderngl"
+        assert st.backends.rasterize == "moderngl"
 
 
 def test_shutdown_keeps_what_already_happened(tmp_path):

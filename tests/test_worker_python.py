@@ -37,24 +37,24 @@ def second_python(tmp_path_factory) -> Path:
 
 
 def test_worker_config_reads_the_interpreters_own_path(second_python):
-    assert interpreter.worker_config("") == {}
-    cfg = interpreter.worker_config(str(second_python))
-    assert cfg["python"] == str(second_python)
+    assert interpreter.foreign_interpreter("") is None
+    interp = interpreter.foreign_interpreter(str(second_python))
+    assert interp.python == str(second_python)
     venv = str(second_python.parent.parent)
-    assert any(p.startswith(venv) for p in cfg["sys_path"])      # its own site-packages
-    assert cfg["project_root"] == str(Path(__file__).resolve().parent.parent)
+    assert any(p.startswith(venv) for p in interp.sys_path)      # its own site-packages
+    assert interp.project_root == str(Path(__file__).resolve().parent.parent)
 
 
 def test_bad_interpreter_is_named(tmp_path):
     with pytest.raises(interpreter.InterpreterError, match="does not exist"):
-        interpreter.worker_config(str(tmp_path / "nope" / "python"))
+        interpreter.foreign_interpreter(str(tmp_path / "nope" / "python"))
     with pytest.raises(interpreter.InterpreterError, match="not an executable"):
-        interpreter.worker_config(str(tmp_path))
+        interpreter.foreign_interpreter(str(tmp_path))
     script = tmp_path / "python"
     script.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
     script.chmod(0o755)
     with pytest.raises(interpreter.InterpreterError, match="failed to start: broken"):
-        interpreter.worker_config(str(script))
+        interpreter.foreign_interpreter(str(script))
 
 
 def test_a_job_runs_through_a_worker_under_the_second_interpreter(tmp_path, second_python):
@@ -65,9 +65,9 @@ def test_a_job_runs_through_a_worker_under_the_second_interpreter(tmp_path, seco
     with Supervisor(settings, tmp_path / "jobs", None) as sup:
         caps = sup.capabilities()
         # the worker is that interpreter (its prefix is the second venv), the app is not
-        assert caps["python"] == str(second_python)
-        assert caps["python_prefix"] == str(second_python.parent.parent)
-        assert sys.prefix != caps["python_prefix"]
+        assert caps.python == str(second_python)
+        assert caps.python_prefix == str(second_python.parent.parent)
+        assert sys.prefix != caps.python_prefix
         st = sup.run(*image(), settings, session="py2", timeout=180)
         assert st.state == "done", st.error
         assert Path(st.outputs["glb"]).is_file()

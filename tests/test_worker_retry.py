@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kiln.records import Backends, Capabilities
+from kiln.settings import Settings
 from kiln.stages import STAGES, UNBAKED_STAGES, WEIGHTS, stages_for
 from worker import messages
 from worker.crashcounts import CrashCounts
@@ -118,16 +120,16 @@ def test_unknown_kind_is_refused():
 
 
 def test_used_gpu_reads_the_backends_an_attempt_reported():
-    assert not used_gpu({})
-    assert not used_gpu({"device": "cpu", "render": "cpu", "rasterize": "moderngl"})
-    assert used_gpu({"device": "cuda:0"})
-    assert used_gpu({"device": "cpu", "render": "gsplat"})
-    assert used_gpu({"device": "cpu", "rasterize": "nvdiffrast"})
+    assert not used_gpu(None)   # the attempt never resolved its backends
+    assert not used_gpu(Backends(device="cpu", render="cpu", rasterize="moderngl"))
+    assert used_gpu(Backends(device="cuda:0"))
+    assert used_gpu(Backends(device="cpu", render="gsplat"))
+    assert used_gpu(Backends(device="cpu", rasterize="nvdiffrast"))
 
 
 def test_a_job_record_describes_its_failure_from_its_history():
-    job = JobRecord(status=JobStatus(id="j", session="s", backends={"device": "cuda:0"}), dir=Path("."),
-                    settings={"worker": {"retry_with_fallback": False}}, overrides={"a": 1},
+    job = JobRecord(status=JobStatus(id="j", session="s", backends=Backends(device="cuda:0")), dir=Path("."),
+                    settings=Settings().override({"worker.retry_with_fallback": False}), overrides={"a": 1},
                     chunk_scale=0.5, retried={"oom", "crash"}, notes=["first", "second"])
     f = job.failure("crash", CRASH, crash_count=2)
     assert f == Failure("crash", CRASH, used_gpu=True, crash_count=2, crash_retried=True,
@@ -187,8 +189,9 @@ def test_crash_counts_still_count_when_the_file_cannot_be_written(tmp_path):
     messages.Run(job="j", dir="/d", attempt=2, overrides=dict(FALLBACK), chunk_scale=0.5,
                  cache_dir=None, fault="segv@bake"),
     messages.Stop(), messages.Heartbeat(1.5), messages.Probing("moderngl"), messages.Probing(None),
-    messages.Ready(pid=7, caps={"cpu": True, "reasons": {}}, startup_s=1.25),
-    messages.Started(job="j", backends={"device": "cpu"}),
+    messages.Ready(pid=7, caps=Capabilities(cpu=True, reasons={"gsplat": "needs CUDA"}, probe_s={"cpu": 0.1}),
+                   startup_s=1.25),
+    messages.Started(job="j", backends=Backends(device="cpu", chunk_scale=0.5)),
     messages.Progress(job="j", stage="bake", fraction=0.5, message="step 5"),
     messages.Done(job="j", glb="/d/model.glb"), messages.Failed(job="j", stage=None, kind="oom", error="E"),
 ], ids=lambda m: type(m).__name__)
@@ -207,7 +210,7 @@ def test_a_handle_reattaches_to_a_job_on_disk_by_id(tmp_path):
     from worker_helpers import image, small_settings
 
     store = JobStore(tmp_path / "jobs")
-    st = store.create(*image(), small_settings().to_dict(), "web-a")
+    st = store.create(*image(), small_settings(), "web-a")
     store.append_log(st.id, "written by an earlier server")
     sup = Supervisor(small_settings(), tmp_path / "jobs", None)   # not started: no workers
     job = sup.job(st.id)

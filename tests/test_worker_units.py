@@ -13,9 +13,11 @@ import pytest
 
 from kiln.atomic import atomic_write
 from kiln.glb import GLBError, check_glb_light
+from kiln.records import Capabilities
+from kiln.settings import Settings
 from worker import env as wenv
 from worker.faults import Fault, FaultPlan, parse
-from worker.jobstore import (JobStatus, JobStore, atomic_write_json, load_inputs,
+from worker.jobstore import (JobStatus, JobStore, atomic_write_json, load_inputs, load_settings,
                              safe_session)
 from worker.messages import Failed, Ready
 from worker.process import MAX_MESSAGE_BYTES, Sender, classify_error
@@ -28,12 +30,13 @@ from worker_helpers import image
 def test_job_directory_round_trips_inputs_and_settings(tmp_path):
     store = JobStore(tmp_path)
     rgb, mask = image(seed=3, size=64)
-    st = store.create(rgb, mask, {"seed": 5}, "sess-1")
+    st = store.create(rgb, mask, Settings(seed=5), "sess-1")
     d = store.job_dir(st.id)
     assert d == tmp_path / "sess-1" / st.id
     back_rgb, back_mask = load_inputs(d)
     assert np.array_equal(back_rgb, rgb) and np.array_equal(back_mask, mask)
-    assert json.loads((d / "settings.json").read_text()) == {"seed": 5}
+    assert json.loads((d / "settings.json").read_text()) == Settings(seed=5).to_dict()
+    assert load_settings(d) == Settings(seed=5)
     assert store.read_status(st.id).state == "queued"
     assert (d / "outputs").is_dir()
     # a second store (a restarted server) finds it by id alone
@@ -48,7 +51,7 @@ def test_job_directory_round_trips_inputs_and_settings(tmp_path):
 ])
 def test_job_inputs_are_checked_before_anything_is_written(tmp_path, rgb, mask, msg):
     with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
-        JobStore(tmp_path).create(rgb, mask, {}, "s")
+        JobStore(tmp_path).create(rgb, mask, Settings(), "s")
     assert not any(tmp_path.rglob("status.json"))
 
 
@@ -78,11 +81,11 @@ def test_atomic_write_leaves_old_content_when_writing_fails(tmp_path):
 def test_recover_fails_unfinished_jobs_with_a_reason(tmp_path):
     store = JobStore(tmp_path)
     rgb, mask = image(size=32)
-    queued = store.create(rgb, mask, {}, "a")
-    running = store.create(rgb, mask, {}, "a")
+    queued = store.create(rgb, mask, Settings(), "a")
+    running = store.create(rgb, mask, Settings(), "a")
     running.state, running.stage, running.seq = "running", "uv", 4
     store.write_status(running)
-    done = store.create(rgb, mask, {}, "b")
+    done = store.create(rgb, mask, Settings(), "b")
     done.state = "done"
     store.write_status(done)
 
@@ -194,11 +197,11 @@ def test_sender_keeps_messages_under_pipe_buf():
             sent.append(m)
 
     Sender(Q())(Failed(job="j", stage="bake", kind="error", error="x" * 100_000))
-    Sender(Q())(Ready(pid=1, caps={"reasons": {str(i): "y" * 5000 for i in range(6)}}, startup_s=1.0))
+    Sender(Q())(Ready(pid=1, caps=Capabilities(reasons={str(i): "y" * 5000 for i in range(6)}), startup_s=1.0))
     for msg in sent:
         assert len(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)) <= MAX_MESSAGE_BYTES
     assert isinstance(sent[0], Failed) and sent[0].error.startswith("xxx") and sent[0].stage == "bake"
-    assert isinstance(sent[1], Ready) and set(sent[1].caps["reasons"]) == {str(i) for i in range(6)}
+    assert isinstance(sent[1], Ready) and set(sent[1].caps.reasons) == {str(i) for i in range(6)}
 
 
 def test_exit_descriptions():

@@ -174,6 +174,7 @@ def check_worker_python(settings, quick: bool = False, timeout: float = 120.0) -
         exe = resolve(python)
     except InterpreterError as e:
         return Check("worker.python", "fail", str(e), fix=["kiln doctor --set worker.python=/path/to/env/bin/python"])
+    assert exe is not None   # resolve answers None only for an empty setting
     need = dict(WORKER_PACKAGES)
     if settings.bake.enabled and settings.views.backend in ("gsplat", "auto"):
         need["gsplat"] = "gsplat==1.5.3"

@@ -16,10 +16,13 @@ import signal
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
+from types import EllipsisType
 from typing import Optional
 
 from kiln.glb import GLBError, check_glb_light
+from kiln.records import JobStats, JobTimes
 from kiln.settings import Settings
 
 from . import interpreter
@@ -32,6 +35,7 @@ from .messages import Done, Failed, Progress, Ready, Run, Started, Stop
 from .progress import job_progress
 from .retry import CANCELLED_BY_USER, CRASH_KINDS, Decision, FailureKind, decide
 from .slots import WorkerSlot, describe_exit
+from .workerconfig import WorkerConfig
 
 log = logging.getLogger("kiln.worker")
 
@@ -89,7 +93,7 @@ class Dispatcher:
             if ready:
                 return
             if settled:
-                why = "; ".join(s.broken for s in self.slots)
+                why = "; ".join(s.broken or "" for s in self.slots)
             else:
                 why = (f"no worker became ready within {timeout:.0f} s ("
                        + "; ".join(f"worker {s.index}: {s.state}" for s in self.slots) + ")")
@@ -141,7 +145,7 @@ class Dispatcher:
             self._finish(job, FAILED, "the server shut down before the job started")
             return
         if all(s.broken for s in self.slots):
-            self._finish(job, FAILED, "no worker is available: " + "; ".join(s.broken for s in self.slots))
+            self._finish(job, FAILED, "no worker is available: " + "; ".join(s.broken or "" for s in self.slots))
             return
         ahead = len(self.queue)
         self.queue.append(job)
@@ -238,15 +242,15 @@ class Dispatcher:
         self._assign()
 
     def _spawn(self, s: WorkerSlot) -> None:
-        ws = self.settings.worker
-        cfg = {"device": ws.device, "heartbeat_s": ws.heartbeat_s,
-               "probe_timeout_s": ws.probe_timeout_s,
-               "faults_enabled": self.faults is not None,
-               "probe_faults": self.faults.probe_faults(s.starts + 1) if self.faults else {},
-               "parent_pid": os.getpid(), "settings": self.settings.to_dict()}
         try:
-            cfg.update(interpreter.worker_config(ws.python))    # {} unless worker.python is set
-            with interpreter.spawning(self._ctx, cfg.get("python")):
+            foreign = interpreter.foreign_interpreter(self.settings.worker.python)  # None unless set
+            cfg = WorkerConfig(
+                settings=self.settings, slot=s.index, gpu=s.gpu, log_path=str(s.log_path),
+                parent_pid=os.getpid(), skip_probes=dict(s.skip_probes),
+                faults_enabled=self.faults is not None,
+                probe_faults=self.faults.probe_faults(s.starts + 1) if self.faults else {},
+                interpreter=foreign)
+            with interpreter.spawning(self._ctx, foreign.python if foreign else None):
                 s.spawn(self._ctx, cfg)
         except Exception as e:  # e.g. out of file descriptors: back off, then retry
             self._start_failed(s, f"could not be spawned ({type(e).__name__}: {e})")
@@ -312,7 +316,7 @@ class Dispatcher:
             self._emit(job, state=RUNNING, stage=None, message=what, force_write=True)
 
     def _on_exit(self, s: WorkerSlot) -> None:
-        code = s.proc.exitcode
+        code = s.proc.exitcode if s.proc is not None else None
         desc = describe_exit(code)
         job, reason, was, frozen_status = s.job, s.kill_reason, s.state, s.frozen_status
         if was == "starting":
@@ -333,7 +337,8 @@ class Dispatcher:
         if reason == "cancel" or job.cancel_requested:
             self._apply(job, decide(job.failure("cancel", "cancelled")))
             return
-        how = {-signal.SIGTERM: "SIGTERM", -signal.SIGKILL: "SIGKILL"}.get(code, desc)
+        how = {-signal.SIGTERM: "SIGTERM", -signal.SIGKILL: "SIGKILL"}.get(code or 0, desc)
+        kind: FailureKind
         if reason == "hang":
             kind, why = "hang", (f"worker hung {where(stage)}: no progress for {job.stage_timeout:g} s "
                                  f"(worker.stage_timeout_s); it was stopped with {how}")
@@ -357,7 +362,7 @@ class Dispatcher:
     def _fail_if_no_workers(self) -> None:
         if any(not s.broken for s in self.slots):
             return
-        why = "; ".join(s.broken for s in self.slots)
+        why = "; ".join(s.broken or "" for s in self.slots)
         while self.queue:
             self._finish(self.queue.popleft(), FAILED, f"no worker could start: {why}")
 
@@ -377,18 +382,19 @@ class Dispatcher:
             append_log(job.dir, reason)
             self._finish(job, FAILED, reason)
             return
-        result = self.store.read_result(job.status.id)
+        report = self.store.read_result(job.status.id)
         st = job.status
         st.outputs = {"glb": str(glb)}
         if msg.ply:
             st.outputs["ply"] = msg.ply
-        st.timings = dict(result.get("timings", {}))
-        st.stats = dict(result.get("stats", {}))
-        st.stats["glb_check"] = result.get("check", light)
-        st.stats["job"] = dict(result.get("job", {}))
-        if job.notes:
-            st.stats["earlier_attempts"] = list(job.notes)
-        st.backends = result.get("backends", st.backends)
+        if report is not None:
+            st.timings = dict(report.timings)
+            st.stats = JobStats(pipeline=report.stats, glb_check=report.check, job=report.job,
+                                earlier_attempts=tuple(job.notes))
+            st.backends = report.stats.backends
+        else:   # the worker said done but left no report: the supervisor's own check stands in
+            st.timings = {}
+            st.stats = JobStats(glb_check=light, earlier_attempts=tuple(job.notes))
         msg_text = "done" + (f" (after: {job.notes[-1]})" if job.notes else "")
         self._finish(job, DONE, msg_text, progress=1.0)
 
@@ -426,7 +432,8 @@ class Dispatcher:
             append_log(job.dir, d.log or d.message)
             self._finish(job, CANCELLED, d.message)
             return
-        job.retried.add(d.retried)
+        if d.retried is not None:
+            job.retried.add(d.retried)
         if d.overrides is not None:
             job.overrides = dict(d.overrides)
         if d.chunk_scale is not None:
@@ -441,14 +448,13 @@ class Dispatcher:
                 progress: Optional[float] = None) -> None:
         st = job.status
         st.finished = time.time()
-        times = dict(st.stats.get("job", {}))
+        times: JobTimes = replace(st.stats.job, total_s=round(st.finished - st.created, 3))
         if st.started is not None:
-            times["queued_s"] = round(st.started - st.created, 3)
-        times["total_s"] = round(st.finished - st.created, 3)
-        st.stats = {**st.stats, "job": times}
-        st.timings = {**st.timings, "total_s": times["total_s"]}
-        if "queued_s" in times:
-            st.timings["queued_s"] = times["queued_s"]
+            times = replace(times, queued_s=round(st.started - st.created, 3))
+        st.stats = replace(st.stats, job=times)
+        st.timings = {**st.timings, "total_s": round(st.finished - st.created, 3)}   # = times.total_s
+        if times.queued_s is not None:
+            st.timings["queued_s"] = times.queued_s
         if state != DONE:
             st.error = message
         if state in (FAILED, CANCELLED):
@@ -457,7 +463,8 @@ class Dispatcher:
         # a long-running server keeps every job's record; only recent events of finished ones
         del job.events[:-EVENTS_KEPT_FINISHED]
 
-    def _emit(self, job: JobRecord, state: Optional[JobState] = None, stage: object = ...,
+    def _emit(self, job: JobRecord, state: Optional[JobState] = None,
+              stage: Optional[str] | EllipsisType = ...,
               progress: Optional[float] = None, message: Optional[str] = None,
               stage_progress: Optional[float] = None, force_write: bool = False) -> None:
         st = job.status

@@ -26,7 +26,7 @@ import re
 import subprocess
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Mapping, MutableMapping, Optional
 
 _RELEASE_RE = re.compile(r"release (\d+)\.(\d+)")
 
@@ -74,7 +74,7 @@ def toolkit_version(home: Path) -> Optional[str]:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
-def toolkit_candidates(env: dict) -> list[Path]:
+def toolkit_candidates(env: Mapping[str, str]) -> list[Path]:
     """Where CUDA toolkits usually live, most specific first."""
     out: list[Path] = []
     for var in ("CUDA_HOME", "CUDA_PATH"):
@@ -102,7 +102,7 @@ def toolkit_candidates(env: dict) -> list[Path]:
 def find_toolkit(want: str, candidates: Iterable[Path]) -> tuple[Optional[Path], list[str]]:
     """First toolkit whose major.minor equals ``want``; also the versions seen elsewhere."""
     want = ".".join(want.split(".")[:2])
-    seen = []
+    seen: list[str] = []
     for home in candidates:
         ver = toolkit_version(home)
         if ver is None:
@@ -117,7 +117,7 @@ def find_toolkit(want: str, candidates: Iterable[Path]) -> tuple[Optional[Path],
 PROJECT_EXTENSIONS_DIR = Path(__file__).resolve().parent.parent / "var" / "torch_extensions"
 
 
-def compute_capabilities(env: Optional[dict] = None) -> list[str]:
+def compute_capabilities(env: Optional[Mapping[str, str]] = None) -> list[str]:
     """Compute capabilities ('9.0', ...) of the GPUs ``nvidia-smi`` lists, in order, without
     touching CUDA; [] without a driver. Honours CUDA_VISIBLE_DEVICES given as indices."""
     try:
@@ -147,12 +147,13 @@ def _derived_arch_list(path: str, visible: Optional[str]) -> Optional[str]:
     return ";".join(caps) or None
 
 
-def extension_env(env: Optional[dict] = None) -> dict[str, str]:
+def extension_env(env: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """The ``TORCH_EXTENSIONS_DIR`` and ``TORCH_CUDA_ARCH_LIST`` every Kiln process uses:
     the user's when set, else the project's folder and the compute capabilities of this
     machine's GPUs (asked of ``nvidia-smi`` once per process; no arch list without a GPU,
     which leaves torch its own default)."""
-    env = os.environ if env is None else env
+    if env is None:
+        env = os.environ
     out = {"TORCH_EXTENSIONS_DIR": env.get("TORCH_EXTENSIONS_DIR") or str(PROJECT_EXTENSIONS_DIR)}
     arch = env.get("TORCH_CUDA_ARCH_LIST") or _derived_arch_list(env.get("PATH", ""),
                                                                  env.get("CUDA_VISIBLE_DEVICES"))
@@ -161,23 +162,24 @@ def extension_env(env: Optional[dict] = None) -> dict[str, str]:
     return out
 
 
-def share_extension_env(env: Optional[dict] = None) -> dict[str, str]:
+def share_extension_env(env: Optional[MutableMapping[str, str]] = None) -> dict[str, str]:
     """Write ``extension_env`` into ``env`` (``os.environ`` by default) so that every process
     started from it builds into, and loads from, the same cache. Returns what it wrote."""
-    env = os.environ if env is None else env
+    if env is None:
+        env = os.environ
     shared = extension_env(env)
     env.update(shared)
     return shared
 
 
-def prepare(env: dict, gpu: Optional[str], device: str) -> dict:
+def prepare(env: MutableMapping[str, str], gpu: Optional[str], device: str) -> dict[str, Any]:
     """Adjust ``env`` (normally ``os.environ``) in place for a worker about to import torch.
 
     gpu: the CUDA_VISIBLE_DEVICES entry this worker owns, or None to leave it alone.
     Returns notes for the capability report: 'torch_cuda', 'cuda_home', 'toolkit',
     'torch_extensions_dir', 'torch_cuda_arch_list'.
     """
-    notes: dict = {}
+    notes: dict[str, Any] = {}
     # before pinning CUDA_VISIBLE_DEVICES: the arch list covers the machine's GPUs, so a
     # worker pinned to any of them shares the one cache
     shared = share_extension_env(env)
@@ -207,13 +209,14 @@ def prepare(env: dict, gpu: Optional[str], device: str) -> dict:
     return notes
 
 
-def detect_gpus(env: Optional[dict] = None) -> list[str]:
+def detect_gpus(env: Optional[Mapping[str, str]] = None) -> list[str]:
     """CUDA_VISIBLE_DEVICES entries, one per GPU a worker may be pinned to.
 
     Honors an existing CUDA_VISIBLE_DEVICES; otherwise counts GPUs with
     ``nvidia-smi -L`` or ``/proc/driver/nvidia/gpus``. Never touches CUDA itself.
     """
-    env = os.environ if env is None else env
+    if env is None:
+        env = os.environ
     if "CUDA_VISIBLE_DEVICES" in env:
         out = []
         for item in env["CUDA_VISIBLE_DEVICES"].split(","):

@@ -66,7 +66,7 @@ def check_torch(import_torch: bool) -> Check:
         except Exception as e:  # noqa: BLE001 - a broken install raises all sorts
             return Check("torch", "fail", f"cannot import torch: {type(e).__name__}: {e}",
                          fix=[f"{sys.executable} -m pip install torch==2.14.1 torchvision==0.29.1"])
-        version, cuda = torch.__version__, torch.version.cuda
+        version, cuda = str(torch.__version__), torch.version.cuda
     else:
         from importlib import metadata
 
@@ -199,7 +199,7 @@ def extension_dirs(env: Mapping, cwd: Path, extra: Optional[Path] = None) -> lis
 
 
 def find_locks(root: Path, max_depth: int = 4) -> list[Path]:
-    out = []
+    out: list[Path] = []
     if not root.is_dir():
         return out
     base = len(root.parts)
@@ -216,7 +216,8 @@ def check_extension_cache(env: Mapping, cwd: Path, needed: bool = False,
     """Lock files left by interrupted JIT builds make every later build wait forever."""
     dirs = extension_dirs(env, cwd, extra)
     now = time.time()
-    stale, fresh = [], []
+    stale: list[tuple[Path, float]] = []
+    fresh: list[tuple[Path, float]] = []
     for d in dirs:
         for lock in find_locks(d):
             age = now - lock.stat().st_mtime

@@ -19,7 +19,8 @@ OnEvent = Callable[[str, float, str], None]   # (stage, fraction of that stage, 
 def run_in_process(rgb: np.ndarray, mask: np.ndarray, settings, out: Path,
                    on_event: Optional[OnEvent] = None, cache_dir: Optional[Path] = None) -> dict:
     """Run every stage here and leave the GLB at ``out`` (the .ply, when asked for, beside
-    it). Returns ``{"timings", "stats", "ply"}``. Stage errors propagate unchanged."""
+    it). Returns ``{"timings", "stats" (a ``kiln.records.PipelineStats``), "ply"}``. Stage errors
+    propagate unchanged."""
     from pipeline.run import run_pipeline
     from pipeline.types import ImageInput
 

@@ -98,7 +98,8 @@ def plan(images: list[str], mask: str | None, mask_dir: str | None,
     mdir = Path(mask_dir) if mask_dir else None
     if mdir is not None and not mdir.is_dir():
         raise InputProblem(f"--mask-dir {mdir} is not a folder")
-    items, by_output = [], {}
+    items: list[RunItem] = []
+    by_output: dict[Path, Path] = {}
     for image in paths:
         out = out_dir / (image.stem + ".glb")
         if out in by_output:
@@ -208,8 +209,10 @@ def job_bytes(pixels: int, texture_size: int | str) -> int:
     if texture_size == "auto":
         from kiln.settings import allowed_range
 
-        texture_size = allowed_range("bake.texture_size")[1]   # the largest size auto can choose
-    return 4 * pixels + 8 * texture_size * texture_size + 32 * 1024 * 1024
+        size = int(allowed_range("bake.texture_size")[1])   # the largest size auto can choose
+    else:
+        size = int(texture_size)
+    return 4 * pixels + 8 * size * size + 32 * 1024 * 1024
 
 
 def check_space(places: list[Path], need: int) -> None:

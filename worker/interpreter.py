@@ -10,8 +10,10 @@ with that interpreter's torch and compiled extensions. Two things make that work
 * ``sys.path``: a spawned child replaces its own ``sys.path`` with the parent's before it
   unpickles its target, so it would import Kiln's venv packages under the other
   interpreter. The supervisor therefore asks the interpreter for its own ``sys.path``
-  once (``native_sys_path``) and passes it in the worker's configuration; the worker
-  adopts it (``adopt_path``) before it imports anything but the standard library. Kiln's
+  once (``native_sys_path``) and passes it in the worker's configuration
+  (``ForeignInterpreter`` in ``worker.workerconfig.WorkerConfig``); the worker adopts it
+  (``adopt_path``) before it imports anything but the standard library and the pure-Python
+  modules its configuration is made of (``worker.workerconfig``, ``kiln.settings``). Kiln's
   source tree is appended so ``worker``/``pipeline``/``kiln`` import from it (the other
   interpreter has no editable install of Kiln).
 
@@ -27,17 +29,33 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)   # holds worker/, pipeline/, kiln/
 MIN_VERSION = (3, 10)                                         # pyproject's requires-python
 _LOCK = threading.Lock()
-_PATH_CACHE: dict[tuple, list[str]] = {}
+_PATH_CACHE: dict[tuple[str, int], list[str]] = {}   # (path, mtime) -> its sys.path
 
 
 class InterpreterError(RuntimeError):
     """``worker.python`` does not name a usable Python interpreter."""
+
+
+@dataclass(frozen=True)
+class ForeignInterpreter:
+    """A worker's interpreter other than Kiln's own (``worker.python``), as the worker needs
+    it before its first import.
+
+    python: the executable, an absolute path (not resolved through symlinks).
+    sys_path: that interpreter's own ``sys.path`` (``native_sys_path``).
+    project_root: Kiln's source tree (holds worker/, pipeline/, kiln/), put on the path too.
+    """
+
+    python: str
+    sys_path: tuple[str, ...]
+    project_root: str = PROJECT_ROOT
 
 
 def resolve(python: str) -> Optional[str]:
@@ -85,17 +103,17 @@ def native_sys_path(python: str, timeout: float = 60.0) -> list[str]:
     return list(path)
 
 
-def worker_config(python: str) -> dict:
-    """The part of a worker's configuration that makes it run under ``worker.python``:
-    {} for Kiln's own interpreter. Raises InterpreterError."""
+def foreign_interpreter(python: str) -> Optional[ForeignInterpreter]:
+    """What a worker needs to run under ``worker.python``; None for Kiln's own interpreter
+    (``python`` empty). Raises InterpreterError."""
     exe = resolve(python)
     if exe is None:
-        return {}
-    return {"python": exe, "sys_path": native_sys_path(exe), "project_root": PROJECT_ROOT}
+        return None
+    return ForeignInterpreter(python=exe, sys_path=tuple(native_sys_path(exe)))
 
 
 @contextlib.contextmanager
-def spawning(ctx, python: Optional[str]) -> Iterator[None]:
+def spawning(ctx: Any, python: Optional[str]) -> Iterator[None]:
     """Start spawn-context children under ``python`` inside this block (None: unchanged).
 
     The child still unpickles its target with the parent's ``sys.path``, so Kiln's
@@ -114,15 +132,15 @@ def spawning(ctx, python: Optional[str]) -> Iterator[None]:
             ctx.set_executable(previous)
 
 
-def adopt_path(cfg: dict) -> None:
+def adopt_path(interp: Optional[ForeignInterpreter]) -> None:
     """In the worker, first thing: use the interpreter's own ``sys.path`` (plus Kiln's
     tree) instead of the parent's, and forget modules that came from the parent's
-    paths, so later imports (torch above all) come from this interpreter's env."""
-    own = cfg.get("sys_path")
-    if not own:
+    paths, so later imports (torch above all) come from this interpreter's env.
+    None (Kiln's own interpreter): nothing to do."""
+    if interp is None or not interp.sys_path:
         return
-    root = cfg.get("project_root") or PROJECT_ROOT
-    new_path = [p for p in own if p != root] + [root]
+    root = interp.project_root
+    new_path = [p for p in interp.sys_path if p != root] + [root]
     allowed = [os.path.realpath(p) for p in new_path]
     sys.path[:] = new_path
     for name, mod in list(sys.modules.items()):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
+from kiln.settings import Settings
 from kiln.stages import stages_for
 
 from .jobstore import Event, JobStatus
@@ -29,36 +30,43 @@ def event_of(st: JobStatus, at: Optional[float] = None) -> Event:
 
 @dataclass
 class JobRecord:
+    """status: what the job's clients see. settings: the job's own (as in its settings.json;
+    a job an earlier server ran has ended, and keeps the defaults here: nothing reads them).
+    digest: its input's (``kiln.digest.input_digest``). events: its recent ``Event``s.
+    attempt: attempts started. overrides / chunk_scale: what the next attempt changes (a
+    retry's). retried: the kinds of retry done ('crash', 'oom', 'error'). notes: why each
+    earlier attempt failed."""
+
     status: JobStatus
     dir: Path
-    settings: dict = field(default_factory=dict)
+    settings: Settings = field(default_factory=Settings)
     digest: str = ""
-    events: list = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     attempt: int = 0
-    overrides: dict = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
     chunk_scale: float = 1.0
-    retried: set = field(default_factory=set)   # kinds of retry done: 'crash', 'oom', 'error'
+    retried: set[str] = field(default_factory=set)
     # Set by cancel(): a retry already on its way (a failure report or a crash that
     # crossed the cancel) must end the job instead of queueing it again.
     cancel_requested: bool = False
     cancel_reason: str = ""     # Job.cancel(reason=...); "" = by the user
-    notes: list = field(default_factory=list)   # earlier attempts' failures
+    notes: list[str] = field(default_factory=list)
 
     @property
-    def stages(self) -> tuple:
-        return stages_for(self.settings.get("bake", {}).get("enabled", True))
+    def stages(self) -> tuple[str, ...]:
+        return stages_for(self.settings.bake.enabled)
 
     @property
     def stage_timeout(self) -> float:
-        return float(self.settings.get("worker", {}).get("stage_timeout_s", 600.0))
+        return self.settings.worker.stage_timeout_s
 
     @property
     def stall_timeout(self) -> float:
-        return float(self.settings.get("worker", {}).get("stall_timeout_s", 30.0))
+        return self.settings.worker.stall_timeout_s
 
     @property
     def retry_allowed(self) -> bool:
-        return bool(self.settings.get("worker", {}).get("retry_with_fallback", True))
+        return self.settings.worker.retry_with_fallback
 
     @property
     def log_marker(self) -> str:
@@ -68,7 +76,7 @@ class JobRecord:
     def failure(self, kind: FailureKind, why: str, error: str = "", crash_count: int = 0) -> Failure:
         """What ``worker.retry.decide`` needs to know about this attempt's failure."""
         return Failure(kind=kind, why=why, error=error,
-                       used_gpu=used_gpu(self.status.backends or {}), crash_count=crash_count,
+                       used_gpu=used_gpu(self.status.backends), crash_count=crash_count,
                        crash_retried="crash" in self.retried, oom_retried="oom" in self.retried,
                        error_retried="error" in self.retried, has_overrides=bool(self.overrides),
                        chunk_scale=self.chunk_scale, cancel_requested=self.cancel_requested,

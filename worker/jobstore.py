@@ -6,14 +6,15 @@ Layout of ``<root>/<session>/<job_id>/``::
     inputs/mask.png    the object mask, 0 / 255
     settings.json      the job's full settings (kiln.settings.Settings.to_dict())
     status.json        JobStatus, rewritten atomically on every change
-    result.json        what the worker reports besides the GLB (timings, stats, checks)
+    result.json        what the worker reports besides the GLB (kiln.records.WorkerReport)
     log                human-readable history: supervisor notes, worker stage lines, tracebacks
     outputs/model.glb  (and model.ply when asked for)
 
 Only the supervisor writes ``status.json``; the worker writes ``outputs/``,
 ``result.json`` and appends to ``log``. Every file that is replaced is written to a
 temporary name first and moved over with ``os.replace``, so a reader never sees
-half a file. Pure Python + numpy + Pillow: the app process imports this.
+half a file. This module reads and writes each of these files (``JobStatus.to_dict`` /
+``from_dict`` for status.json). Pure Python + numpy + Pillow: the app process imports this.
 """
 
 from __future__ import annotations
@@ -23,20 +24,26 @@ import os
 import re
 import secrets
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Final, Literal, Optional
 
 import numpy as np
 
 from kiln.atomic import atomic_write
 from kiln.limits import image_size_problem
+from kiln.records import Backends, JobStats, WorkerReport
+from kiln.settings import Settings, from_dict
 
 # A job's state (``JobStatus.state``), written as these strings in status.json and
 # compared as strings by every caller; the last three are final.
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
-QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
-TERMINAL = (DONE, FAILED, CANCELLED)
+QUEUED: Final = "queued"
+RUNNING: Final = "running"
+DONE: Final = "done"
+FAILED: Final = "failed"
+CANCELLED: Final = "cancelled"
+TERMINAL: tuple[JobState, ...] = (DONE, FAILED, CANCELLED)
 _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _JOB_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
 
@@ -54,10 +61,10 @@ class JobStatus:
     outputs: {'glb': path[, 'ply': path]} once done.
     timings: stage -> seconds of the successful attempt (as PipelineResult.timings), plus
         'queued_s' (submit -> first start) and 'total_s' (submit -> end) once it ended.
-    stats: the pipeline's stats plus 'glb_check', 'job' ({'queued_s', 'total_s',
-        'pipeline_s', 'worker_job_s'}) and 'earlier_attempts' (failures that were retried).
+    stats: ``kiln.records.JobStats``: the pipeline's stats (done jobs), the GLB check, where
+        the time went, and the failures of earlier attempts that were retried.
     attempts: how many times a worker started it; worker: the slot of the last one.
-    backends: {'render', 'rasterize', 'device'} the last attempt used.
+    backends: the ``kiln.records.Backends`` the last attempt used; None before one started.
     created / started / finished: Unix times.
     """
 
@@ -69,13 +76,13 @@ class JobStatus:
     stage_progress: float = 0.0
     message: str = ""
     seq: int = 0
-    outputs: dict = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
     error: Optional[str] = None
-    timings: dict = field(default_factory=dict)
-    stats: dict = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    stats: JobStats = field(default_factory=JobStats)
     attempts: int = 0
     worker: Optional[int] = None
-    backends: dict = field(default_factory=dict)
+    backends: Optional[Backends] = None
     created: float = 0.0
     started: Optional[float] = None
     finished: Optional[float] = None
@@ -84,13 +91,24 @@ class JobStatus:
     def terminal(self) -> bool:
         return self.state in TERMINAL
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        """The status.json form; a deep copy (``from_dict(to_dict())`` is a snapshot)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out.update(outputs=dict(self.outputs), timings=dict(self.timings), stats=self.stats.to_dict(),
+                   backends=self.backends.to_dict() if self.backends is not None else {})
+        return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> "JobStatus":
+    def from_dict(cls, data: dict[str, Any]) -> "JobStatus":
+        """Reads what ``to_dict`` wrote, and status.json files of earlier versions: keys it
+        does not know are dropped, 'backends' {} (none yet) is None."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        kw = {k: v for k, v in data.items() if k in known}
+        kw["outputs"] = dict(kw.get("outputs") or {})
+        kw["timings"] = dict(kw.get("timings") or {})
+        kw["stats"] = JobStats.from_dict(kw.get("stats") or {})
+        kw["backends"] = Backends.from_dict(kw["backends"]) if kw.get("backends") else None
+        return cls(**kw)
 
 
 @dataclass(frozen=True)
@@ -108,7 +126,7 @@ class Event:
     stage_progress: float = 0.0
 
 
-def atomic_write_json(path: Path, obj, fsync: bool = True) -> None:
+def atomic_write_json(path: Path, obj: Any, fsync: bool = True) -> None:
     atomic_write(path, json.dumps(obj, indent=1, sort_keys=True, default=str).encode(), fsync)
 
 
@@ -135,7 +153,7 @@ class JobStore:
         self._dirs: dict[str, Path] = {}
 
     # -- creating and finding ------------------------------------------------
-    def create(self, rgb: np.ndarray, mask: np.ndarray, settings: dict, session: str) -> JobStatus:
+    def create(self, rgb: np.ndarray, mask: np.ndarray, settings: Settings, session: str) -> JobStatus:
         """Write a new job's inputs and settings; returns its first (queued) status.
 
         rgb: (H, W, 3) uint8; mask: (H, W) bool.
@@ -151,7 +169,7 @@ class JobStore:
         # compress_level 1: these files are read once by the worker; speed beats size
         Image.fromarray(np.ascontiguousarray(rgb), "RGB").save(d / "inputs" / "image.png", compress_level=1)
         Image.fromarray(mask.astype(np.uint8) * 255, "L").save(d / "inputs" / "mask.png", compress_level=1)
-        atomic_write_json(d / "settings.json", settings)
+        atomic_write_json(d / "settings.json", settings.to_dict())
         st = JobStatus(id=job_id, session=session, created=time.time(), message="queued")
         self._dirs[job_id] = d
         self.write_status(st)
@@ -187,9 +205,10 @@ class JobStore:
             f.seek(max(0, path.stat().st_size - max_bytes))
             return f.read().decode(errors="replace")
 
-    def read_result(self, job_id: str) -> dict:
+    def read_result(self, job_id: str) -> Optional[WorkerReport]:
+        """The worker's report of a done attempt (result.json), None when there is none."""
         path = self.job_dir(job_id) / "result.json"
-        return json.loads(path.read_text()) if path.is_file() else {}
+        return WorkerReport.from_dict(json.loads(path.read_text())) if path.is_file() else None
 
     # -- listing and recovery --------------------------------------------------
     def scan(self) -> list[JobStatus]:
@@ -253,6 +272,11 @@ def check_inputs(rgb, mask) -> None:
     small = image_size_problem(rgb.shape[1], rgb.shape[0])
     if small:
         raise ValueError(small)
+
+
+def load_settings(job_dir: Path) -> Settings:
+    """A job's settings (settings.json, as ``JobStore.create`` wrote them)."""
+    return from_dict(json.loads((Path(job_dir) / "settings.json").read_text()))
 
 
 def load_inputs(job_dir: Path) -> tuple[np.ndarray, np.ndarray]:

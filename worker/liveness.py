@@ -13,7 +13,10 @@ the worker frozen only when it has neither used CPU time nor sent a message for
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    import psutil
 
 
 class LivenessProbe:
@@ -27,7 +30,7 @@ class LivenessProbe:
         self.pid = pid
         self.interval_s = interval_s
         try:
-            self._proc: Optional[object] = psutil.Process(pid)
+            self._proc: Optional[psutil.Process] = psutil.Process(pid)
         except psutil.Error:
             self._proc = None   # already gone: the exit code will say what happened
         self._cpu: Optional[float] = None

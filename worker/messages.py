@@ -4,7 +4,8 @@ Each message is a frozen dataclass; the queue pickles it by reference to this mo
 so both ends must import it under the same name. They do: the worker, even under
 another interpreter (``worker.python``), imports Kiln's own source tree
 (``worker.interpreter.adopt_path``) before it reads its first message. Standard
-library only, and nothing here may change between the two ends of one run.
+library and ``kiln.records`` (the typed records some messages carry) only, and nothing
+here may change between the two ends of one run.
 
 A worker's messages stay small (``worker.process.Sender`` caps them under PIPE_BUF);
 everything big goes through the job directory.
@@ -13,7 +14,9 @@ everything big goes through the job directory.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
+
+from kiln.records import Backends, Capabilities
 
 # How a job's attempt failed, as the worker classifies it (``process.classify_error``):
 # oom: CUDA out of memory (the process is fine); cuda: a sticky CUDA error (the process
@@ -32,7 +35,7 @@ class Run:
     job: str
     dir: str
     attempt: int
-    overrides: dict = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
     chunk_scale: float = 1.0
     cache_dir: Optional[str] = None
     fault: Optional[str] = None
@@ -60,8 +63,10 @@ class Probing:
 
 @dataclass(frozen=True)
 class Ready:
+    """Probing is over: what works here (``caps``), after ``startup_s`` seconds."""
+
     pid: int
-    caps: dict
+    caps: Capabilities
     startup_s: float
 
 
@@ -70,7 +75,7 @@ class Started:
     """The attempt has its settings and inputs; ``backends`` it resolved to use."""
 
     job: str
-    backends: dict
+    backends: Backends
 
 
 @dataclass(frozen=True)

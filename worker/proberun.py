@@ -107,9 +107,10 @@ def _one_child(python: str, names: list[str], skips: dict[str, str], limits: dic
             except OSError as e:
                 all_broke(f"{python} could not be run: {e.strerror or e}")
                 return None
-        lines: queue.Queue = queue.Queue()
+        lines: queue.Queue[Optional[str]] = queue.Queue()
 
         def read() -> None:
+            assert proc.stdout is not None   # stdout=PIPE
             for line in proc.stdout:
                 lines.put(line)
             lines.put(None)

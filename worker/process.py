@@ -31,9 +31,19 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
 
-from .messages import Done, Failed, Heartbeat, Probing, Progress, Ready, Run, Started, Stop
+from kiln.records import Capabilities, JobTimes, WorkerReport
+
+from .messages import Done, ErrorKind, Failed, Heartbeat, Probing, Progress, Ready, Run, Started, Stop
+from .workerconfig import WorkerConfig
+
+if TYPE_CHECKING:
+    from kiln.records import Backends
+    from kiln.settings import Settings
+    from pipeline.rasterize import RasterContext
 
 EXIT_CUDA_STICKY = 75      # "please give me a fresh process": a CUDA error poisoned this one
 MAX_MESSAGE_BYTES = 3800   # < PIPE_BUF (4096) so a write is atomic
@@ -44,7 +54,7 @@ _CUDA_ERROR_RE = re.compile(
     r"illegal instruction was encountered|NCCL error", re.I)
 
 
-def classify_error(exc: BaseException) -> str:
+def classify_error(exc: BaseException) -> ErrorKind:
     """'oom' | 'cuda' (sticky, process must go) | 'input' (bad data/settings) | 'error'."""
     text = f"{exc}"
     if type(exc).__name__ == "OutOfMemoryError" or ("out of memory" in text.lower()
@@ -117,22 +127,21 @@ def _heartbeat(send: Sender, interval: float, parent_pid: int) -> None:
         send(Heartbeat(time.time()))
 
 
-def _probe_all(cfg: dict, send: Sender, env_notes: dict) -> dict:
-    from kiln.settings import from_dict
-
+def _probe_all(cfg: WorkerConfig, send: Sender, env_notes: dict[str, Any]) -> Capabilities:
     from .probe import PROBES, run_probe
 
-    ctx = {"device": cfg["device"], "results": {}, "settings": from_dict(cfg["settings"])}
-    reasons, times = {}, {}
+    ctx: dict[str, Any] = {"device": cfg.device, "results": {}, "settings": cfg.settings}
+    reasons: dict[str, str] = {}
+    times: dict[str, float] = {}
     for name in PROBES:
-        if name in cfg["skip_probes"]:
+        if name in cfg.skip_probes:
             ctx["results"][name] = False
-            reasons[name] = cfg["skip_probes"][name]
+            reasons[name] = cfg.skip_probes[name]
             continue
         send(Probing(name))
         _startup_fault(cfg, name)
         t0 = time.perf_counter()
-        ok, reason = run_probe(name, ctx, cfg["probe_timeout_s"])
+        ok, reason = run_probe(name, ctx, cfg.probe_timeout_s)
         times[name] = round(time.perf_counter() - t0, 3)
         if not ok:
             reasons[name] = reason
@@ -140,17 +149,16 @@ def _probe_all(cfg: dict, send: Sender, env_notes: dict) -> dict:
     # No probe runs from here on: a crash now is not that backend's fault.
     send(Probing(None))
     r = ctx["results"]
-    caps = {"device": ctx.get("device_name", "cpu") if r.get("cuda") else "cpu",
-            "cuda": bool(r.get("cuda")), "gsplat": bool(r.get("gsplat")),
-            "nvdiffrast": bool(r.get("nvdiffrast")), "moderngl": bool(r.get("moderngl")),
-            "cpu": bool(r.get("cpu")), "sam3d": bool(r.get("sam3d")),
-            "reasons": reasons, "probe_s": times,
-            "torch_cuda": env_notes.get("torch_cuda"), "toolkit": env_notes.get("toolkit"),
-            "torch_extensions_dir": env_notes.get("torch_extensions_dir"),
-            "torch_cuda_arch_list": env_notes.get("torch_cuda_arch_list"),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "python": sys.executable, "python_prefix": sys.prefix}   # worker.python shows here
-    return caps
+    return Capabilities(
+        device=str(ctx.get("device_name", "cpu")) if r.get("cuda") else "cpu",
+        cuda=bool(r.get("cuda")), cpu=bool(r.get("cpu")), moderngl=bool(r.get("moderngl")),
+        gsplat=bool(r.get("gsplat")), nvdiffrast=bool(r.get("nvdiffrast")), sam3d=bool(r.get("sam3d")),
+        reasons=reasons, probe_s=times,
+        torch_cuda=env_notes.get("torch_cuda"), toolkit=env_notes.get("toolkit"),
+        torch_extensions_dir=env_notes.get("torch_extensions_dir"),
+        torch_cuda_arch_list=env_notes.get("torch_cuda_arch_list"),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        python=sys.executable, python_prefix=sys.prefix)   # worker.python shows here
 
 
 # Libraries the stages import lazily (inside functions, to keep the app and CLI fast).
@@ -162,9 +170,9 @@ _STAGE_LIBRARIES = ("trimesh", "trimesh.exchange.gltf", "scipy.ndimage", "scipy.
                     "skimage.measure", "cv2", "xatlas", "pyfqmr", "plyfile", "PIL.PngImagePlugin")
 
 
-def _startup_fault(cfg: dict, step: str) -> None:
+def _startup_fault(cfg: WorkerConfig, step: str) -> None:
     """Tests only: fire a ``KIND@probe:STEP`` fault (a probe name, or ``imports``)."""
-    kind = cfg.get("probe_faults", {}).get(step) if cfg.get("faults_enabled") else None
+    kind = cfg.probe_fault(step)
     if kind:
         from . import faults
 
@@ -172,7 +180,7 @@ def _startup_fault(cfg: dict, step: str) -> None:
         faults.fire(kind)
 
 
-def _import_pipeline(cfg: dict) -> None:
+def _import_pipeline(cfg: WorkerConfig) -> None:
     """The pipeline's own modules (light: they import their libraries lazily). Before
     "ready", so a broken pipeline is reported in the capabilities."""
     import importlib
@@ -193,28 +201,28 @@ def _warm_imports() -> None:
             print(f"warm-up: cannot import {lib}: {e}", flush=True)
 
 
-def worker_main(cfg: dict, inbox, outbox) -> None:
-    """Entry point of a spawned worker. ``cfg`` is built by the supervisor (plain data)."""
+def worker_main(cfg: WorkerConfig, inbox: Any, outbox: Any) -> None:
+    """Entry point of a spawned worker. ``cfg`` is built by the supervisor."""
     from .interpreter import adopt_path
 
-    adopt_path(cfg)   # under worker.python: that interpreter's sys.path, before any import
+    adopt_path(cfg.interpreter)   # under worker.python: that interpreter's sys.path, before any import
     from . import env as env_mod
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's business
-    env_notes = env_mod.prepare(os.environ, cfg["gpu"], cfg["device"])
-    _redirect_output(Path(cfg["log_path"]))
-    print(f"--- worker {cfg['slot']} pid {os.getpid()} starting {time.strftime('%Y-%m-%d %H:%M:%S')} "
+    env_notes = env_mod.prepare(os.environ, cfg.gpu, cfg.device)
+    _redirect_output(Path(cfg.log_path))
+    print(f"--- worker {cfg.slot} pid {os.getpid()} starting {time.strftime('%Y-%m-%d %H:%M:%S')} "
           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
           f"toolkit: {env_notes.get('toolkit')}", flush=True)
     send = Sender(outbox)
-    threading.Thread(target=_heartbeat, args=(send, cfg["heartbeat_s"], cfg["parent_pid"]),
+    threading.Thread(target=_heartbeat, args=(send, cfg.heartbeat_s, cfg.parent_pid),
                      name="heartbeat", daemon=True).start()
     t0 = time.perf_counter()
     caps = _probe_all(cfg, send, env_notes)
     try:
         _import_pipeline(cfg)
     except Exception as e:  # jobs will fail with the same error, and say so
-        caps["pipeline_error"] = f"{type(e).__name__}: {e}"
+        caps = replace(caps, pipeline_error=f"{type(e).__name__}: {e}")
         traceback.print_exc()
     startup_s = round(time.perf_counter() - t0, 3)
     send(Ready(os.getpid(), caps, startup_s))
@@ -224,7 +232,7 @@ def worker_main(cfg: dict, inbox, outbox) -> None:
           flush=True)
     # rasterizer contexts live on this (main) thread for the worker's life, one per
     # (backend, device): made by the first job that bakes, released after a failure
-    contexts: dict = {}
+    contexts: dict[tuple[str, str], RasterContext] = {}
     while True:
         msg = inbox.get()
         if isinstance(msg, Stop):
@@ -232,13 +240,13 @@ def worker_main(cfg: dict, inbox, outbox) -> None:
         if isinstance(msg, Run):
             _run_job(msg, cfg, caps, send, contexts)
     _release_contexts(contexts)
-    print(f"--- worker {cfg['slot']} pid {os.getpid()} stopping", flush=True)
+    print(f"--- worker {cfg.slot} pid {os.getpid()} stopping", flush=True)
 
 
 # --------------------------------------------------------------------------- jobs
 
 
-def _check_backends(settings, backends, caps: dict) -> None:
+def _check_backends(settings: Settings, backends: Backends, caps: Capabilities) -> None:
     """Explicit backend settings this worker cannot honour fail the job up front, clearly."""
     from pipeline.backends import unmet_requirements
     from pipeline.validate import StageInputError
@@ -248,11 +256,11 @@ def _check_backends(settings, backends, caps: dict) -> None:
         raise StageInputError(problem)
 
 
-def _json_default(o):
+def _json_default(o: Any) -> Any:
     return o.item() if hasattr(o, "item") else str(o)
 
 
-def _raster_context(contexts: dict, backends):
+def _raster_context(contexts: dict[tuple[str, str], RasterContext], backends: Backends) -> RasterContext:
     from pipeline.rasterize import raster_context
 
     key = (backends.rasterize, backends.device)
@@ -261,7 +269,7 @@ def _raster_context(contexts: dict, backends):
     return contexts[key]
 
 
-def _release_contexts(contexts: dict) -> None:
+def _release_contexts(contexts: dict[tuple[str, str], RasterContext]) -> None:
     for rc in contexts.values():
         try:
             rc.release()
@@ -270,34 +278,36 @@ def _release_contexts(contexts: dict) -> None:
     contexts.clear()
 
 
-def _run_job(msg: Run, cfg: dict, caps: dict, send: Sender, contexts: dict) -> None:
+def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
+             contexts: dict[tuple[str, str], RasterContext]) -> None:
     from kiln.atomic import atomic_write
-    from kiln.settings import from_dict
 
     from . import faults
-    from .jobstore import append_log, load_inputs
+    from .jobstore import append_log, load_inputs, load_settings
 
     job_id, job_dir, attempt = msg.job, Path(msg.dir), msg.attempt
-    fault = msg.fault if cfg.get("faults_enabled") else None
+    fault = msg.fault if cfg.faults_enabled else None
     fault_kind, fault_stage = faults.split_spec(fault) if fault else (None, None)
-    state = {"stage": None, "last": 0.0}
+    stage_now: Optional[str] = None   # the stage running (None before the first)
+    last_sent = 0.0                   # when its last Progress went out (monotonic)
     t_job = time.perf_counter()
     print(f"=== job {job_id} attempt {attempt} ===", flush=True)
     note = f" with {msg.overrides}" if msg.overrides else ""
     if msg.chunk_scale < 1.0:
         note += f", chunk scale {msg.chunk_scale:g}"
-    append_log(job_dir, f"worker {cfg['slot']} (pid {os.getpid()}): attempt {attempt}{note}")
+    append_log(job_dir, f"worker {cfg.slot} (pid {os.getpid()}): attempt {attempt}{note}")
 
     def on_event(stage: str, fraction: float, message: str = "") -> None:
+        nonlocal stage_now, last_sent
         now = time.monotonic()
-        new = stage != state["stage"]
+        new = stage != stage_now
         if new:
-            state["stage"] = stage
+            stage_now = stage
             append_log(job_dir, f"stage {stage}: started")
-        if new or fraction >= 1.0 or now - state["last"] >= 0.1:
-            state["last"] = now
+        if new or fraction >= 1.0 or now - last_sent >= 0.1:
+            last_sent = now
             send(Progress(job_id, stage, float(fraction), str(message)[:200]))
-        if new and fault_stage == stage:
+        if new and fault_kind is not None and fault_stage == stage:
             append_log(job_dir, f"test fault '{fault_kind}' fires at stage {stage}")
             faults.fire(fault_kind)
 
@@ -306,16 +316,14 @@ def _run_job(msg: Run, cfg: dict, caps: dict, send: Sender, contexts: dict) -> N
         from pipeline.run import resolve_backends, run_pipeline
         from pipeline.types import ImageInput
 
-        settings = from_dict(json.loads((job_dir / "settings.json").read_text()))
-        settings = settings.override(msg.overrides or {})
+        settings = load_settings(job_dir).override(msg.overrides or {})
         rgb, mask = load_inputs(job_dir)
-        backends = resolve_backends(settings, caps)
-        send(Started(job_id, dict(backends.__dict__)))
+        # the out-of-memory retry shrinks the stages' memory-bound blocks (chunk_scale)
+        backends = resolve_backends(settings, caps, chunk_scale=msg.chunk_scale)
+        send(Started(job_id, backends))
         _check_backends(settings, backends, caps)
         cache_dir = Path(msg.cache_dir) if msg.cache_dir else None
         t_pipe = time.perf_counter()
-        # the out-of-memory retry shrinks the stages' memory-bound blocks
-        backends.chunk_scale = float(msg.chunk_scale)
         raster_ctx = _raster_context(contexts, backends) if settings.bake.enabled else None
         result = run_pipeline(ImageInput(rgb=rgb, mask=mask), settings, job_dir / "outputs",
                               on_event=on_event, backends=backends, cache_dir=cache_dir,
@@ -323,21 +331,19 @@ def _run_job(msg: Run, cfg: dict, caps: dict, send: Sender, contexts: dict) -> N
         pipeline_s = time.perf_counter() - t_pipe
         check = check_glb(result.glb_path)
         # what the pipeline itself took vs. the whole attempt in this worker (inputs, checks)
-        job_times = {"pipeline_s": round(pipeline_s, 4),
-                     "worker_job_s": round(time.perf_counter() - t_job, 4)}
-        report = {"timings": result.timings, "job": job_times, "stats": result.stats, "check": check,
-                  "backends": dict(backends.__dict__),
-                  "reconstruction_cached": result.reconstruction_cached}
+        job_times = JobTimes(pipeline_s=round(pipeline_s, 4),
+                             worker_job_s=round(time.perf_counter() - t_job, 4))
+        report = WorkerReport(timings=result.timings, job=job_times, stats=result.stats, check=check)
         atomic_write(job_dir / "result.json",
-                           json.dumps(report, indent=1, default=_json_default).encode())
+                     json.dumps(report.to_dict(), indent=1, default=_json_default).encode())
         append_log(job_dir, "done: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items()))
         send(Done(job_id, str(result.glb_path), str(result.ply_path) if result.ply_path else None))
     except Exception as e:
         kind = classify_error(e)
         tb = traceback.format_exc()
         print(tb, flush=True)
-        append_log(job_dir, f"stage {state['stage']}: {kind} error\n{tb}")
-        send(Failed(job_id, state["stage"], kind, f"{type(e).__name__}: {e}".strip()))
+        append_log(job_dir, f"stage {stage_now}: {kind} error\n{tb}")
+        send(Failed(job_id, stage_now, kind, f"{type(e).__name__}: {e}".strip()))
         if kind == "cuda":
             # The CUDA context is poisoned for good; only a new process gets a clean one.
             sys.stdout.flush()

@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Mapping, Optional
 
+from kiln.records import Backends
+
 # Settings a crashed job is retried with: the CPU twin of every GPU backend.
 FALLBACK = {"views.backend": "cpu", "rasterize.backend": "moderngl", "worker.device": "cpu"}
 FALLBACK_TEXT = "CPU renderer, moderngl rasterizer, CPU device"
@@ -122,7 +124,8 @@ def _retry(f: Failure, what: str, **how) -> Decision:
     return Decision("retry", f"{f.why}; {what}", **how)
 
 
-def used_gpu(backends: Mapping[str, object]) -> bool:
-    """Whether an attempt that reported these backends ran anything on the GPU."""
-    return (str(backends.get("device", "cpu")).startswith("cuda") or backends.get("render") == "gsplat"
-            or backends.get("rasterize") == "nvdiffrast")
+def used_gpu(backends: Optional[Backends]) -> bool:
+    """Whether an attempt that reported these backends ran anything on the GPU (None: it
+    reported none, it never got that far)."""
+    return backends is not None and (backends.device.startswith("cuda") or backends.render == "gsplat"
+                                     or backends.rasterize == "nvdiffrast")

@@ -253,13 +253,13 @@ def _job_check(settings, work: Path) -> Result:
     t0 = time.perf_counter()
     try:
         with Supervisor(js, work / "jobs", None, var_dir=work) as sup:
-            caps = sup.capabilities() or {}
+            caps = sup.capabilities()
             st = sup.run(rgb, mask, js, session="selftest", timeout=CHILD_TIMEOUT_S)
     except Exception as e:  # noqa: BLE001
         return Result("whole job in a spawned worker", "fail", note=f"{type(e).__name__}: {e}", needed=True)
     took = round(time.perf_counter() - t0, 3)
-    used = ", ".join(f"{k} {v}" for k, v in sorted((st.backends or {}).items()))
-    on_gpu = bool(caps.get("cuda")) and settings.worker.device != "cpu"
+    used = ", ".join(f"{k} {v}" for k, v in sorted(st.backends.to_dict().items())) if st.backends else ""
+    on_gpu = caps is not None and caps.cuda and settings.worker.device != "cpu"
     res = Result("whole job in a spawned worker", "pass" if st.state == "done" else "fail",
                  gpu_s=took if on_gpu else None, cpu_s=None if on_gpu else took,
                  note=(f"backends: {used}" if st.state == "done" else f"{st.state}: {st.error}"),
@@ -309,10 +309,11 @@ def _needs(settings, cuda: bool, env: dict) -> dict:
     """Which GPU checks the configuration relies on here: a backend it names, or the one
     ``auto`` picks when it is installed (a broken one would be picked), by the rule jobs
     use (``pipeline.backends.needed_capabilities``)."""
+    from kiln.records import Capabilities
     from pipeline.backends import needed_capabilities
 
-    need = needed_capabilities(settings, {"cuda": cuda, "gsplat": bool(env.get("gsplat")),
-                                          "nvdiffrast": bool(env.get("nvdiffrast"))})
+    need = needed_capabilities(settings, Capabilities(cuda=cuda, gsplat=bool(env.get("gsplat")),
+                                                      nvdiffrast=bool(env.get("nvdiffrast"))))
     return {"gsplat": "gsplat" in need, "nvdiffrast": "nvdiffrast" in need,
             "bake": settings.bake.enabled and "cuda" in need}
 

@@ -14,17 +14,21 @@ its lock.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import time
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import SimpleQueue
 from pathlib import Path
 from typing import Any, Iterator, Literal, Optional
+
+from kiln.records import Capabilities
 
 from . import process as process_mod
 from .liveness import LivenessProbe
 from .messages import Heartbeat, Probing, Ready
+from .workerconfig import WorkerConfig
 
 log = logging.getLogger("kiln.worker")
 
@@ -68,13 +72,13 @@ class WorkerSlot:
         self.restarts = 0                       # processes lost after they were ready
         self.next_spawn = 0.0                   # no start before this (monotonic), a back-off
         self.broken: Optional[str] = None       # why the slot gave up for good
-        self.caps: Optional[dict] = None        # last capability report, kept across restarts
+        self.caps: Optional[Capabilities] = None   # last capability report, kept across restarts
         self._reset()
 
     def _reset(self) -> None:
-        self.proc = None
-        self.inbox = None
-        self.outbox = None
+        self.proc: Optional[BaseProcess] = None
+        self.inbox: Optional[SimpleQueue[Any]] = None     # supervisor -> worker
+        self.outbox: Optional[SimpleQueue[Any]] = None    # worker -> supervisor
         self.state: SlotState = "down"
         self.job: Any = None                    # the supervisor's record of the job it runs
         self.spawned = 0.0
@@ -92,13 +96,11 @@ class WorkerSlot:
         self.stop_since = 0.0
 
     # ------------------------------------------------------------------ process
-    def spawn(self, ctx, cfg: dict) -> None:
-        """Start a worker with fresh queues. ``cfg``: the pool-wide part of
-        ``process.worker_main``'s configuration; the slot adds its own."""
+    def spawn(self, ctx, cfg: WorkerConfig) -> None:
+        """Start a worker with fresh queues; ``cfg``: its configuration (this slot's
+        index, GPU, log and skipped probes in it)."""
         self._reset()
         inbox, outbox = ctx.SimpleQueue(), ctx.SimpleQueue()
-        cfg = dict(cfg, slot=self.index, gpu=self.gpu, log_path=str(self.log_path),
-                   skip_probes=dict(self.skip_probes))
         try:
             proc = ctx.Process(target=process_mod.worker_main, args=(cfg, inbox, outbox),
                                name=f"kiln-worker-{self.index}", daemon=True)
@@ -132,10 +134,12 @@ class WorkerSlot:
     def send(self, msg) -> bool:
         """Put one of ``worker.messages``' requests in the worker's inbox; False when its
         pipe is gone."""
+        if self.inbox is None:
+            return False
         try:
             self.inbox.put(msg)
             return True
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError):
             return False
 
     def kill(self, reason: str) -> None:
@@ -143,13 +147,15 @@ class WorkerSlot:
         ``KILL_GRACE_S`` (see ``watch``). ``reason`` says what its exit will mean."""
         self.kill_reason = reason
         self.term_sent = time.monotonic()
+        if self.proc is None:
+            return
         try:
             self.proc.terminate()
-            if reason == "frozen":
+            if reason == "frozen" and self.proc.pid is not None:
                 # a stopped process keeps SIGTERM pending; SIGCONT lets it act on it and
                 # its faulthandler log where it was stuck
                 os.kill(self.proc.pid, signal.SIGCONT)
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError):
             pass
 
     def discard(self) -> None:
@@ -186,8 +192,8 @@ class WorkerSlot:
             self.probe, self.caps, self.state = None, msg.caps, "idle"
             self.startup_s = round(now - self.spawned, 3)
             self.failures = 0
-            log.info("worker %d (pid %s) ready in %.2f s: %s", self.index, msg.pid,
-                     self.startup_s, {k: v for k, v in self.caps.items() if isinstance(v, bool)})
+            log.info("worker %d (pid %s) ready in %.2f s; working: %s", self.index, msg.pid,
+                     self.startup_s, ", ".join(msg.caps.working()) or "nothing")
             return True
         return False
 
@@ -196,6 +202,8 @@ class WorkerSlot:
         """Kill a worker that overran its deadline, or a busy one that has shown no sign of
         life (no CPU time, no message) for ``stall_timeout`` s (0: not checked); SIGKILL
         one that outlived SIGTERM."""
+        if self.proc is None:
+            return
         if self.kill_reason:
             if not self.kill_sent and now - self.term_sent > KILL_GRACE_S:
                 self.proc.kill()
@@ -218,15 +226,18 @@ class WorkerSlot:
             self.kill("stopping")
 
     def _stalled(self, now: float, stall_timeout: float) -> bool:
+        pid = self.proc.pid if self.proc is not None else None
+        if pid is None:
+            return False
         if self.liveness is None:
             # four samples per window, at most one a second: reading /proc is cheap, not free
-            self.liveness = LivenessProbe(self.proc.pid, min(1.0, stall_timeout / 4), now)
+            self.liveness = LivenessProbe(pid, min(1.0, stall_timeout / 4), now)
         silent = self.liveness.sample(now, max(self.last_msg, self.last_progress))
         if silent <= stall_timeout:
             return False
         self.frozen_status = self.liveness.status
         log.error("worker %d (pid %s) shows no sign of life for %.1f s (state %s): frozen",
-                  self.index, self.proc.pid, silent, self.frozen_status)
+                  self.index, pid, silent, self.frozen_status)
         return True
 
     def start_ended(self, desc: str) -> Optional[str]:
@@ -283,12 +294,7 @@ class WorkerSlot:
                 "gpu": self.gpu, "job": job_id,
                 "restarts": self.restarts, "startup_s": self.startup_s, "broken": self.broken,
                 "heartbeat_age_s": round(now - self.last_msg, 2) if self.proc else None,
-                "capabilities": copy_json(self.caps), "log": str(self.log_path)}
-
-
-def copy_json(obj):
-    """A deep copy of plain JSON data, so callers cannot change the slot's."""
-    return None if obj is None else json.loads(json.dumps(obj))
+                "capabilities": self.caps, "log": str(self.log_path)}
 
 
 def _close_queues(*queues) -> None:

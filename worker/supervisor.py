@@ -38,6 +38,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from kiln.digest import input_digest
+from kiln.records import Capabilities
 from kiln.settings import Settings
 from kiln.settings import load as load_settings
 
@@ -47,7 +48,7 @@ from .faults import FaultPlan
 from .jobhandle import Job
 from .jobrecord import JobRecord
 from .jobstore import Event, JobStatus, JobStore, check_inputs, safe_session
-from .slots import WorkerSlot, copy_json
+from .slots import WorkerSlot
 
 __all__ = ["QueueFullError", "Supervisor", "WorkerStartError"]
 
@@ -149,9 +150,8 @@ class Supervisor:
             if len(d.queue) >= limit:
                 raise QueueFullError(f"{len(d.queue)} jobs are already waiting (worker.max_queue"
                                      f" = {limit}); try again later")
-        sdict = settings.to_dict()
-        st = self.store.create(rgb, mask, sdict, session)
-        job = JobRecord(status=st, dir=self.store.job_dir(st.id), settings=sdict,
+        st = self.store.create(rgb, mask, settings, session)
+        job = JobRecord(status=st, dir=self.store.job_dir(st.id), settings=settings,
                         digest=input_digest(rgb, mask))
         with d.lock:
             d.enqueue(job)
@@ -187,19 +187,20 @@ class Supervisor:
         return out
 
     # ------------------------------------------------------------------ the pool
-    def capabilities(self) -> dict:
-        """What the first ready worker reported: device, cuda, gsplat, nvdiffrast, moderngl,
-        cpu, sam3d (bools) and 'reasons' for each False."""
+    def capabilities(self) -> Optional[Capabilities]:
+        """What the first worker that got ready reported (``kiln.records.Capabilities``:
+        device, which probes passed, why the others did not); None before any did."""
         d = self._dispatcher
         with d.lock:
             for s in d.slots:
                 if s.caps is not None:
-                    return copy_json(s.caps)
-        return {}
+                    return s.caps
+        return None
 
     def workers(self) -> list[dict]:
         """One dict per worker slot: slot, pid, state, gpu, job, restarts, startup_s, broken,
-        heartbeat_age_s, capabilities (as last reported), log (path of the worker's log)."""
+        heartbeat_age_s, capabilities (as last reported, a ``Capabilities`` or None), log
+        (path of the worker's log)."""
         now = time.monotonic()
         d = self._dispatcher
         with d.lock:

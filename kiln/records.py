@@ -1,0 +1,388 @@
+"""Typed records that cross the process boundary, and their JSON forms.
+
+A worker and the supervisor exchange these over the worker's queues (pickled as the
+dataclasses they are, ``worker.messages``) and through the job directory (as JSON in
+``result.json`` and ``status.json``); the front ends read them from the supervisor. Each is
+a frozen dataclass, and its ``to_dict`` / ``from_dict`` are the only code that writes and
+reads its JSON form: a key is spelt once, a default is stated once, here.
+
+* ``Capabilities``: what a worker's start-up probes found it can run (``Ready``).
+* ``Backends``: the renderer, rasterizer and device a job's attempt uses (``Started``).
+* ``BakeStats``, ``PipelineStats``: what the bake and the whole pipeline measured.
+* ``JobTimes``, ``WorkerReport``: a worker's report of an attempt that ended done
+  (``result.json``).
+* ``JobStats``: a job's stats as its status shows them (``JobStatus.stats``).
+
+The JSON forms are the ones Kiln always wrote, so job directories written before these
+records existed still load: flat where they were flat (the bake's stats beside the
+pipeline's), a field that is None left out rather than written as null. Reading is
+lenient where a file may come from another version of Kiln: a key this version does not
+know is dropped, a key it misses takes the field's default.
+
+Standard library only: the app process imports this (it must not import ``pipeline/``),
+and a worker under another interpreter unpickles these before it adopts that
+interpreter's ``sys.path``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+# The start-up probes whose answers a ``Capabilities`` holds, one bool field each
+# (``worker.probe.PROBES`` runs them; a test keeps the two lists the same).
+PROBED = ("cuda", "cpu", "moderngl", "gsplat", "nvdiffrast", "sam3d")
+
+
+def _opt_str(value: Any) -> Optional[str]:
+    return None if value is None else str(value)
+
+
+def _opt_int(value: Any) -> Optional[int]:
+    return None if value is None else int(value)
+
+
+def _opt_float(value: Any) -> Optional[float]:
+    return None if value is None else float(value)
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (value or {}).items()}
+
+
+def _float_map(value: Any) -> dict[str, float]:
+    return {str(k): float(v) for k, v in (value or {}).items()}
+
+
+def _without_none(data: dict[str, Any]) -> dict[str, Any]:
+    """The JSON form leaves a missing value out instead of writing null."""
+    return {k: v for k, v in data.items() if v is not None}
+
+
+# --------------------------------------------------------------------------- capabilities
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a worker's start-up probes found it can run (``worker.process``), sent to the
+    supervisor in ``Ready``; ``pipeline.backends`` resolves ``auto`` settings against it.
+
+    device: the GPU's name when the CUDA probe passed, else "cpu".
+    cuda, cpu, moderngl, gsplat, nvdiffrast, sam3d: whether that probe passed (``PROBED``).
+    reasons: probe name -> why it did not pass (or why it was skipped).
+    probe_s: probe name -> seconds it took.
+    torch_cuda: ``torch.version.cuda`` (None for a CPU build); toolkit: the CUDA toolkit the
+        worker's JIT builds use, in words; torch_extensions_dir, torch_cuda_arch_list: where and
+        for which GPUs they build; cuda_visible_devices: the worker's pinning (None: unset).
+    python, python_prefix: the interpreter the worker runs under (``worker.python`` shows here).
+    pipeline_error: why the worker could not import the stages, when it could not (jobs will
+        fail with it).
+    """
+
+    device: str = "cpu"
+    cuda: bool = False
+    cpu: bool = False
+    moderngl: bool = False
+    gsplat: bool = False
+    nvdiffrast: bool = False
+    sam3d: bool = False
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    probe_s: Mapping[str, float] = field(default_factory=dict)
+    torch_cuda: Optional[str] = None
+    toolkit: Optional[str] = None
+    torch_extensions_dir: Optional[str] = None
+    torch_cuda_arch_list: Optional[str] = None
+    cuda_visible_devices: Optional[str] = None
+    python: str = ""
+    python_prefix: str = ""
+    pipeline_error: Optional[str] = None
+
+    def works(self, name: str) -> bool:
+        """Whether probe ``name`` (one of ``PROBED``) passed."""
+        if name not in PROBED:
+            raise ValueError(f"no start-up probe is called {name!r}; the probes are {', '.join(PROBED)}")
+        return bool(getattr(self, name))
+
+    def working(self) -> tuple[str, ...]:
+        """The probes that passed, in ``PROBED`` order."""
+        return tuple(name for name in PROBED if self.works(name))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, **{name: self.works(name) for name in PROBED},
+                "reasons": dict(self.reasons), "probe_s": dict(self.probe_s),
+                "torch_cuda": self.torch_cuda, "toolkit": self.toolkit,
+                "torch_extensions_dir": self.torch_extensions_dir,
+                "torch_cuda_arch_list": self.torch_cuda_arch_list,
+                "cuda_visible_devices": self.cuda_visible_devices,
+                "python": self.python, "python_prefix": self.python_prefix,
+                **_without_none({"pipeline_error": self.pipeline_error})}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Capabilities:
+        def ok(name: str) -> bool:
+            return bool(data.get(name, False))
+
+        return cls(device=str(data.get("device") or "cpu"), cuda=ok("cuda"), cpu=ok("cpu"),
+                   moderngl=ok("moderngl"), gsplat=ok("gsplat"), nvdiffrast=ok("nvdiffrast"),
+                   sam3d=ok("sam3d"),
+                   reasons=_str_map(data.get("reasons")), probe_s=_float_map(data.get("probe_s")),
+                   torch_cuda=_opt_str(data.get("torch_cuda")), toolkit=_opt_str(data.get("toolkit")),
+                   torch_extensions_dir=_opt_str(data.get("torch_extensions_dir")),
+                   torch_cuda_arch_list=_opt_str(data.get("torch_cuda_arch_list")),
+                   cuda_visible_devices=_opt_str(data.get("cuda_visible_devices")),
+                   python=str(data.get("python") or ""), python_prefix=str(data.get("python_prefix") or ""),
+                   pipeline_error=_opt_str(data.get("pipeline_error")))
+
+
+# --------------------------------------------------------------------------- the backend set
+
+
+@dataclass(frozen=True)
+class Backends:
+    """Which implementation each stage of one attempt uses: resolved from the settings and
+    the worker's capabilities by ``pipeline.backends.resolve_backends``, the one place that
+    decides it.
+
+    render: the Gaussian renderer, "cpu" | "gsplat".
+    rasterize: the rasterizer, "moderngl" | "nvdiffrast".
+    device: the torch device of the bake and the renderer ("cpu", "cuda", "cuda:1").
+    chunk_scale: < 1 shrinks the memory-bound blocks (the worker's out-of-memory retry).
+    """
+
+    render: str = "cpu"
+    rasterize: str = "moderngl"
+    device: str = "cpu"
+    chunk_scale: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"render": self.render, "rasterize": self.rasterize, "device": self.device,
+                "chunk_scale": self.chunk_scale}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Backends:
+        default = cls()
+        return cls(render=str(data.get("render", default.render)),
+                   rasterize=str(data.get("rasterize", default.rasterize)),
+                   device=str(data.get("device", default.device)),
+                   chunk_scale=float(data.get("chunk_scale", default.chunk_scale)))
+
+
+# --------------------------------------------------------------------------- stats
+
+
+@dataclass(frozen=True)
+class BakeStats:
+    """What ``pipeline.bake.bake_texture`` measured.
+
+    mode: "fast" | "opt". psnr_db: masked PSNR of the final 8-bit texture rendered from the
+    views' cameras, over the pixels the mesh covers where the views are opaque; l1: mean
+    absolute error on the same pixels (what opt minimises); pixels: how many (all three None
+    for a bake without views: a model baked from its photo and its own colours).
+    texels_seen_fraction: seen / chart texels; texels_chart_fraction: chart / all texels.
+    timings: step -> seconds ("rasterize", "fast", "opt", "photo", "fill", "psnr").
+    fast_psnr_db, opt_texture_size (opt only): the same PSNR for the fast result opt starts
+    from, and the size opt solves at.
+    photo_projection: whether the photo was blended in; then photo_texels_fraction (chart
+    texels with photo weight > 0.5) and photo_pixels_per_texel (median over those), and when
+    the photo holds clearly more detail than the texture, texture_size_suggested and a warning.
+    texels_from: share of chart texels each source coloured ("photo", "views", "fallback": the
+    mesh's own colours, "fill": neighbours).
+    """
+
+    mode: str
+    texels_seen_fraction: float
+    texels_chart_fraction: float
+    psnr_db: Optional[float] = None
+    l1: Optional[float] = None
+    pixels: Optional[int] = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+    fast_psnr_db: Optional[float] = None
+    opt_texture_size: Optional[int] = None
+    photo_projection: bool = False
+    photo_texels_fraction: Optional[float] = None
+    photo_pixels_per_texel: Optional[float] = None
+    texture_size_suggested: Optional[int] = None
+    warnings: tuple[str, ...] = ()
+    texels_from: Mapping[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat, under the keys the pipeline's stats always had (``bake_*`` and the rest)."""
+        return _without_none({
+            "bake_mode": self.mode, "bake_psnr_db": self.psnr_db, "bake_l1": self.l1,
+            "bake_pixels": self.pixels, "texels_seen_fraction": self.texels_seen_fraction,
+            "texels_chart_fraction": self.texels_chart_fraction, "bake_timings": dict(self.timings),
+            "bake_fast_psnr_db": self.fast_psnr_db, "bake_opt_texture_size": self.opt_texture_size,
+            "photo_projection": self.photo_projection,
+            "photo_texels_fraction": self.photo_texels_fraction,
+            "photo_pixels_per_texel": self.photo_pixels_per_texel,
+            "texture_size_suggested": self.texture_size_suggested,
+            "warnings": list(self.warnings) or None, "texels_from": dict(self.texels_from) or None})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BakeStats:
+        return cls(mode=str(data.get("bake_mode", "")), psnr_db=_opt_float(data.get("bake_psnr_db")),
+                   l1=_opt_float(data.get("bake_l1")), pixels=_opt_int(data.get("bake_pixels")),
+                   texels_seen_fraction=float(data.get("texels_seen_fraction", 0.0)),
+                   texels_chart_fraction=float(data.get("texels_chart_fraction", 0.0)),
+                   timings=_float_map(data.get("bake_timings")),
+                   fast_psnr_db=_opt_float(data.get("bake_fast_psnr_db")),
+                   opt_texture_size=_opt_int(data.get("bake_opt_texture_size")),
+                   photo_projection=bool(data.get("photo_projection", False)),
+                   photo_texels_fraction=_opt_float(data.get("photo_texels_fraction")),
+                   photo_pixels_per_texel=_opt_float(data.get("photo_pixels_per_texel")),
+                   texture_size_suggested=_opt_int(data.get("texture_size_suggested")),
+                   warnings=tuple(str(w) for w in data.get("warnings") or ()),
+                   texels_from=_float_map(data.get("texels_from")))
+
+
+@dataclass(frozen=True)
+class PipelineStats:
+    """What one run of ``pipeline.run.run_pipeline`` measured (``PipelineResult.stats``).
+
+    backends: the backends it ran with. reconstruction_cached / views_cached: whether the
+    reconstruction / the bake's views came from the cache (views_cached None without a bake).
+    reconstruct_faces, gaussians: the reconstruction's size; faces, vertices: the mesh's after
+    cleaning and simplifying. source_camera: the photo's camera as the reconstruction reported
+    it (``pipeline.types.SourceCamera.to_dict``), None when the backend could not say.
+    texture_size_auto: the size ``bake.texture_size: auto`` picked. bake: the bake's stats, None
+    without one. glb_bytes: the GLB's size. reconstruction_cache_error / views_cache_error: why
+    a result could not be stored in the cache (the job went on without).
+    """
+
+    backends: Backends = field(default_factory=Backends)
+    reconstruction_cached: bool = False
+    reconstruct_faces: int = 0
+    gaussians: int = 0
+    source_camera: Optional[Mapping[str, Any]] = None
+    views_cached: Optional[bool] = None
+    faces: int = 0
+    vertices: int = 0
+    texture_size_auto: Optional[int] = None
+    bake: Optional[BakeStats] = None
+    glb_bytes: int = 0
+    reconstruction_cache_error: Optional[str] = None
+    views_cache_error: Optional[str] = None
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the person should hear about the result (the bake's, so far)."""
+        return self.bake.warnings if self.bake is not None else ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = _without_none({
+            "backends": self.backends.to_dict(), "reconstruction_cached": self.reconstruction_cached,
+            "reconstruct_faces": self.reconstruct_faces, "gaussians": self.gaussians,
+            "source_camera": None if self.source_camera is None else dict(self.source_camera),
+            "views_cached": self.views_cached, "faces": self.faces, "vertices": self.vertices,
+            "texture_size_auto": self.texture_size_auto, "glb_bytes": self.glb_bytes,
+            "reconstruction_cache_error": self.reconstruction_cache_error,
+            "views_cache_error": self.views_cache_error})
+        if self.bake is not None:
+            out.update(self.bake.to_dict())
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PipelineStats:
+        cam = data.get("source_camera")
+        return cls(backends=Backends.from_dict(data.get("backends") or {}),
+                   reconstruction_cached=bool(data.get("reconstruction_cached", False)),
+                   reconstruct_faces=int(data.get("reconstruct_faces", 0)),
+                   gaussians=int(data.get("gaussians", 0)),
+                   source_camera=dict(cam) if cam is not None else None,
+                   views_cached=None if data.get("views_cached") is None else bool(data["views_cached"]),
+                   faces=int(data.get("faces", 0)), vertices=int(data.get("vertices", 0)),
+                   texture_size_auto=_opt_int(data.get("texture_size_auto")),
+                   # a bake always reports its mode
+                   bake=BakeStats.from_dict(data) if "bake_mode" in data else None,
+                   glb_bytes=int(data.get("glb_bytes", 0)),
+                   reconstruction_cache_error=_opt_str(data.get("reconstruction_cache_error")),
+                   views_cache_error=_opt_str(data.get("views_cache_error")))
+
+
+@dataclass(frozen=True)
+class JobTimes:
+    """Where a job's time went, in seconds; None until known.
+
+    pipeline_s: what ``run_pipeline`` took; worker_job_s: the whole attempt in its worker
+    (inputs and checks too); both from the worker. queued_s: submit to first start; total_s:
+    submit to end; both from the supervisor when the job ends.
+    """
+
+    pipeline_s: Optional[float] = None
+    worker_job_s: Optional[float] = None
+    queued_s: Optional[float] = None
+    total_s: Optional[float] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _without_none({"pipeline_s": self.pipeline_s, "worker_job_s": self.worker_job_s,
+                              "queued_s": self.queued_s, "total_s": self.total_s})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobTimes:
+        return cls(pipeline_s=_opt_float(data.get("pipeline_s")),
+                   worker_job_s=_opt_float(data.get("worker_job_s")),
+                   queued_s=_opt_float(data.get("queued_s")), total_s=_opt_float(data.get("total_s")))
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """What a worker reports about an attempt that wrote its GLB (``result.json``).
+
+    timings: stage -> seconds (``PipelineResult.timings``); job: ``pipeline_s`` and
+    ``worker_job_s``; stats: the pipeline's; check: ``pipeline.export.check_glb`` of the GLB.
+    """
+
+    timings: Mapping[str, float]
+    job: JobTimes
+    stats: PipelineStats
+    check: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        # backends and reconstruction_cached also at the top, where readers always found them
+        return {"timings": dict(self.timings), "job": self.job.to_dict(), "stats": self.stats.to_dict(),
+                "check": dict(self.check), "backends": self.stats.backends.to_dict(),
+                "reconstruction_cached": self.stats.reconstruction_cached}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WorkerReport:
+        stats = dict(data.get("stats") or {})
+        stats.setdefault("backends", data.get("backends") or {})
+        return cls(timings=_float_map(data.get("timings")), job=JobTimes.from_dict(data.get("job") or {}),
+                   stats=PipelineStats.from_dict(stats), check=dict(data.get("check") or {}))
+
+
+@dataclass(frozen=True)
+class JobStats:
+    """A job's stats as its status shows them (``JobStatus.stats``).
+
+    pipeline: the pipeline's stats from the attempt that succeeded (None unless the job is
+    done); glb_check: the GLB's check (the worker's, else the supervisor's structural one);
+    job: where the time went; earlier_attempts: why each retried attempt failed, in order.
+    """
+
+    pipeline: Optional[PipelineStats] = None
+    glb_check: Optional[Mapping[str, Any]] = None
+    job: JobTimes = field(default_factory=JobTimes)
+    earlier_attempts: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat: the pipeline's stats with 'glb_check', 'job' and 'earlier_attempts' beside them,
+        each only when it holds something."""
+        out = self.pipeline.to_dict() if self.pipeline is not None else {}
+        if self.glb_check is not None:
+            out["glb_check"] = dict(self.glb_check)
+        times = self.job.to_dict()
+        if times:
+            out["job"] = times
+        if self.earlier_attempts:
+            out["earlier_attempts"] = list(self.earlier_attempts)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobStats:
+        rest = {k: v for k, v in data.items() if k not in ("glb_check", "job", "earlier_attempts")}
+        check = data.get("glb_check")
+        return cls(pipeline=PipelineStats.from_dict(rest) if rest else None,
+                   glb_check=dict(check) if check is not None else None,
+                   job=JobTimes.from_dict(data.get("job") or {}),
+                   earlier_attempts=tuple(str(a) for a in data.get("earlier_attempts") or ()))
