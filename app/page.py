@@ -40,7 +40,7 @@ class Page:
     mask_file: gr.File
     box_input: gr.Textbox
     box_button: gr.Button
-    examples: Optional[gr.Examples]
+    examples: Optional[gr.helpers.Examples]
     # the settings (right column)
     bake: gr.Checkbox
     ply: gr.Checkbox

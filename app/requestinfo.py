@@ -63,9 +63,9 @@ def event_fn(handler: Callable, *bound: Any) -> Callable:
     request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
 
     def call(args: tuple):
-        args = list(args)
-        caller = caller_of(args.pop(at))
-        return handler(*bound, caller, *args)
+        items = list(args)
+        caller = caller_of(items.pop(at))
+        return handler(*bound, caller, *items)
 
     if inspect.isgeneratorfunction(handler):
         def fn(*args):
@@ -73,10 +73,10 @@ def event_fn(handler: Callable, *bound: Any) -> Callable:
     else:
         def fn(*args):
             return call(args)
-    fn.__signature__ = sig.replace(parameters=[*params[:at], request, *params[at:]])
+    setattr(fn, "__signature__", sig.replace(parameters=[*params[:at], request, *params[at:]]))
     fn.__annotations__ = {**{p.name: hints[p.name] for p in params if p.name in hints}, "request": gr.Request}
     fn.__name__ = fn.__qualname__ = handler.__name__
     fn.__doc__ = handler.__doc__
     fn.__module__ = handler.__module__
-    fn.handler = handler
+    setattr(fn, "handler", handler)
     return fn

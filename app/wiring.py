@@ -11,6 +11,8 @@ can segment and pages load while jobs run.
 
 from __future__ import annotations
 
+from typing import Any
+
 from functools import partial
 
 from . import handlers_image as image
@@ -44,7 +46,7 @@ def _wire_image(page: Page, ctx: AppContext) -> None:
         return event_fn(handler, page, ctx)
 
     view = page.selection_view
-    seg = dict(concurrency_id="segment", concurrency_limit=4, show_progress="minimal")
+    seg: dict[str, Any] = dict(concurrency_id="segment", concurrency_limit=4, show_progress="minimal")
     if page.examples is not None:
         # an example fills the upload box, then runs the upload handler as a drop would
         page.examples.load_input_event.then(on(image.on_upload), [page.upload], upload_outputs(page),
@@ -97,7 +99,7 @@ def _wire_around(page: Page, ctx: AppContext) -> None:
                     queue=False)
     page.demo.load(event_fn(around.on_load, page, ctx), None, [page.status, page.history, page.history_files],
                    queue=False)
-    seg = dict(concurrency_id="segment", concurrency_limit=4, show_progress="hidden")
+    seg: dict[str, Any] = dict(concurrency_id="segment", concurrency_limit=4, show_progress="hidden")
     page.demo.load(event_fn(image.on_restore, page, ctx), None, [*page.selection_view, page.show_mask],
                    queue=False).then(event_fn(image.prepare_restored, ctx), None, None, **seg)
     page.demo.unload(event_fn(around.on_unload, ctx))

@@ -45,6 +45,8 @@ from .validate import StageInputError, check_array, is_tensor
 from .visibility import depth_tolerance
 
 if TYPE_CHECKING:
+    import torch
+
     from .rasterize import RasterContext
 
 ProgressFn = Callable[[float, str], None]
@@ -129,6 +131,7 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
         and source_camera is not None
     proj = None
     if use_photo:
+        assert photo is not None and source_camera is not None
         t0 = time.perf_counter()
         report(0.85, "projecting the photo")
         proj = _project_photo(tex, mesh, photo, source_camera, size, raster_ctx, dev, photo_beyond_mask)
@@ -223,12 +226,13 @@ class _ViewFit:
     on the views' device), to measure the final texture against."""
 
     pixel_uv: np.ndarray
-    target: object
+    target: "np.ndarray | torch.Tensor"
     sample_chunk: int
 
     def measure(self, final: np.ndarray, dev) -> dict:
         rendered = sample_texture(final, self.pixel_uv, dev, chunk=self.sample_chunk)
-        target = self.target.cpu().numpy() if is_tensor(self.target) else self.target   # host numbers
+        # host numbers: one way, not back
+        target = self.target.cpu().numpy() if is_tensor(self.target) else np.asarray(self.target)  # type: ignore[union-attr]
         psnr = masked_psnr(rendered, target, np.ones(len(target), bool))
         return {"bake_psnr_db": round(psnr, 3), "bake_l1": round(float(np.abs(rendered - target).mean()), 5),
                 "bake_pixels": int(len(target))}
@@ -252,7 +256,7 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
         # moved whole (it can be gigabytes), only the picked colours and one view at a time
         target_t = torch.as_tensor(np.asarray(view_raster.tri_id) >= 0, device=views.alpha.device) \
             & (views.alpha > ALPHA_MIN)
-        target_mask = target_t.cpu().numpy()
+        target_mask = target_t.cpu().numpy()  # type: ignore[attr-defined]  # a tensor: Views are typed as numpy
     else:
         target_mask = np.asarray(view_raster.tri_id >= 0) & (views.alpha > ALPHA_MIN)  # (C, H, W)
     if not target_mask.any():
@@ -273,7 +277,8 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
     timings["fast"] = time.perf_counter() - t0
 
     pixel_uv = pix_uv[target_mask]                                            # (M, 2)
-    target = views.rgb[target_t].to(dev) if views.on_device else views.rgb[target_mask]   # (M, 3)
+    # (M, 3); on the device a tensor (Views are typed as numpy, and hold tensors there)
+    target = views.rgb[target_t].to(dev) if views.on_device else views.rgb[target_mask]  # type: ignore[attr-defined]
     if settings.mode == "opt":
         t0 = time.perf_counter()
         report(0.2, "optimising texture")
@@ -523,7 +528,7 @@ def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, proj, s
     better = suggested_texture_size(proj.density, proj.weight, size)
     if better is not None:
         stats["texture_size_suggested"] = better
-        stats["warnings"] = [
+        stats["warnings"] = [   # type: ignore[assignment]  # a JSON dict of mixed values
             f"the photo shows the object's front with about {stats['photo_pixels_per_texel']:.1f} "
             f"photo pixels per texel at texture size {size}: fine detail is averaged away; "
             f"texture size {min(better, allowed_range('bake.texture_size')[1])} (or auto) would keep it"]

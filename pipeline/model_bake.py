@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -26,7 +27,10 @@ from .types import Gaussians, ImageInput, Mesh, SourceCamera
 from .validate import StageInputError
 
 if TYPE_CHECKING:
+    from kiln.records import BakeStats
+
     from .backends import Backends
+    from .types import Texture
     from .camera_fit import CameraFit
     from .rasterize import RasterContext
 
@@ -122,6 +126,7 @@ def _uv_union(mesh: Mesh, size: int) -> float:
     """Area of the union of the UV triangles (share of the unit square), by scan conversion."""
     import cv2
 
+    assert mesh.uvs is not None   # checked by the caller
     canvas = np.zeros((size, size), np.uint8)
     pts = np.rint(np.clip(mesh.uvs.astype(np.float64), 0, 1)[mesh.faces] * (size - 1) * 16).astype(np.int32)
     cv2.fillPoly(canvas, list(pts), 1, lineType=cv2.LINE_8, shift=4)
@@ -138,25 +143,25 @@ def own_colours(model: MeshFile, bake_mesh: Mesh, same_mesh: bool):
     when it has neither. ``same_mesh``: ``bake_mesh`` is the model's mesh (its own UVs): the
     texel's face and barycentrics index the model directly; otherwise (a simplified,
     re-unwrapped mesh) each texel takes the nearest model vertex's colour."""
-    src = model.mesh
-    if not has_own_colours(model):
-        return None
-    tree = None
-    if not same_mesh:
-        from scipy.spatial import cKDTree
+    from scipy.spatial import cKDTree
 
-        tree = cKDTree(src.vertices.astype(np.float64))
+    src = model.mesh
+    texture = model.texture if src.vertex_colors is None else None
+    # per vertex: the colour itself, or the uv to look it up at in the model's texture
+    attr = src.vertex_colors if src.vertex_colors is not None else src.uvs
+    if attr is None or (src.vertex_colors is None and texture is None):
+        return None
+    values = attr.astype(np.float64)
+    tree = None if same_mesh else cKDTree(src.vertices.astype(np.float64))
 
     def colours(face_ids: np.ndarray, bary: np.ndarray, positions: np.ndarray):
-        if same_mesh:
-            corner = src.faces[face_ids]
-            attr = src.vertex_colors if src.vertex_colors is not None else src.uvs
-            vals = np.einsum("nk,nkc->nc", bary.astype(np.float64), attr[corner].astype(np.float64))
+        if tree is None:
+            vals = np.einsum("nk,nkc->nc", bary.astype(np.float64), values[src.faces[face_ids]])
         else:
             _, idx = tree.query(positions.astype(np.float64), workers=-1)
-            vals = (src.vertex_colors if src.vertex_colors is not None else src.uvs)[idx].astype(np.float64)
-        if src.vertex_colors is None:      # uvs: look the colours up in the model's texture
-            vals = _sample(model.texture, vals)
+            vals = values[idx]
+        if texture is not None:
+            vals = _sample(texture, vals)
         return np.clip(vals, 0.0, 1.0).astype(np.float32), np.ones(len(face_ids), bool)
 
     return colours
@@ -185,7 +190,9 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
     from . import export, mesh_ops, uv
     from .bake import bake_texture
 
-    emit = on_event or (lambda stage, fraction, message: None)
+    emit: EventFn = on_event or _quiet
+    if settings.bake.texture_size == "auto":   # no reconstruction to size it after: Kiln's default
+        settings = settings.override({"bake.texture_size": 1024})
     timings: dict[str, float] = {}
     stats: dict = {"faces_in": inputs.model.mesh.num_faces, "mesh_format": inputs.model.format,
                    "mesh_notes": list(inputs.model.notes)}
@@ -219,15 +226,18 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
                                 fill_holes=settings.mesh.fill_holes),
             ratio=ratio), f"{inputs.model.mesh.num_faces} faces in")
         b = settings.bake
-        mesh = stage("uv", lambda: uv.unwrap(mesh, texture_size=b.texture_size, gutter=b.gutter,
+        mesh = stage("uv", lambda: uv.unwrap(mesh, texture_size=int(b.texture_size), gutter=b.gutter,
                                              max_faces=settings.mesh.max_faces_for_uv, method=b.unwrap,
                                              source_camera=camera))
     stats.update(faces=mesh.num_faces, vertices=mesh.num_vertices, uvs="kept" if inputs.keep_uvs else "new")
     fallback = own_colours(inputs.model, mesh, same_mesh=inputs.keep_uvs)
-    texture, bake_stats = stage("bake", lambda: bake_texture(
-        mesh, views, settings.bake, raster_ctx, device=backends.device, seed=settings.seed,
-        progress=lambda f, m="": emit("bake", f, m), chunk_scale=backends.chunk_scale,
-        photo=photo, source_camera=camera, fallback=fallback, photo_beyond_mask=False))
+
+    def bake() -> "tuple[Texture, BakeStats]":
+        return bake_texture(mesh, views, settings.bake, raster_ctx, device=backends.device, seed=settings.seed,
+                            progress=partial(emit, "bake"), chunk_scale=backends.chunk_scale,
+                            photo=photo, source_camera=camera, fallback=fallback, photo_beyond_mask=False)
+
+    texture, bake_stats = stage("bake", bake)
     stats.update(bake_stats.to_dict())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -236,6 +246,10 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
     if camera is not None:
         stats["source_camera"] = camera.to_dict()
     return ModelBakeResult(glb_path=glb, timings=timings, stats=stats)
+
+
+def _quiet(stage: str, fraction: float, message: str) -> None:
+    pass
 
 
 def _gated_photo(inputs: ModelInputs, settings: Settings, raster_ctx, stats: dict):
@@ -277,6 +291,7 @@ def _splat_views(inputs: ModelInputs, settings: Settings, backends: "Backends",
     if camera is not None:   # the first view looks from the photo's side
         front = camera_centers(camera.as_cameras())[0] - (pts.min(0) + pts.max(0)) / 2.0
     cams = framed_cameras(pts, v.count, v.fov_deg, v.resolution, front=front)
+    assert inputs.splat is not None
     return render_gaussians(inputs.splat, cams, backend=backends.render, device=backends.device,
                             progress=lambda f, m="": emit("render_views", f, m),
                             chunk_scale=backends.chunk_scale)

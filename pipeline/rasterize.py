@@ -207,6 +207,7 @@ def rasterize_silhouettes(ctx: RasterContext, mesh: Mesh, cameras: Cameras) -> n
     _check_context(ctx)
     jobs = _views_job(mesh, cameras)
     if ctx.backend == "moderngl":
+        assert ctx._gl is not None   # held until released, and check_usable refuses a released one
         return _moderngl_coverage(ctx._gl, jobs)
     return _nvdiffrast_rasterize(ctx._nv, ctx.device, jobs).tri_id >= 0
 
@@ -489,12 +490,13 @@ def _moderngl_coverage(state: _GLState, job: _RasterJob) -> np.ndarray:
             fbo.use()
             ctx.disable(moderngl.DEPTH_TEST | moderngl.CULL_FACE | moderngl.BLEND)
             to_clip = _clip_from_pixels(0, 0, w, h)
+            mvp_u, zrow_u = cast(moderngl.Uniform, prog["mvp"]), cast(moderngl.Uniform, prog["zrow"])
             for i in range(c):
                 if not job.enabled[i]:
                     continue
                 fbo.clear(0.0, 0.0, 0.0, 0.0)
-                prog["mvp"].write(np.ascontiguousarray((to_clip @ job.matrices[i]).astype(np.float32).T).tobytes())
-                prog["zrow"].value = tuple(float(x) for x in job.zrows[i])
+                mvp_u.write(np.ascontiguousarray((to_clip @ job.matrices[i]).astype(np.float32).T).tobytes())
+                zrow_u.value = tuple(float(x) for x in job.zrows[i])
                 vao.render(moderngl.TRIANGLES, vertices=expanded.shape[0])
                 px = np.frombuffer(fbo.read(components=4, dtype="f1"), np.uint8).reshape(h, w, 4)
                 out[i] = px[..., 3] > 0

@@ -120,7 +120,7 @@ def fit_frame(mesh: Mesh, g: Gaussians, source: str = "auto") -> FrameFit:
     names = [source] if source != "auto" else ["kiln", "sam3d", "trellis"]   # inria = kiln's frame
     surface = SurfaceDistance(mesh)
     distances = {n: surface.median(transform_gaussians(g, SPLAT_TO_MESH[n].rotation).means) for n in names}
-    best = min(distances, key=distances.get)
+    best = min(distances, key=lambda n: distances[n])
     if distances[best] > FIT_TOLERANCE:
         tried = ", ".join(f"{k}: {v:.3f}" for k, v in distances.items())
         hint = ("; the splat may be posed differently from the mesh (pass --source to say which "
