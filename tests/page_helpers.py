@@ -79,7 +79,9 @@ class FakeSup:
         pass
 
     def capabilities(self):
-        return {"device": "cpu", "moderngl": True}
+        from kiln.records import Capabilities
+
+        return Capabilities(device="cpu", cpu=True, moderngl=True)
 
     def queue_length(self) -> int:
         return self.queued
