@@ -879,6 +879,7 @@ if __name__ == "__main__":
 
 def test_served_app_guards_files_and_uploads_frees_workers_and_stays_off_cuda(tmp_path):
     import json
+    import os
     import socket
     import subprocess
     import sys
@@ -890,8 +891,11 @@ def test_served_app_guards_files_and_uploads_frees_workers_and_stays_off_cuda(tm
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # the checkout under test, not whichever copy of Kiln the interpreter has installed (the
+    # script's own folder, not the checkout, is first on its path)
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "var"), str(port)], cwd=root,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(root)))
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = json.loads(line[len("RESULT "):])
