@@ -193,6 +193,7 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
                 rgb, mask = form.job_inputs(st)
         except messages.UIError as e:
             raise _fail(e) from None
+        assert st.image is not None   # job_inputs refuses a session without an image
         # kept with the job: its result downloads as '<image-name>-<n>.glb', as the page's do
         info = history.JobInfo(st.image.name, history.thumbnail_uri(st.image.work))
         del st

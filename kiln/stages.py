@@ -11,11 +11,8 @@ from __future__ import annotations
 STAGES = ("reconstruct", "render_views", "mesh", "uv", "bake", "export")
 # Without baking there are no views to render and no texture to unwrap for.
 UNBAKED_STAGES = ("reconstruct", "mesh", "export")
-# A bake of a model someone else made (``kiln bake``): its files are read instead of a
-# reconstruction made.
-MODEL_BAKE_STAGES = ("read", "render_views", "mesh", "uv", "bake", "export")
 # Rough share of a job's time per stage (sums to 1 over STAGES).
-WEIGHTS = {"reconstruct": 0.30, "read": 0.15, "render_views": 0.15, "mesh": 0.05, "uv": 0.15,
+WEIGHTS = {"reconstruct": 0.30, "render_views": 0.15, "mesh": 0.05, "uv": 0.15,
            "bake": 0.30, "export": 0.05}
 
 

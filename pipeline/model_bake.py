@@ -6,7 +6,7 @@ surface inside the mask; the splat rendered from views around the mesh; the mesh
 vertex colours or texture; a fill from neighbouring texels. Positions stay in the mesh
 file's frame, so the GLB lines up with the file it came from.
 
-Stage names (``kiln.stages.MODEL_BAKE_STAGES``): read, render_views, mesh, uv, bake, export.
+Stage names, as ``kiln.stages`` has them: render_views, mesh, uv, bake, export.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
 import numpy as np
 
@@ -472,65 +472,30 @@ def _new_gl_state() -> _GLState:
     return _GLState(ctx=ctx, program=program)
 
 
-def _moderngl_coverage(state: _GLState, job: _RasterJob) -> np.ndarray:
-    """Coverage only: each view read back as bytes, whose alpha (face id + 1, clamped) is
-    255 where a face lies and 0 where none does."""
+def _drawn_views(state: _GLState, job: _RasterJob, depth_test: bool) -> Iterator[tuple[int, Any]]:
+    """Draw ``job``'s enabled views one after another; yields (view index, framebuffer) with
+    the view drawn, for the caller to read before the next one. Buffers are freed at the end
+    (or when the caller stops early)."""
     import moderngl
 
     ctx, prog = state.ctx, state.program
-    c, h, w = job.count, job.height, job.width
-    out = np.zeros((c, h, w), bool)
     expanded = np.ascontiguousarray(job.positions[job.faces.reshape(-1)], dtype=np.float32)
     with ctx:
         vbo = ctx.buffer(expanded.tobytes())
         vao = None
         try:
             vao = ctx.vertex_array(prog, [(vbo, "3f", "in_pos")])
-            fbo = state.framebuffer(w, h)
+            fbo = state.framebuffer(job.width, job.height)
             fbo.use()
-            ctx.disable(moderngl.DEPTH_TEST | moderngl.CULL_FACE | moderngl.BLEND)
-            to_clip = _clip_from_pixels(0, 0, w, h)
-            mvp_u, zrow_u = cast(moderngl.Uniform, prog["mvp"]), cast(moderngl.Uniform, prog["zrow"])
-            for i in range(c):
-                if not job.enabled[i]:
-                    continue
-                fbo.clear(0.0, 0.0, 0.0, 0.0)
-                mvp_u.write(np.ascontiguousarray((to_clip @ job.matrices[i]).astype(np.float32).T).tobytes())
-                zrow_u.value = tuple(float(x) for x in job.zrows[i])
-                vao.render(moderngl.TRIANGLES, vertices=expanded.shape[0])
-                px = np.frombuffer(fbo.read(components=4, dtype="f1"), np.uint8).reshape(h, w, 4)
-                out[i] = px[..., 3] > 0
-        finally:
-            if vao is not None:
-                vao.release()
-            vbo.release()
-    return out
-
-
-def _moderngl_rasterize(state: _GLState, job: _RasterJob) -> Raster:
-    import moderngl
-
-    ctx, prog = state.ctx, state.program
-    c, h, w = job.count, job.height, job.width
-    out = _empty_raster(c, h, w)
-    expanded = np.ascontiguousarray(job.positions[job.faces.reshape(-1)], dtype=np.float32)
-    with ctx:
-        vbo = ctx.buffer(expanded.tobytes())
-        vao = None
-        try:
-            vao = ctx.vertex_array(prog, [(vbo, "3f", "in_pos")])
-            fbo = state.framebuffer(w, h)
-            fbo.use()
-            if job.depth_test:
+            if depth_test:
                 ctx.enable(moderngl.DEPTH_TEST)
             else:
                 ctx.disable(moderngl.DEPTH_TEST)
             ctx.disable(moderngl.CULL_FACE | moderngl.BLEND)
-            to_clip = _clip_from_pixels(0, 0, w, h)
+            to_clip = _clip_from_pixels(0, 0, job.width, job.height)
             # both are uniforms of _VERTEX_SHADER (a program member may be other kinds)
             mvp_u, zrow_u = cast(moderngl.Uniform, prog["mvp"]), cast(moderngl.Uniform, prog["zrow"])
-            strip = max(1, (64 << 20) // (w * 16))   # read back in strips of <= 64 MiB
-            for i in range(c):
+            for i in range(job.count):
                 if not job.enabled[i]:
                     continue
                 fbo.clear(0.0, 0.0, 0.0, 0.0, depth=1.0)
@@ -538,16 +503,33 @@ def _moderngl_rasterize(state: _GLState, job: _RasterJob) -> Raster:
                 mvp_u.write(np.ascontiguousarray(mvp.T).tobytes())   # GLSL is column-major
                 zrow_u.value = tuple(float(x) for x in job.zrows[i])
                 vao.render(moderngl.TRIANGLES, vertices=expanded.shape[0])
-                for y0 in range(0, h, strip):
-                    rows = min(strip, h - y0)
-                    data = fbo.read(viewport=(0, y0, w, rows), components=4, dtype="f4")
-                    px = np.frombuffer(data, np.float32).reshape(rows, w, 4)
-                    _store(out, i, slice(y0, y0 + rows), slice(0, w), px[..., 3], px[..., 0],
-                           px[..., 1], px[..., 2])
+                yield i, fbo
         finally:
             if vao is not None:
                 vao.release()
             vbo.release()
+
+
+def _moderngl_coverage(state: _GLState, job: _RasterJob) -> np.ndarray:
+    """Coverage only: each view read back as bytes, whose alpha (face id + 1, clamped) is
+    255 where a face lies and 0 where none does."""
+    h, w = job.height, job.width
+    out = np.zeros((job.count, h, w), bool)
+    for i, fbo in _drawn_views(state, job, depth_test=False):
+        out[i] = np.frombuffer(fbo.read(components=4, dtype="f1"), np.uint8).reshape(h, w, 4)[..., 3] > 0
+    return out
+
+
+def _moderngl_rasterize(state: _GLState, job: _RasterJob) -> Raster:
+    c, h, w = job.count, job.height, job.width
+    out = _empty_raster(c, h, w)
+    strip = max(1, (64 << 20) // (w * 16))   # read back in strips of <= 64 MiB
+    for i, fbo in _drawn_views(state, job, depth_test=job.depth_test):
+        for y0 in range(0, h, strip):
+            rows = min(strip, h - y0)
+            data = fbo.read(viewport=(0, y0, w, rows), components=4, dtype="f4")
+            px = np.frombuffer(data, np.float32).reshape(rows, w, 4)
+            _store(out, i, slice(y0, y0 + rows), slice(0, w), px[..., 3], px[..., 0], px[..., 1], px[..., 2])
     return out
 
 
