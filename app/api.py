@@ -24,7 +24,7 @@ from gradio.components.api_component import Api
 
 from kiln.settings import Settings, SettingsError
 
-from . import form, history, jobs, messages, selection, statusview, uploads
+from . import form, history, jobs, usertext, selection, statusview, uploads
 from .context import AppContext
 from .requestinfo import Caller, event_fn, refusal
 
@@ -49,8 +49,8 @@ def api_settings(base: Settings, values: dict[str, Any]) -> Settings:
         text = str(e)
         m = form.SETTING_RE.match(text)
         if m is None or m.group(1) not in PARAM_OF:
-            raise messages.UIError(text) from None
-        raise messages.UIError(f"{PARAM_OF[m.group(1)]}: {text[m.end():].strip()} (setting '{m.group(1)}')") from None
+            raise usertext.UIError(text) from None
+        raise usertext.UIError(f"{PARAM_OF[m.group(1)]}: {text[m.end():].strip()} (setting '{m.group(1)}')") from None
 
 
 def describe_state(st: uploads.SessionState) -> dict:
@@ -63,18 +63,18 @@ def describe_state(st: uploads.SessionState) -> dict:
     if st.mask is None or not st.mask.any():
         out["mask"] = None
         return out
-    mc = selection.check_mask(st.mask)
+    mc = selection.assess_mask(st.mask)
     source = "alpha" if st.use_alpha else "file" if st.mask_file else "prompt"
     out["mask"] = {"source": source, "share": round(mc.share, 5), "pieces": mc.pieces,
-                   "note": messages.public_text(st.mask_note), "warnings": mc.warnings}
+                   "note": usertext.public_text(st.mask_note), "warnings": mc.warnings}
     return out
 
 
 def describe_job(st) -> dict:
     """A job status (``worker.jobstore.JobStatus``) without server paths."""
     out = {"job": st.id, "state": st.state, "stage": st.stage, "progress": round(float(st.progress or 0), 4),
-           "message": messages.public_text(st.message or ""),
-           "error": messages.public_text(st.error) if st.error else None,
+           "message": usertext.public_text(st.message or ""),
+           "error": usertext.public_text(st.error) if st.error else None,
            "created": st.created, "finished": st.finished}
     total = (st.timings or {}).get("total_s")
     if isinstance(total, (int, float)):
@@ -124,7 +124,7 @@ def upload_image(ctx: AppContext, caller: Caller, image: str, mask: Optional[str
             if not mask and not use_alpha:
                 st = uploads.set_use_alpha(st, False)
             save(st)
-        except (messages.UIError, OSError) as e:
+        except (usertext.UIError, OSError) as e:
             save(uploads.SessionState())
             raise _fail(e) from None
     return describe_state(st)
@@ -136,13 +136,13 @@ def _prompts(points: Optional[list], box: Optional[list]) -> tuple[list, Optiona
     try:
         pts = [(float(p[0]), float(p[1]), int(p[2])) for p in (points or [])]
         if any(lb not in (0, 1) for _, _, lb in pts):
-            raise messages.UIError("points: a label is 1 (object) or 0 (background)")
+            raise usertext.UIError("points: a label is 1 (object) or 0 (background)")
         bx = [float(v) for v in box] if box else None
         if bx is not None and len(bx) != 4:
-            raise messages.UIError("box: give [x0, y0, x1, y1]")
+            raise usertext.UIError("box: give [x0, y0, x1, y1]")
     except (TypeError, ValueError, IndexError):
         raise refusal("points: give [[x, y, label], ...] with label 1 (object) or 0 (background)") from None
-    except messages.UIError as e:
+    except usertext.UIError as e:
         raise _fail(e) from None
     if not pts and bx is None:
         raise refusal("points or box: give at least one")
@@ -164,7 +164,7 @@ def select(ctx: AppContext, caller: Caller, points: Optional[list] = None, box: 
                 wx, wy = to_work_pixels(st, x, y)
                 st = selection.add_click(st, wx, wy, label == 0, ctx.segmenter)
             save(st)
-        except messages.UIError as e:
+        except usertext.UIError as e:
             raise _fail(e) from None
     return describe_state(st)
 
@@ -183,7 +183,7 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
     st = ctx.sessions.get(session)
     settings = _checked_settings(ctx, st, values)
     if ctx.sup_error:
-        raise refusal(messages.public_text(ctx.sup_error))
+        raise refusal(usertext.public_text(ctx.sup_error))
     if not ctx.active.press(session):
         raise refusal("this session already has a job running; wait for it or call /cancel")
     last = None
@@ -191,7 +191,7 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
         try:
             with ctx.decodes:
                 rgb, mask = form.job_inputs(st)
-        except messages.UIError as e:
+        except usertext.UIError as e:
             raise _fail(e) from None
         assert st.image is not None   # job_inputs refuses a session without an image
         # kept with the job: its result downloads as '<image-name>-<n>.glb', as the page's do
@@ -202,7 +202,7 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
         for note, last in steps:
             if last is None:
                 if note != jobs.WAITING_FOR_POOL:
-                    raise refusal(messages.public_text(note))
+                    raise refusal(usertext.public_text(note))
                 progress(0.0, desc=note)
                 continue
             progress(float(last.progress or 0.0), desc=statusview.stage_label(last.stage))
@@ -212,7 +212,7 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
         ctx.active.end_pending(session)
     if last is None or last.state != "done":
         state = last.state if last is not None else "not started"
-        why = messages.public_text(last.error or "") if last is not None else ""
+        why = usertext.public_text(last.error or "") if last is not None else ""
         raise refusal(f"job {last.id if last else ''} {state}" + (f": {why}" if why else ""))
     files = _publish(ctx, session, last)
     yield JobAnswer(describe_job(last), files.get("glb"), files.get("ply"))
@@ -227,7 +227,7 @@ def _checked_settings(ctx: AppContext, st: uploads.SessionState, values: dict) -
         form.check_job_request(st, ctx.settings, settings.bake.enabled, settings.mesh.simplify_ratio,
                                settings.bake.texture_size, settings.views.count, settings.bake.mode,
                                settings.seed, settings.export.gaussians_ply)
-    except messages.UIError as e:
+    except usertext.UIError as e:
         raise _fail(e) from None
     return settings
 
@@ -244,7 +244,7 @@ def result(ctx: AppContext, caller: Caller, job: str) -> JobAnswer:
     if st is None:
         raise refusal(f"job: no job {str(job)[:64]!r} of this client")
     if st.state != "done":
-        raise refusal(f"job {st.id} is {st.state}" + (f": {messages.public_text(st.error)}" if st.error else ""))
+        raise refusal(f"job {st.id} is {st.state}" + (f": {usertext.public_text(st.error)}" if st.error else ""))
     files = _publish(ctx, caller.session, st)
     return JobAnswer(describe_job(st), files.get("glb"), files.get("ply"))
 
@@ -257,7 +257,7 @@ def cancel(ctx: AppContext, caller: Caller) -> dict:
 
 
 def _fail(e: Exception) -> gr.Error:
-    return refusal(messages.public_text(str(e)))
+    return refusal(usertext.public_text(str(e)))
 
 
 def _publish(ctx: AppContext, session: str, st) -> dict[str, str]:
@@ -265,8 +265,8 @@ def _publish(ctx: AppContext, session: str, st) -> dict[str, str]:
         statuses = jobs.browser_jobs(ctx, session)
         stem = history.result_stems(statuses, jobs.job_infos(ctx, statuses)).get(st.id)
         return {k: str(p) for k, p in ctx.publisher.publish(session, st, stem).items()}
-    except (OSError, messages.UIError) as e:
-        raise refusal(f"the result could not be prepared for download: {messages.public_text(str(e))}") from None
+    except (OSError, usertext.UIError) as e:
+        raise refusal(f"the result could not be prepared for download: {usertext.public_text(str(e))}") from None
 
 
 # -- registration -------------------------------------------------------------------------

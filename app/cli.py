@@ -14,8 +14,8 @@ from pathlib import Path
 from kiln import settings as settings_mod
 from worker.inputs import InputProblem, Loaded, NoSpace, is_no_space, no_space
 
-from .clirunner import Cancelled, CliError, InProcessRunner, JobFailed, WorkerRunner
-from .cliview import BatchLine, ItemResult, Progress, summary_table, timing_table
+from .clirunner import Cancelled, CliError, InProcessRunner, CliJobFailed, WorkerRunner
+from .cliview import BatchLine, ItemResult, ProgressLine, summary_table, timing_table
 
 EXIT_CODES = ("Exit status: 0 the GLB was written (every GLB, with several images); 1 the job "
               "failed (a stage error, a worker crash or hang, no worker could start, no space "
@@ -24,7 +24,7 @@ EXIT_CODES = ("Exit status: 0 the GLB was written (every GLB, with several image
               "before any worker starts; 130 interrupted by Ctrl-C (the running job is cancelled "
               "and its worker stopped).")
 
-__all__ = ["main", "build_parser", "CliError", "JobFailed", "Cancelled", "Progress", "timing_table"]
+__all__ = ["main", "build_parser", "CliError", "CliJobFailed", "Cancelled", "ProgressLine", "timing_table"]
 
 
 def _settings_from_args(args) -> settings_mod.Settings:
@@ -115,7 +115,7 @@ def cmd_run(args) -> int:
 
 def _run_one(runner, item, got, args) -> int:
     """One image: per-stage bars, then the timing table and stats."""
-    progress = Progress()
+    progress = ProgressLine()
     t0 = time.perf_counter()
     try:
         startup = runner.start()

@@ -24,7 +24,7 @@ class CliError(Exception):
     exit_code = 2
 
 
-class JobFailed(CliError):
+class CliJobFailed(CliError):
     """The job ran and failed (or no worker could run it)."""
 
     exit_code = 1
@@ -77,7 +77,7 @@ class WorkerRunner:
                 self.sup.start()   # on failure (or Ctrl-C) it has already stopped what it started
         except WorkerStartError as e:
             self.sup = None
-            raise JobFailed(f"the worker could not start: {e}") from None
+            raise CliJobFailed(f"the worker could not start: {e}") from None
         except BaseException:
             self.sup = None
             raise
@@ -91,7 +91,7 @@ class WorkerRunner:
 
     def run(self, item: Loaded, out: Path, display) -> dict:
         """Run one job and copy its GLB (and .ply) to ``out``. Returns timings, stats (a
-        ``kiln.records.JobStats``), ply and queued; raises CliError / JobFailed / Cancelled /
+        ``kiln.records.JobStats``), ply and queued; raises CliError / CliJobFailed / Cancelled /
         NoSpace."""
         sup = self.sup
         try:
@@ -113,7 +113,7 @@ class WorkerRunner:
                 path = full.group(1) or full.group(2)
                 raise NoSpace(f"{no_space(Path(path).parent if path else self.jobs_dir)}; {where}")
             # a stage refusing the input is the user's to fix, as in --in-process
-            kind = CliError if "StageInputError:" in error else JobFailed
+            kind = CliError if "StageInputError:" in error else CliJobFailed
             raise kind(where)
         _copy_atomic(st.outputs["glb"], out)
         ply = None

@@ -11,7 +11,7 @@ from pathlib import Path
 from kiln.records import JobStats
 
 
-class Progress:
+class ProgressLine:
     """Per-stage progress. On a terminal each stage gets one line whose bar is redrawn
     in place from empty to full; piped, a line when a stage starts and one when it ends."""
 

@@ -11,8 +11,8 @@ import numpy as np
 from kiln.settings import Settings, SettingsError
 from worker.inputs import InputProblem, check_reconstructable
 
-from .messages import UIError
-from .selection import MIN_MASK_PIXELS, check_mask
+from .usertext import UIError
+from .selection import MIN_MASK_PIXELS, assess_mask
 from .uploads import SessionState, require_image
 
 
@@ -138,7 +138,7 @@ def check_job_request(state: SessionState, base: Settings, *form) -> Settings:
         raise UIError("the mask is empty; click on the object to select it")
     if mask.all():
         raise UIError("the mask covers the whole image; add a background click outside the object")
-    mc = check_mask(mask)
+    mc = assess_mask(mask)
     if mc.speck:
         raise UIError(f"the selection is only a speck ({100 * mc.share:.2f} % of the image); "
                       "drag a box around the whole object or click on more of it")

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import gradio as gr
 
-from . import messages, selection, statusview, uploads
+from . import usertext, selection, statusview, uploads
 from .context import AppContext
 from .page import Page, Updates
 from .requestinfo import Caller
@@ -39,8 +39,8 @@ def edit_selection(page: Page, ctx: AppContext, caller: Caller,
         try:
             st = change(st)
             save(st)
-        except messages.UIError as e:
-            gr.Warning(messages.public_text(str(e)))
+        except usertext.UIError as e:
+            gr.Warning(usertext.public_text(str(e)))
     return selection_view(page, st)
 
 
@@ -58,8 +58,8 @@ def on_upload(page: Page, ctx: AppContext, caller: Caller, path: Optional[str]) 
             with ctx.decodes:   # a 40 MP decode takes ~160 MB for a moment
                 st = uploads.load_upload(path, ctx.settings.app, name=Path(path).name)
             save(st)
-        except (messages.UIError, OSError) as e:
-            text = messages.public_text(str(e))
+        except (usertext.UIError, OSError) as e:
+            text = usertext.public_text(str(e))
             gr.Warning(text)
             save(uploads.SessionState())
             return {page.canvas: None, page.mask_info: f"**Cannot use this file:** {html.escape(text)}",
@@ -119,8 +119,8 @@ def on_mask_file(page: Page, ctx: AppContext, caller: Caller, path: Optional[str
             with ctx.decodes:   # the mask file is decoded at full size
                 st = uploads.set_mask_file(st, path, ctx.settings.app, name=Path(path).name)
             save(st)
-        except messages.UIError as e:
-            text = messages.public_text(str(e))
+        except usertext.UIError as e:
+            text = usertext.public_text(str(e))
             gr.Warning(text)
             return {**selection_view(page, st),
                     page.mask_info: f"**Cannot use this mask:** {html.escape(text)}", page.mask_file: None}

@@ -18,7 +18,7 @@ from typing import Iterator, Optional
 
 import gradio as gr
 
-from . import form, history, jobs, messages, statusview
+from . import form, history, jobs, usertext, statusview
 from .context import AppContext
 from .gpuqueue import gpu_queue_counts
 from .outcome import Outcome, browser_history, job_outcome, not_started
@@ -52,10 +52,10 @@ def on_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplif
         raise refusal(BUSY)
     try:
         used = form.check_job_request(st, s, bake, simplify, texture, views, mode, seed, ply)
-    except messages.UIError as e:
-        raise refusal(messages.public_text(str(e))) from None
+    except usertext.UIError as e:
+        raise refusal(usertext.public_text(str(e))) from None
     if ctx.sup_error:
-        raise refusal(messages.public_text(ctx.sup_error))
+        raise refusal(usertext.public_text(ctx.sup_error))
     running, waiting = gpu_queue_counts(page.demo)
     if waiting >= s.worker.max_queue:
         raise refusal(f"The job queue is full ({waiting} waiting); try again in a few minutes.")
@@ -98,8 +98,8 @@ def run_job(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: f
             else:
                 shown = last.seq
                 yield {page.progress: statusview.progress_html(last)}
-    except messages.UIError as e:
-        note = f"Cannot start: {messages.public_text(str(e))}"
+    except usertext.UIError as e:
+        note = f"Cannot start: {usertext.public_text(str(e))}"
     finally:
         ctx.active.end_pending(session)
     if last is None:
@@ -170,7 +170,7 @@ def follow_on_load(page: Page, ctx: AppContext, caller: Caller) -> Iterator[Upda
     hist = browser_history(ctx, session, statuses)
     shown = {page.history: hist.html, page.history_files: hist.file_list()}
     if newest is not None and idle:
-        values = form.form_values(jobs.job_settings(ctx, newest.id))
+        values = form.form_values(jobs.stored_settings(ctx, newest.id))
         shown.update(zip(page.form, values or ()))
     if live is None or not idle:
         if newest is not None and idle:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from . import messages, statusview
+from . import usertext, statusview
 from .context import AppContext
 from .gpuqueue import gpu_queue_counts
 from .outcome import browser_history
@@ -26,7 +26,7 @@ def status_line(page: Page, ctx: AppContext) -> str:
         except Exception:  # noqa: BLE001 - status line only
             pass
     note = ctx.sup_error or ("" if ctx.sup_ready.is_set() else "workers starting…")
-    return messages.public_text(statusview.status_line(ctx.capabilities(), ctx.segmenter_text, running, waiting,
+    return usertext.public_text(statusview.status_line(ctx.capabilities(), ctx.segmenter_text, running, waiting,
                                                        note))
 
 

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .browser import same_browser
-from .messages import md_text, public_text
+from .usertext import md_text, public_text
 from .results import ResultPublisher
 from .uploads import downscale
 

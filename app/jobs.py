@@ -27,7 +27,7 @@ from kiln.settings import Settings
 
 from .browser import browser_of, same_browser
 from .history import JobInfo, load_info, save_info
-from .messages import public_text
+from .usertext import public_text
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def _job_dir(ctx, job_id: str):
         return None
 
 
-def job_settings(ctx, job_id: str) -> Optional[dict]:
+def stored_settings(ctx, job_id: str) -> Optional[dict]:
     """The settings a job ran with (its ``settings.json``), None when unreadable."""
     d = _job_dir(ctx, job_id) if ctx.sup is not None else None
     try:

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import history, jobs, messages, statusview
+from . import history, jobs, usertext, statusview
 
 if TYPE_CHECKING:
     from worker.jobstore import JobStatus
@@ -91,9 +91,9 @@ def job_outcome(ctx, session: str, last: Any, waited_s: float = 0.0) -> Outcome:
         try:
             stems = history.result_stems(statuses, jobs.job_infos(ctx, statuses))
             files = ctx.publisher.publish(session, last, stems.get(last.id))
-        except (OSError, messages.UIError) as e:
+        except (OSError, usertext.UIError) as e:
             log.exception("publishing %s failed", last.id)
-            note = f"the result could not be prepared for download: {messages.public_text(str(e))}"
+            note = f"the result could not be prepared for download: {usertext.public_text(str(e))}"
     return Outcome(status=last, note=note, waited_s=waited_s,
                    glb=str(files["glb"]) if "glb" in files else None,
                    ply=str(files["ply"]) if "ply" in files else None,

@@ -14,7 +14,7 @@ import gradio as gr
 from kiln.settings import Settings, allowed_range, allowed_values
 
 from . import history, selection, statusview, uploads
-from .examples import EXAMPLES
+from .example_images import EXAMPLES
 
 # What a handler answers: {component of the Page: its new value or a gr.update(...)}
 Updates = dict

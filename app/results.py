@@ -14,7 +14,7 @@ from typing import Any, Optional
 from kiln.atomic import atomic_copy
 
 from .browser import browser_of, same_browser
-from .messages import UIError
+from .usertext import UIError
 
 # What the server's file guard treats as a result: any .glb / .ply name, wherever it lies.
 # Each is served only when ``ResultPublisher.owner`` names the requesting browser, so a

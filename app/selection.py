@@ -11,7 +11,7 @@ import numpy as np
 
 from kiln.limits import MIN_MASK_PIXELS
 
-from .messages import UIError, md_text, public_text
+from .usertext import UIError, md_text, public_text
 from .segment import Box, Click, has_prompt
 from .uploads import SessionState, require_image
 
@@ -160,7 +160,7 @@ class MaskCheck:
         return out
 
 
-def check_mask(mask: np.ndarray) -> MaskCheck:
+def assess_mask(mask: np.ndarray) -> MaskCheck:
     """``MaskCheck`` of an (h, w) bool mask."""
     import cv2
 
@@ -183,7 +183,7 @@ def mask_summary(state: SessionState) -> str:
         hint = ("click the object or drag a box around it" if not state.clicks and state.box is None
                 else "no object found there; click on the object itself or drag a box around it")
         return f"{head}. {hint}."
-    mc = check_mask(state.mask)
+    mc = assess_mask(state.mask)
     if state.use_alpha:
         src = "image transparency"
     elif state.mask_file:

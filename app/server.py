@@ -411,7 +411,7 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
     ctx = context or AppContext(settings, files_dir)
     example_paths = []
     if examples:
-        from .examples import ensure_examples
+        from .example_images import ensure_examples
 
         try:
             example_paths = ensure_examples(jobs_dir.parent / "examples")

@@ -35,7 +35,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from .browser import browser_of
-from .messages import UIError
+from .usertext import UIError
 from .uploads import STATE_EXTRA_FIELDS, SessionState, WorkImage
 
 log = logging.getLogger(__name__)

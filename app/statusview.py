@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from kiln.records import Capabilities
 
-from .messages import public_text
+from .usertext import public_text
 
 STAGE_LABELS = {"reconstruct": "Reconstructing", "render_views": "Rendering views",
                 "mesh": "Simplifying mesh", "uv": "Unwrapping UVs", "bake": "Baking texture",

@@ -17,7 +17,7 @@ import numpy as np
 
 from kiln.limits import image_size_problem
 
-from .messages import UIError
+from .usertext import UIError
 from .segment import SEG_MAX_SIDE, Box, Click, has_prompt, image_key
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import active, browser, form, history, jobs, messages, results, selection, statusview, uploads
+from app import active, browser, form, history, jobs, usertext, results, selection, statusview, uploads
 from app.segment import GrabCutSegmenter, box_mask, image_key, keep_clicked_components
 from kiln.records import Capabilities, JobStats, PipelineStats
 from kiln.settings import AppSettings, Settings
@@ -83,7 +83,7 @@ def test_background_click_removes_pixels_and_undo_restores(seg, blob):
     assert st3.clicks == st.clicks and np.array_equal(st3.mask, before)
     st4 = selection.clear_clicks(st3)
     assert st4.clicks == () and st4.mask is None
-    with pytest.raises(messages.UIError, match="select the object"):
+    with pytest.raises(usertext.UIError, match="select the object"):
         form.job_inputs(st4)
 
 
@@ -93,10 +93,10 @@ def test_only_background_clicks_select_nothing(seg, blob):
 
 
 def test_click_without_image_and_outside_image(seg, blob):
-    with pytest.raises(messages.UIError, match="upload an image first"):
+    with pytest.raises(usertext.UIError, match="upload an image first"):
         selection.add_click(uploads.SessionState(), 3, 3, False, seg)
     st = uploads.load_upload(_png(blob[0]), APP)
-    with pytest.raises(messages.UIError, match="outside"):
+    with pytest.raises(usertext.UIError, match="outside"):
         selection.add_click(st, 900, 10, False, seg)
 
 
@@ -139,7 +139,7 @@ def test_large_upload_is_segmented_small_and_masked_full_size(seg):
     (_png(np.zeros((8, 40, 3), np.uint8)), APP, "at least 16 pixels"),
 ])
 def test_bad_uploads_are_refused_with_a_reason(payload, settings, match):
-    with pytest.raises(messages.UIError, match=match):
+    with pytest.raises(usertext.UIError, match=match):
         uploads.load_upload(payload, settings)
 
 
@@ -205,11 +205,11 @@ def test_settings_from_the_form():
     # everything else stays as configured
     assert s.reconstruct == base.reconstruct and s.worker == base.worker
     assert "vertex colours" in jobs.settings_summary(s) and "+ply" in jobs.settings_summary(s)
-    with pytest.raises(messages.UIError, match="^Simplify ratio: 1.5 is out of range"):
+    with pytest.raises(usertext.UIError, match="^Simplify ratio: 1.5 is out of range"):
         form.job_settings(base, form.ui_overrides(True, 1.5, 1024, 16, "opt", 0, False))
-    with pytest.raises(messages.UIError, match="^Texture size: .*power of two"):
+    with pytest.raises(usertext.UIError, match="^Texture size: .*power of two"):
         form.job_settings(base, form.ui_overrides(True, 0.9, 768, 16, "opt", 0, False))
-    with pytest.raises(messages.UIError, match="^Seed: "):
+    with pytest.raises(usertext.UIError, match="^Seed: "):
         form.job_settings(base, form.ui_overrides(True, 0.9, 1024, 16, "opt", -4, False))
 
 
@@ -217,9 +217,9 @@ def test_job_inputs_refuse_empty_and_full_masks(blob):
     st = uploads.load_upload(_png(blob[0]), APP)
     tiny = np.zeros((256, 256), bool)
     tiny[0, :5] = True
-    with pytest.raises(messages.UIError, match="only 5 pixels"):
+    with pytest.raises(usertext.UIError, match="only 5 pixels"):
         form.job_inputs(replace(st, mask=tiny, clicks=((1, 0, 1),)))
-    with pytest.raises(messages.UIError, match="whole image"):
+    with pytest.raises(usertext.UIError, match="whole image"):
         form.job_inputs(replace(st, mask=np.ones((256, 256), bool), clicks=((1, 0, 1),)))
 
 
@@ -515,7 +515,7 @@ def test_results_are_published_per_browser_as_image_name_n_outside_the_job_store
     assert pub.owner(str(fa["glb"].with_suffix(".txt"))) is None
     # another tab of the same browser gets the same files; another browser is refused
     assert pub.publish(a_tab2, a, "My_photo-1") == fa            # published once, then reused
-    with pytest.raises(messages.UIError, match="another browser"):
+    with pytest.raises(usertext.UIError, match="another browser"):
         pub.publish(a_tab1, b, "My_photo-1")
     # a name taken by another job is never overwritten
     a_other = _done_job(tmp_path, a_tab2, "20260101-000009-eeeeee")
@@ -748,7 +748,7 @@ def main():
     import httpx
     import numpy as np
     from kiln.settings import load
-    from app import browser, form, history, jobs, messages, results, selection, statusview, uploads
+    from app import browser, form, history, jobs, usertext, results, selection, statusview, uploads
     from app.server import launch
 
     var, port = sys.argv[1], int(sys.argv[2])
@@ -952,7 +952,7 @@ def test_box_prompt_selects_the_object_and_keeps_clicks(seg, blob):
     assert st.box is not None and st.clicks == ()
     st = selection.undo_click(st, seg)
     assert st.box is None and st.mask is None
-    with pytest.raises(messages.UIError, match="too small"):
+    with pytest.raises(usertext.UIError, match="too small"):
         selection.set_box(st, 10, 10, 12, 12, seg)
     assert "and a box" in selection.mask_summary(selection.set_box(st, xs.min(), ys.min(), xs.max(), ys.max(), seg))
 
@@ -964,7 +964,7 @@ def test_tiny_and_scattered_masks_warned_and_specks_refused(blob):
     tiny[100:106, 100:106] = True           # 36 px: 0.05 % -> a speck
     st_tiny = replace(st, mask=tiny, clicks=((102.0, 102.0, 1),))
     assert "tiny" in selection.mask_summary(st_tiny)
-    with pytest.raises(messages.UIError, match="speck"):
+    with pytest.raises(usertext.UIError, match="speck"):
         form.check_job_request(st_tiny, Settings(), *FORM)
     small = np.zeros((256, 256), bool)
     small[100:112, 100:112] = True          # 144 px: 0.22 % -> warned, allowed
@@ -974,7 +974,7 @@ def test_tiny_and_scattered_masks_warned_and_specks_refused(blob):
     st512 = uploads.load_upload(_png(np.full((512, 512, 3), 120, np.uint8)), APP)
     line = np.zeros((512, 512), bool)
     line[256:258, 10:502] = True            # 984 px, but too thin for the reconstruction's grid
-    with pytest.raises(messages.UIError, match="the selection: mask is too thin"):
+    with pytest.raises(usertext.UIError, match="the selection: mask is too thin"):
         form.check_job_request(replace(st512, mask=line, clicks=((256.0, 256.0, 1),)), Settings(), *FORM)
     pieces = np.zeros((256, 256), bool)
     for i in range(6):
@@ -989,11 +989,11 @@ def test_validation_errors_name_the_field(blob):
     st = replace(uploads.load_upload(_png(rgb), APP), mask=gt)
     values = list(FORM)
     values[5] = -1    # seed
-    with pytest.raises(messages.UIError, match=r"^Seed: -1 is out of range"):
+    with pytest.raises(usertext.UIError, match=r"^Seed: -1 is out of range"):
         form.check_job_request(st, Settings(), *values)
     values = list(FORM)
     values[3] = 0     # views
-    with pytest.raises(messages.UIError, match=r"^Bake views: 0 is out of range"):
+    with pytest.raises(usertext.UIError, match=r"^Bake views: 0 is out of range"):
         form.check_job_request(st, Settings(), *values)
 
 
@@ -1013,15 +1013,15 @@ def test_mask_file_on_the_page(tmp_path, blob):
     assert np.array_equal(mask_full, gt)
     wrong = tmp_path / "wrong.png"
     Image.fromarray(np.zeros((100, 80), np.uint8)).save(wrong)
-    with pytest.raises(messages.UIError, match=r"wrong.png is 80x100 pixels but the image is 256x256"):
+    with pytest.raises(usertext.UIError, match=r"wrong.png is 80x100 pixels but the image is 256x256"):
         uploads.set_mask_file(st, wrong, APP)
     empty = tmp_path / "empty.png"
     Image.fromarray(np.zeros((256, 256), np.uint8)).save(empty)
-    with pytest.raises(messages.UIError, match="empty.png marks nothing"):
+    with pytest.raises(usertext.UIError, match="empty.png marks nothing"):
         uploads.set_mask_file(st, empty, APP)
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not an image")
-    with pytest.raises(messages.UIError, match="mask file bad.png"):
+    with pytest.raises(usertext.UIError, match="mask file bad.png"):
         uploads.set_mask_file(st, bad, APP)
     # a click goes back to prompting; the alpha-mode switch leaves the file too
     st3 = selection.add_click(st2, 128, 128, True, GrabCutSegmenter())

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import browser, form, history, messages, selection, statusview, uploads
+from app import browser, form, history, usertext, selection, statusview, uploads
 from app.sessions import WORK_BYTES_MAX, SessionLimits, SessionStore
 from kiln.settings import load
 from synthetic import make_object_image
@@ -77,15 +77,15 @@ def test_limits_per_client_and_in_total_refuse_politely_before_decoding(tmp_path
     st = uploads.load_upload(blob_png, APP)
     store.put("web-a-1", "1.1.1.1", st)
     store.put("web-a-2", "1.1.1.1", st)
-    with pytest.raises(messages.UIError, match=r"already has 2 tabs with an image .*limit is 2"):
+    with pytest.raises(usertext.UIError, match=r"already has 2 tabs with an image .*limit is 2"):
         store.admit("web-a-3", "1.1.1.1", len(blob_png))
     store.admit("web-a-1", "1.1.1.1", len(blob_png))      # replacing its own image is fine
-    with pytest.raises(messages.UIError, match="more than the 32 MB allowed"):
+    with pytest.raises(usertext.UIError, match="more than the 32 MB allowed"):
         store.admit("web-b-1", "2.2.2.2", 40 * mb)
     store.put("web-b-1", "2.2.2.2", st)
-    with pytest.raises(messages.UIError, match="holding images for 3 tabs, its limit"):
+    with pytest.raises(usertext.UIError, match="holding images for 3 tabs, its limit"):
         store.admit("web-c-1", "3.3.3.3", len(blob_png))
-    with pytest.raises(messages.UIError, match="holding images for 3 tabs"):
+    with pytest.raises(usertext.UIError, match="holding images for 3 tabs"):
         store.put("web-c-1", "3.3.3.3", st)             # checked again when it is kept
     assert store.usage()["sessions"] == 3 and store.get("web-c-1").image is None
     store.drop("web-a-1")                               # a tab closed
@@ -202,9 +202,9 @@ def test_edits_of_one_session_run_one_at_a_time(tmp_path, blob_png):
 
 
 def test_public_text_cuts_absolute_paths():
-    assert messages.public_text("see /srv/kiln/var/workers/worker-0.log for more") == "see worker-0.log for more"
-    assert messages.public_text("No such file: '/tmp/x/gradio/abc/kiln-1.glb'") == "No such file: 'kiln-1.glb'"
-    assert messages.public_text("ratio 1/2, http://host/a/b") == "ratio 1/2, http://host/a/b"
+    assert usertext.public_text("see /srv/kiln/var/workers/worker-0.log for more") == "see worker-0.log for more"
+    assert usertext.public_text("No such file: '/tmp/x/gradio/abc/kiln-1.glb'") == "No such file: 'kiln-1.glb'"
+    assert usertext.public_text("ratio 1/2, http://host/a/b") == "ratio 1/2, http://host/a/b"
     st = SimpleNamespace(id="j", state="failed", stage="uv", progress=0.5, error="stage 'uv' failed: "
                          "OSError: [Errno 28] No space left on device: '/srv/var/jobs/web-x/j/out.tmp'",
                          message="", timings={}, stats={}, created=0)

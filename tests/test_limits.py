@@ -49,14 +49,14 @@ def test_enough_pixels_pass():
 
 
 def test_a_40_pixel_mask_is_refused_by_the_page_the_cli_and_the_stage():
-    from app.selection import check_mask
+    from app.selection import assess_mask
     from kiln.settings import load
     from pipeline.reconstruct import require_usable_mask
     from pipeline.validate import StageInputError
     from worker.inputs import InputProblem, check_reconstructable
 
     mask = _mask(40)
-    assert check_mask(mask).speck                                     # the page
+    assert assess_mask(mask).speck                                     # the page
     with pytest.raises(InputProblem, match="only 40 object pixel"):   # the CLI and the API's checks
         check_reconstructable(np.zeros(mask.shape + (3,), np.uint8), mask, load().reconstruct)
     with pytest.raises(StageInputError, match="only 40 object pixel"):  # the stage itself
