@@ -51,7 +51,7 @@ def case_person(out: Path) -> str:
     with raster_context() as rc:
         res = bake_model(ModelInputs(read_mesh(FIXTURES / "human_sam3d_body.ply"), photo=ImageInput(rgb, mask),
                                      camera=cam), s, resolve_backends(s), out, rc)
-    return f"{res.stats['faces']} faces, texels {res.stats['texels_from']}"
+    return f"{res.stats.faces} faces, texels {res.stats.bake.texels_from}"
 
 
 def case_bench(out: Path) -> str:
@@ -70,8 +70,8 @@ def case_bench(out: Path) -> str:
         fit = fit_camera(rc, model.mesh, mask, posed=True)
         res = bake_model(ModelInputs(model, photo=ImageInput(rgb, mask), camera=fit.camera, camera_fit=fit), s,
                          resolve_backends(s), out, rc)
-    return (f"{res.stats['faces']} faces, fit IoU {fit.iou:.3f} in {fit.seconds:.1f} s, "
-            f"texels {res.stats['texels_from']}")
+    return (f"{res.stats.faces} faces, fit IoU {fit.iou:.3f} in {fit.seconds:.1f} s, "
+            f"texels {res.stats.bake.texels_from}")
 
 
 def case_splat(out: Path) -> str:

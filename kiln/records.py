@@ -8,7 +8,8 @@ reads its JSON form: a key is spelt once, a default is stated once, here.
 
 * ``Capabilities``: what a worker's start-up probes found it can run (``Ready``).
 * ``Backends``: the renderer, rasterizer and device a job's attempt uses (``Started``).
-* ``BakeStats``, ``PipelineStats``: what the bake and the whole pipeline measured.
+* ``BakeStats``, ``ModelStats``, ``PipelineStats``: what the bake, a model file's reading and
+  the whole pipeline measured.
 * ``JobTimes``, ``WorkerReport``: a worker's report of an attempt that ended done
   (``result.json``).
 * ``JobStats``: a job's stats as its status shows them (``JobStatus.stats``).
@@ -236,6 +237,67 @@ class BakeStats:
 
 
 @dataclass(frozen=True)
+class ModelStats:
+    """What baking a model another tool made found out about its files (``kiln bake``).
+
+    mesh_format: "glb" | "gltf" | "obj" | "ply" | "stl"; faces_in: the file's faces;
+    mesh_notes: how it was read. frame: the splat's source frame that put it on the mesh
+    (``pipeline.io.frames``), frame_surface_distance: its centres' median distance to the
+    surface as a share of the mesh's size, frame_distances: that distance per candidate.
+    camera: how the photo's camera was found, "file" | "focal" | "fitted" (None: no photo).
+    silhouette: the mesh's silhouette from that camera against the mask, {"inside",
+    "coverage", "iou"}. camera_fit: the fit's report when the camera was fitted.
+    uvs: "kept" (the file's own layout) | "new"; uv_mirrored_fraction / uv_overlap_fraction:
+    the kept layout's faults. simplify_ratio: the share of faces removed (new UVs only).
+    warnings: what the person should hear (a photo that was not projected, and why).
+    """
+
+    mesh_format: str = ""
+    faces_in: int = 0
+    mesh_notes: tuple[str, ...] = ()
+    frame: Optional[str] = None
+    frame_surface_distance: Optional[float] = None
+    frame_distances: Mapping[str, float] = field(default_factory=dict)
+    camera: Optional[str] = None
+    silhouette: Optional[Mapping[str, float]] = None
+    camera_fit: Optional[Mapping[str, Any]] = None
+    uvs: str = "new"
+    uv_mirrored_fraction: Optional[float] = None
+    uv_overlap_fraction: Optional[float] = None
+    simplify_ratio: Optional[float] = None
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return _without_none({
+            "mesh_format": self.mesh_format, "faces_in": self.faces_in,
+            "mesh_notes": list(self.mesh_notes), "frame": self.frame,
+            "frame_surface_distance": self.frame_surface_distance,
+            "frame_distances": dict(self.frame_distances) or None, "camera": self.camera,
+            "silhouette": None if self.silhouette is None else dict(self.silhouette),
+            "camera_fit": None if self.camera_fit is None else dict(self.camera_fit),
+            "uvs": self.uvs, "uv_mirrored_fraction": self.uv_mirrored_fraction,
+            "uv_overlap_fraction": self.uv_overlap_fraction, "simplify_ratio": self.simplify_ratio,
+            "warnings": list(self.warnings)})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelStats:
+        sil, fit = data.get("silhouette"), data.get("camera_fit")
+        return cls(mesh_format=str(data.get("mesh_format", "")), faces_in=int(data.get("faces_in", 0)),
+                   mesh_notes=tuple(str(n) for n in data.get("mesh_notes") or ()),
+                   frame=_opt_str(data.get("frame")),
+                   frame_surface_distance=_opt_float(data.get("frame_surface_distance")),
+                   frame_distances=_float_map(data.get("frame_distances")),
+                   camera=_opt_str(data.get("camera")),
+                   silhouette=_float_map(sil) if sil is not None else None,
+                   camera_fit=dict(fit) if fit is not None else None,
+                   uvs=str(data.get("uvs", "new")),
+                   uv_mirrored_fraction=_opt_float(data.get("uv_mirrored_fraction")),
+                   uv_overlap_fraction=_opt_float(data.get("uv_overlap_fraction")),
+                   simplify_ratio=_opt_float(data.get("simplify_ratio")),
+                   warnings=tuple(str(w) for w in data.get("warnings") or ()))
+
+
+@dataclass(frozen=True)
 class PipelineStats:
     """What one run of ``pipeline.run.run_pipeline`` measured (``PipelineResult.stats``).
 
@@ -246,7 +308,8 @@ class PipelineStats:
     it (``pipeline.types.SourceCamera.to_dict``), None when the backend could not say.
     texture_size_auto: the size ``bake.texture_size: auto`` picked. bake: the bake's stats, None
     without one. glb_bytes: the GLB's size. reconstruction_cache_error / views_cache_error: why
-    a result could not be stored in the cache (the job went on without).
+    a result could not be stored in the cache (the job went on without). model: what baking a
+    model file found (``kiln bake``), None for a job that reconstructed from a photo.
     """
 
     backends: Backends = field(default_factory=Backends)
@@ -262,11 +325,13 @@ class PipelineStats:
     glb_bytes: int = 0
     reconstruction_cache_error: Optional[str] = None
     views_cache_error: Optional[str] = None
+    model: Optional[ModelStats] = None
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """What the person should hear about the result (the bake's, so far)."""
-        return self.bake.warnings if self.bake is not None else ()
+        """What the person should hear about the result (the model's files', then the bake's)."""
+        return ((self.model.warnings if self.model is not None else ())
+                + (self.bake.warnings if self.bake is not None else ()))
 
     def to_dict(self) -> dict[str, Any]:
         out = _without_none({
@@ -276,7 +341,8 @@ class PipelineStats:
             "views_cached": self.views_cached, "faces": self.faces, "vertices": self.vertices,
             "texture_size_auto": self.texture_size_auto, "glb_bytes": self.glb_bytes,
             "reconstruction_cache_error": self.reconstruction_cache_error,
-            "views_cache_error": self.views_cache_error})
+            "views_cache_error": self.views_cache_error,
+            "model": None if self.model is None else self.model.to_dict()})
         if self.bake is not None:
             out.update(self.bake.to_dict())
         return out
@@ -296,7 +362,8 @@ class PipelineStats:
                    bake=BakeStats.from_dict(data) if "bake_mode" in data else None,
                    glb_bytes=int(data.get("glb_bytes", 0)),
                    reconstruction_cache_error=_opt_str(data.get("reconstruction_cache_error")),
-                   views_cache_error=_opt_str(data.get("views_cache_error")))
+                   views_cache_error=_opt_str(data.get("views_cache_error")),
+                   model=ModelStats.from_dict(data["model"]) if data.get("model") else None)
 
 
 @dataclass(frozen=True)
@@ -305,23 +372,27 @@ class JobTimes:
 
     pipeline_s: what ``run_pipeline`` took; worker_job_s: the whole attempt in its worker
     (inputs and checks too); both from the worker. queued_s: submit to first start; total_s:
-    submit to end; both from the supervisor when the job ends.
+    submit to end; both from the supervisor when the job ends. worker_peak_rss_mb: the worker's
+    peak resident memory when the attempt ended (the job's own peak in a fresh worker).
     """
 
     pipeline_s: Optional[float] = None
     worker_job_s: Optional[float] = None
     queued_s: Optional[float] = None
     total_s: Optional[float] = None
+    worker_peak_rss_mb: Optional[float] = None
 
     def to_dict(self) -> dict[str, Any]:
         return _without_none({"pipeline_s": self.pipeline_s, "worker_job_s": self.worker_job_s,
-                              "queued_s": self.queued_s, "total_s": self.total_s})
+                              "queued_s": self.queued_s, "total_s": self.total_s,
+                              "worker_peak_rss_mb": self.worker_peak_rss_mb})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobTimes:
         return cls(pipeline_s=_opt_float(data.get("pipeline_s")),
                    worker_job_s=_opt_float(data.get("worker_job_s")),
-                   queued_s=_opt_float(data.get("queued_s")), total_s=_opt_float(data.get("total_s")))
+                   queued_s=_opt_float(data.get("queued_s")), total_s=_opt_float(data.get("total_s")),
+                   worker_peak_rss_mb=_opt_float(data.get("worker_peak_rss_mb")))
 
 
 @dataclass(frozen=True)

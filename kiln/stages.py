@@ -11,11 +11,17 @@ from __future__ import annotations
 STAGES = ("reconstruct", "render_views", "mesh", "uv", "bake", "export")
 # Without baking there are no views to render and no texture to unwrap for.
 UNBAKED_STAGES = ("reconstruct", "mesh", "export")
-# Rough share of a job's time per stage (sums to 1 over STAGES).
-WEIGHTS = {"reconstruct": 0.30, "render_views": 0.15, "mesh": 0.05, "uv": 0.15,
+# A bake job (``kiln bake``): "read" reads the files, puts the splat on the mesh and finds
+# the photo's camera; render_views runs only with a splat, mesh and uv only for new UVs.
+MODEL_STAGES = ("read", "render_views", "mesh", "uv", "bake", "export")
+# Rough share of a job's time per stage; each job weighs its own stages against each other.
+WEIGHTS = {"reconstruct": 0.30, "read": 0.15, "render_views": 0.15, "mesh": 0.05, "uv": 0.15,
            "bake": 0.30, "export": 0.05}
 
 
-def stages_for(bake_enabled: bool) -> tuple[str, ...]:
-    """The stages a job runs, in order."""
+def stages_for(bake_enabled: bool, kind: str = "image") -> tuple[str, ...]:
+    """The stages a job runs, in order: an "image" job (a photo reconstructed) or a "bake"
+    job (a model someone made)."""
+    if kind == "bake":
+        return MODEL_STAGES
     return STAGES if bake_enabled else UNBAKED_STAGES

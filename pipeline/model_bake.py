@@ -12,13 +12,14 @@ Stage names, as ``kiln.stages`` has them: render_views, mesh, uv, bake, export.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
+from kiln.records import ModelStats, PipelineStats
 from kiln.settings import Settings
 
 from .io.frames import FrameFit
@@ -47,7 +48,9 @@ class ModelInputs:
     frame:  how the splat's frame was found; photo: rgb + mask at the camera's size (or None),
     camera: the photo's camera in the mesh's frame (or None); camera_fit: how well it fits
     when it was fitted to the mask (``pipeline.camera_fit``), else None; keep_uvs: bake into
-    the model's own UV layout (no simplification) rather than a new one.
+    the model's own UV layout (no simplification) rather than a new one. camera_how: how the
+    camera was found ("file" | "focal" | "fitted"); warnings: what reading the files found that
+    the person should hear.
     """
 
     model: MeshFile
@@ -57,6 +60,8 @@ class ModelInputs:
     camera: Optional[SourceCamera] = None
     camera_fit: Optional["CameraFit"] = None
     keep_uvs: bool = False
+    camera_how: Optional[str] = None
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,9 +83,13 @@ class SilhouetteFit:
 
 @dataclass
 class ModelBakeResult:
+    """glb_path: the GLB written; timings: stage -> seconds; stats: what was measured, with
+    ``stats.model`` saying how the files were read and placed."""
+
     glb_path: Path
-    timings: dict = field(default_factory=dict)
-    stats: dict = field(default_factory=dict)
+    timings: dict
+    stats: PipelineStats
+    ply_path: Optional[Path] = None   # a model bake writes no Gaussians
 
 
 def silhouette_fit(raster_ctx: "RasterContext", mesh: Mesh, camera: SourceCamera,
@@ -194,11 +203,12 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
     if settings.bake.texture_size == "auto":   # no reconstruction to size it after: Kiln's default
         settings = settings.override({"bake.texture_size": 1024})
     timings: dict[str, float] = {}
-    stats: dict = {"faces_in": inputs.model.mesh.num_faces, "mesh_format": inputs.model.format,
-                   "mesh_notes": list(inputs.model.notes)}
+    m: dict = {"faces_in": inputs.model.mesh.num_faces, "mesh_format": inputs.model.format,
+               "mesh_notes": tuple(inputs.model.notes), "camera": inputs.camera_how,
+               "warnings": list(inputs.warnings)}
     if inputs.frame is not None:
-        stats.update(frame=inputs.frame.source, frame_surface_distance=round(inputs.frame.distance, 5),
-                     frame_distances={k: round(v, 5) for k, v in inputs.frame.distances.items()})
+        m.update(frame=inputs.frame.source, frame_surface_distance=round(inputs.frame.distance, 5),
+                 frame_distances={k: round(v, 5) for k, v in inputs.frame.distances.items()})
 
     def stage(stage_name: str, fn, message: str = "done"):
         emit(stage_name, 0.0, "started")
@@ -208,19 +218,21 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
         emit(stage_name, 1.0, message)
         return out
 
-    photo, camera = _gated_photo(inputs, settings, raster_ctx, stats)
+    photo, camera = _gated_photo(inputs, settings, raster_ctx, m)
     if photo is None and inputs.splat is None and not has_own_colours(inputs.model):
-        why = "; ".join(stats.get("warnings", [])) or "no photo, no splat"
+        why = "; ".join(m["warnings"]) or "no photo, no splat"
         raise StageInputError(f"nothing to take colour from: {why}, and the mesh has no colours or "
                               "texture of its own; give a splat (--splat) or a photo that fits")
     views = None
     if inputs.splat is not None:
         views = stage("render_views", lambda: _splat_views(inputs, settings, backends, camera, emit))
     mesh = inputs.model.mesh
-    if not inputs.keep_uvs:
+    if inputs.keep_uvs:
+        m.update(uvs="kept", **uv_problems(mesh)[1])
+    else:
         # at least enough simplification for the unwrap to take the mesh
         ratio = max(settings.mesh.simplify_ratio, 1.0 - settings.mesh.max_faces_for_uv / mesh.num_faces)
-        stats["simplify_ratio"] = round(ratio, 4)
+        m["simplify_ratio"] = round(ratio, 4)
         mesh = stage("mesh", lambda: mesh_ops.simplify_mesh(
             mesh_ops.clean_mesh(mesh, min_component_fraction=settings.mesh.min_component_fraction,
                                 fill_holes=settings.mesh.fill_holes),
@@ -229,7 +241,6 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
         mesh = stage("uv", lambda: uv.unwrap(mesh, texture_size=int(b.texture_size), gutter=b.gutter,
                                              max_faces=settings.mesh.max_faces_for_uv, method=b.unwrap,
                                              source_camera=camera))
-    stats.update(faces=mesh.num_faces, vertices=mesh.num_vertices, uvs="kept" if inputs.keep_uvs else "new")
     fallback = own_colours(inputs.model, mesh, same_mesh=inputs.keep_uvs)
 
     def bake() -> "tuple[Texture, BakeStats]":
@@ -238,13 +249,14 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
                             photo=photo, source_camera=camera, fallback=fallback, photo_beyond_mask=False)
 
     texture, bake_stats = stage("bake", bake)
-    stats.update(bake_stats.to_dict())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     glb = stage("export", lambda: export.export_glb(mesh, texture, out / f"{name}.glb"))
-    stats["glb_bytes"] = glb.stat().st_size
-    if camera is not None:
-        stats["source_camera"] = camera.to_dict()
+    m["warnings"] = tuple(m["warnings"])
+    stats = PipelineStats(backends=backends, faces=mesh.num_faces, vertices=mesh.num_vertices, bake=bake_stats,
+                          glb_bytes=glb.stat().st_size,
+                          source_camera=camera.to_dict() if camera is not None else None,
+                          model=ModelStats(**m))
     return ModelBakeResult(glb_path=glb, timings=timings, stats=stats)
 
 
@@ -253,6 +265,7 @@ def _quiet(stage: str, fraction: float, message: str) -> None:
 
 
 def _gated_photo(inputs: ModelInputs, settings: Settings, raster_ctx, stats: dict):
+    # stats: the ModelStats fields so far; this adds "silhouette", "camera_fit" and warnings
     """(photo, camera) when the photo may be projected: the mesh's silhouette from the camera
     lies inside the mask by at least ``bake.photo_min_inside``; else (None, None), saying why."""
     if inputs.photo is None or inputs.camera is None:
@@ -262,17 +275,17 @@ def _gated_photo(inputs: ModelInputs, settings: Settings, raster_ctx, stats: dic
                            "iou": round(fit.iou, 4)}
     if inputs.camera_fit is not None:
         # a fitted camera: its IoU says how well it fits (the mesh may reach behind occluders)
-        stats.update({k: v for k, v in inputs.camera_fit.report().items() if k != "source_camera"})
+        stats["camera_fit"] = {k: v for k, v in inputs.camera_fit.report().items() if k != "source_camera"}
         need = settings.bake.fit_min_iou
         if inputs.camera_fit.iou < need:
-            stats.setdefault("warnings", []).append(
+            stats["warnings"].append(
                 f"the photo was not projected: the fitted camera's silhouette IoU is {inputs.camera_fit.iou:.2f} "
                 f"(at least {need:.2f} is needed, bake.fit_min_iou)")
             return None, None
         return inputs.photo, inputs.camera
     need = settings.bake.photo_min_inside
     if fit.inside < need:
-        stats.setdefault("warnings", []).append(
+        stats["warnings"].append(
             f"the photo was not projected: only {100 * fit.inside:.0f} % of the mesh's silhouette from "
             f"the camera lies inside the mask (at least {100 * need:.0f} % is needed, "
             "bake.photo_min_inside); the camera does not fit the photo")

@@ -69,7 +69,7 @@ def test_kilns_own_pair_bakes_back_to_its_texture(kiln_pair, tmp_path):
     s = load(None, {**FAST, "bake.photo_projection": False})
     out = bake_model(ModelInputs(model=model, splat=g, frame=fit_frame(model.mesh, g), keep_uvs=True),
                      s, resolve_backends(s), tmp_path, gl_context())
-    assert out.stats["texels_from"]["views"] > 0.95 and out.stats["frame"] == "kiln"
+    assert out.stats.bake.texels_from["views"] > 0.95 and out.stats.model.frame == "kiln"
     again = read_mesh(out.glb_path)
     chart = rasterize_uv(gl_context(), model.mesh, 512).tri_id[0] >= 0
     psnr = masked_psnr(again.texture / 255.0, model.texture / 255.0, chart)
@@ -101,7 +101,7 @@ def test_the_photo_of_a_known_texture_bakes_back_into_the_models_own_uvs(tmp_pat
     s = load(None, {"bake.texture_size": 256})
     out = bake_model(ModelInputs(model=model, photo=photo, camera=cam, keep_uvs=True), s,
                      resolve_backends(s), tmp_path, gl_context())
-    assert out.stats["silhouette"]["inside"] > 0.99 and out.stats["texels_from"]["photo"] > 0.3
+    assert out.stats.model.silhouette["inside"] > 0.99 and out.stats.bake.texels_from["photo"] > 0.3
     baked = read_mesh(out.glb_path)
     rgb, covered = render_textured(mesh, Texture(baked.texture, np.ones((256, 256), bool)),
                                    cam.as_cameras(), gl_context())
@@ -122,8 +122,8 @@ def test_a_camera_that_does_not_fit_is_not_projected_and_nothing_else_is_refused
     coloured = MeshFile(mesh=bare.mesh, texture=texture.image, format="glb")
     out = bake_model(ModelInputs(model=coloured, photo=photo, camera=wrong, keep_uvs=True), s,
                      resolve_backends(s), tmp_path, gl_context())
-    assert out.stats["texels_from"]["photo"] == 0 and out.stats["texels_from"]["fallback"] > 0.9
-    assert any("not projected" in w for w in out.stats["warnings"])
+    assert out.stats.bake.texels_from["photo"] == 0 and out.stats.bake.texels_from["fallback"] > 0.9
+    assert any("not projected" in w for w in out.stats.warnings)
 
 
 def _human():
@@ -158,7 +158,7 @@ def test_the_person_bakes_from_her_photo(tmp_path):
     s = load(None, {"bake.texture_size": 1024})
     out = bake_model(ModelInputs(model=model, photo=ImageInput(rgb, m), camera=cam), s,
                      resolve_backends(s), tmp_path, gl_context())
-    assert out.stats["texels_from"]["photo"] > 0.2 and out.stats["silhouette"]["inside"] > 0.97
+    assert out.stats.bake.texels_from["photo"] > 0.2 and out.stats.model.silhouette["inside"] > 0.97
     baked = read_mesh(out.glb_path)
     got, covered = render_textured(baked.mesh, Texture(baked.texture, np.ones(baked.texture.shape[:2], bool)),
                                    cam.as_cameras(), gl_context())

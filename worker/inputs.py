@@ -118,37 +118,48 @@ def load(item: RunItem, max_pixels: int, reconstruct: "ReconstructSettings",
          mask_dir: str | None = None) -> Loaded:
     """Read an item completely and run the reconstruction stage's own input checks.
     Raises ``InputProblem``."""
+    loaded = read_photo(item.image, item.mask, max_pixels, mask_dir)
+    what = f"mask {item.mask}" if item.mask is not None else f"the transparency of {item.image}"
+    check_reconstructable(loaded.rgb, loaded.mask, reconstruct, what)
+    return loaded
+
+
+def read_photo(image: Path, mask: Path | None, max_pixels: int, mask_dir: str | None = None,
+               flag: str = "--mask") -> Loaded:
+    """A photo and its mask (``mask``, else the photo's own transparency), read by the rule
+    in ``kiln.maskfile`` and checked for size and usable coverage. Raises ``InputProblem``;
+    ``flag`` is the option that gives the mask, for the hint."""
     from kiln.imageio import ImageError, load_image
     from kiln.limits import image_size_problem, mask_problem
     from kiln.maskfile import load_mask, read_alpha
 
     try:
-        rgb, alpha = load_image(item.image, max_pixels=max_pixels)
+        rgb, alpha = load_image(image, max_pixels=max_pixels)
     except ImageError as e:
-        raise InputProblem(f"image {item.image}: {e}") from None
+        raise InputProblem(f"image {image}: {e}") from None
     h, w = rgb.shape[:2]
-    small = image_size_problem(w, h, f"image {item.image}")
+    small = image_size_problem(w, h, f"image {image}")
     if small:
         raise InputProblem(small)
     notes = []
-    if item.mask is not None:
-        what = f"mask {item.mask}"
+    if mask is not None:
+        what = f"mask {mask}"
         try:
-            reading = load_mask(item.mask, max_pixels=max_pixels)
+            reading = load_mask(mask, max_pixels=max_pixels)
         except ImageError as e:
             raise InputProblem(f"{what}: {e}") from None
         mh, mw = reading.mask.shape
         if (mh, mw) != (h, w):
-            raise InputProblem(f"{what} is {mw}x{mh} but the image {item.image} is {w}x{h}; "
+            raise InputProblem(f"{what} is {mw}x{mh} but the image {image} is {w}x{h}; "
                                "they must match")
     else:
-        what = f"the transparency of {item.image}"
+        what = f"the transparency of {image}"
         if alpha is None:
-            where = (f" and {mask_dir} holds no mask for it (looked for {_mask_names(item.image)}, "
+            where = (f" and {mask_dir} holds no mask for it (looked for {_mask_names(image)}, "
                      "any image type)") if mask_dir else ""
             hint = ("put its mask in the --mask-dir folder" if mask_dir
-                    else "pass --mask MASK.png (white = object)")
-            raise InputProblem(f"no mask: {item.image} has no transparency{where}, so the object "
+                    else f"pass {flag} MASK.png (white = object)")
+            raise InputProblem(f"no mask: {image} has no transparency{where}, so the object "
                                f"cannot be told from the background; {hint} or use a "
                                "transparent PNG")
         reading = read_alpha(alpha)
@@ -158,7 +169,6 @@ def load(item: RunItem, max_pixels: int, reconstruct: "ReconstructSettings",
     if problem is not None:
         hint = " (is it inverted?)" if reading.mask.all() else ""
         raise InputProblem(f"{what} {problem}, read by its {by}{hint}")
-    check_reconstructable(rgb, reading.mask, reconstruct, what)
     return Loaded(rgb=rgb, mask=reading.mask, notes=notes)
 
 

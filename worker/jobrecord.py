@@ -54,7 +54,7 @@ class JobRecord:
 
     @property
     def stages(self) -> tuple[str, ...]:
-        return stages_for(self.settings.bake.enabled)
+        return stages_for(self.settings.bake.enabled, self.status.kind)
 
     @property
     def stage_timeout(self) -> float:

@@ -2,8 +2,10 @@
 
 Layout of ``<root>/<session>/<job_id>/``::
 
-    inputs/image.png   the photo, RGB
+    inputs/image.png   the photo, RGB (a bake job: only when it has one)
     inputs/mask.png    the object mask, 0 / 255
+    inputs/bake.json   a bake job's ``kiln.bakerequest.BakeRequest``, with the files it names
+                       (inputs/mesh/..., inputs/splat.ply, inputs/camera.json)
     settings.json      the job's full settings (kiln.settings.Settings.to_dict())
     status.json        JobStatus, rewritten atomically on every change
     result.json        what the worker reports besides the GLB (kiln.records.WorkerReport)
@@ -23,14 +25,16 @@ import json
 import os
 import re
 import secrets
+import shutil
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Final, Literal, Optional
+from typing import Any, Final, Literal, Mapping, Optional
 
 import numpy as np
 
 from kiln.atomic import atomic_write
+from kiln.bakerequest import BakeRequest
 from kiln.limits import image_size_problem
 from kiln.records import Backends, JobStats, WorkerReport
 from kiln.settings import Settings, from_dict
@@ -38,6 +42,8 @@ from kiln.settings import Settings, from_dict
 # A job's state (``JobStatus.state``), written as these strings in status.json and
 # compared as strings by every caller; the last three are final.
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
+# What a job does: "image" reconstructs a photo; "bake" textures a model someone made.
+JobKind = Literal["image", "bake"]
 QUEUED: Final = "queued"
 RUNNING: Final = "running"
 DONE: Final = "done"
@@ -66,10 +72,12 @@ class JobStatus:
     attempts: how many times a worker started it; worker: the slot of the last one.
     backends: the ``kiln.records.Backends`` the last attempt used; None before one started.
     created / started / finished: Unix times.
+    kind: a ``JobKind``: "image" (a photo reconstructed) or "bake" (a model file textured).
     """
 
     id: str
     session: str
+    kind: JobKind = "image"
     state: JobState = QUEUED
     stage: Optional[str] = None
     progress: float = 0.0
@@ -158,20 +166,42 @@ class JobStore:
 
         rgb: (H, W, 3) uint8; mask: (H, W) bool.
         """
-        from PIL import Image
-
         check_inputs(rgb, mask)
+        d, st = self._new(session, "image")
+        _write_photo(d, rgb, mask)
+        return self._queued(d, st, settings)
+
+    def create_bake(self, request: BakeRequest, copies: Mapping[str, Path], settings: Settings,
+                    session: str, rgb: Optional[np.ndarray] = None,
+                    mask: Optional[np.ndarray] = None) -> JobStatus:
+        """Write a new bake job: its request, copies of its files (name under inputs/ ->
+        source file) and its photo when it has one; returns its first (queued) status."""
+        if request.photo:
+            check_inputs(rgb, mask)
+        d, st = self._new(session, "bake")
+        for name, src in copies.items():
+            dst = d / "inputs" / name
+            if not dst.resolve().is_relative_to((d / "inputs").resolve()):
+                raise ValueError(f"{name}: a job's input must stay in its folder")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+        if request.photo:
+            _write_photo(d, rgb, mask)
+        atomic_write_json(d / "inputs" / "bake.json", request.to_dict())
+        return self._queued(d, st, settings)
+
+    def _new(self, session: str, kind: JobKind) -> tuple[Path, JobStatus]:
         session = safe_session(session)
         job_id = new_job_id()
         d = self.root / session / job_id
         (d / "inputs").mkdir(parents=True)
         (d / "outputs").mkdir()
-        # compress_level 1: these files are read once by the worker; speed beats size
-        Image.fromarray(np.ascontiguousarray(rgb), "RGB").save(d / "inputs" / "image.png", compress_level=1)
-        Image.fromarray(mask.astype(np.uint8) * 255, "L").save(d / "inputs" / "mask.png", compress_level=1)
+        return d, JobStatus(id=job_id, session=session, kind=kind, created=time.time(), message="queued")
+
+    def _queued(self, d: Path, st: JobStatus, settings: Settings) -> JobStatus:
+        """Settings and status last: a folder without status.json is no job (``scan``)."""
         atomic_write_json(d / "settings.json", settings.to_dict())
-        st = JobStatus(id=job_id, session=session, created=time.time(), message="queued")
-        self._dirs[job_id] = d
+        self._dirs[st.id] = d
         self.write_status(st)
         return st
 
@@ -277,6 +307,19 @@ def check_inputs(rgb, mask) -> None:
 def load_settings(job_dir: Path) -> Settings:
     """A job's settings (settings.json, as ``JobStore.create`` wrote them)."""
     return from_dict(json.loads((Path(job_dir) / "settings.json").read_text()))
+
+
+def _write_photo(d: Path, rgb, mask) -> None:
+    from PIL import Image
+
+    # compress_level 1: these files are read once by the worker; speed beats size
+    Image.fromarray(np.ascontiguousarray(rgb), "RGB").save(d / "inputs" / "image.png", compress_level=1)
+    Image.fromarray(mask.astype(np.uint8) * 255, "L").save(d / "inputs" / "mask.png", compress_level=1)
+
+
+def load_request(job_dir: Path) -> BakeRequest:
+    """A bake job's request (inputs/bake.json)."""
+    return BakeRequest.from_dict(json.loads((Path(job_dir) / "inputs" / "bake.json").read_text()))
 
 
 def load_inputs(job_dir: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -187,7 +187,8 @@ def _import_pipeline(cfg: WorkerConfig) -> None:
 
     _startup_fault(cfg, "imports")
 
-    for mod in ("run", "reconstruct", "builtin", "render_views", "mesh_ops", "uv", "rasterize", "bake", "export", "cache"):
+    for mod in ("run", "reconstruct", "builtin", "render_views", "mesh_ops", "uv", "rasterize", "bake", "export",
+                "cache", "model_bake", "model_inputs"):
         importlib.import_module(f"pipeline.{mod}")
 
 
@@ -283,7 +284,7 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
     from kiln.atomic import atomic_write
 
     from . import faults
-    from .jobstore import append_log, load_inputs, load_settings
+    from .jobstore import append_log, load_settings
 
     job_id, job_dir, attempt = msg.job, Path(msg.dir), msg.attempt
     fault = msg.fault if cfg.faults_enabled else None
@@ -313,26 +314,25 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
 
     try:
         from pipeline.export import check_glb
-        from pipeline.run import resolve_backends, run_pipeline
-        from pipeline.types import ImageInput
+        from pipeline.run import resolve_backends
 
         settings = load_settings(job_dir).override(msg.overrides or {})
-        rgb, mask = load_inputs(job_dir)
+        bake_job = (job_dir / "inputs" / "bake.json").is_file()
         # the out-of-memory retry shrinks the stages' memory-bound blocks (chunk_scale)
         backends = resolve_backends(settings, caps, chunk_scale=msg.chunk_scale)
         send(Started(job_id, backends))
         _check_backends(settings, backends, caps)
-        cache_dir = Path(msg.cache_dir) if msg.cache_dir else None
         t_pipe = time.perf_counter()
-        raster_ctx = _raster_context(contexts, backends) if settings.bake.enabled else None
-        result = run_pipeline(ImageInput(rgb=rgb, mask=mask), settings, job_dir / "outputs",
-                              on_event=on_event, backends=backends, cache_dir=cache_dir,
-                              name="model", raster_ctx=raster_ctx)
+        if bake_job:
+            result = _bake_model(job_dir, settings, backends, _raster_context(contexts, backends), on_event)
+        else:
+            result = _reconstruct(job_dir, settings, backends, contexts, msg, on_event)
         pipeline_s = time.perf_counter() - t_pipe
         check = check_glb(result.glb_path)
         # what the pipeline itself took vs. the whole attempt in this worker (inputs, checks)
         job_times = JobTimes(pipeline_s=round(pipeline_s, 4),
-                             worker_job_s=round(time.perf_counter() - t_job, 4))
+                             worker_job_s=round(time.perf_counter() - t_job, 4),
+                             worker_peak_rss_mb=round(_peak_rss_mb(), 1))
         report = WorkerReport(timings=result.timings, job=job_times, stats=result.stats, check=check)
         atomic_write(job_dir / "result.json",
                      json.dumps(report.to_dict(), indent=1, default=_json_default).encode())
@@ -351,6 +351,50 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
         del e
         _release_contexts(contexts)   # the next job starts from fresh GL / CUDA rasterizer state
         _free_memory()
+
+
+def _reconstruct(job_dir: Path, settings: Settings, backends: Backends, contexts, msg: Run, on_event):
+    """An image job: the photo reconstructed, meshed, baked and exported."""
+    from pipeline.run import run_pipeline
+    from pipeline.types import ImageInput
+
+    from .jobstore import load_inputs
+
+    rgb, mask = load_inputs(job_dir)
+    cache_dir = Path(msg.cache_dir) if msg.cache_dir else None
+    raster_ctx = _raster_context(contexts, backends) if settings.bake.enabled else None
+    return run_pipeline(ImageInput(rgb=rgb, mask=mask), settings, job_dir / "outputs",
+                        on_event=on_event, backends=backends, cache_dir=cache_dir,
+                        name="model", raster_ctx=raster_ctx)
+
+
+def _bake_model(job_dir: Path, settings: Settings, backends: Backends, raster_ctx: RasterContext, on_event):
+    """A bake job: the request's files read from the job's folder and placed (stage "read"),
+    then textured (``pipeline.model_bake``)."""
+    from pipeline.model_bake import bake_model
+    from pipeline.model_inputs import place_model, read_model
+    from pipeline.types import ImageInput
+
+    from .jobstore import load_inputs, load_request
+
+    on_event("read", 0.0, "reading the files")
+    t0 = time.perf_counter()
+    req = load_request(job_dir)
+    photo = ImageInput(*load_inputs(job_dir)) if req.photo else None
+    read = read_model(req, job_dir / "inputs", photo)
+    inputs = place_model(read, req, raster_ctx, backends, seed=settings.seed,
+                         progress=lambda f, m: on_event("read", f, m))
+    read_s = time.perf_counter() - t0
+    result = bake_model(inputs, settings, backends, job_dir / "outputs", raster_ctx, on_event=on_event)
+    result.timings = {"read": read_s, **result.timings}
+    return result
+
+
+def _peak_rss_mb() -> float:
+    """This worker's peak resident memory so far (a job's own in a fresh worker)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0   # KiB on Linux
 
 
 def _free_memory() -> None:

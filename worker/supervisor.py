@@ -30,14 +30,15 @@ Typical use (the CLI)::
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
-from kiln.digest import input_digest
+from kiln.digest import files_digest, input_digest
 from kiln.records import Capabilities
 from kiln.settings import Settings
 from kiln.settings import load as load_settings
@@ -49,6 +50,9 @@ from .jobhandle import Job
 from .jobrecord import JobRecord
 from .jobstore import Event, JobStatus, JobStore, check_inputs, safe_session
 from .slots import WorkerSlot
+
+if TYPE_CHECKING:
+    from .bakeinputs import CheckedBake
 
 __all__ = ["QueueFullError", "Supervisor", "WorkerStartError"]
 
@@ -140,19 +144,43 @@ class Supervisor:
 
         Raises ValueError for malformed inputs, QueueFullError when too many wait.
         """
-        d = self._dispatcher
-        if not self._started or d.stopping:
-            raise RuntimeError("the supervisor is not running; call start() first")
+        self._check_open()
         check_inputs(rgb, mask)
         settings = settings or self.settings
+        self._check_room()
+        st = self.store.create(rgb, mask, settings, session)
+        return self._enqueue(st, settings, input_digest(rgb, mask))
+
+    def submit_bake(self, bake: CheckedBake, settings: Optional[Settings] = None,
+                    session: str = "cli") -> Job:
+        """Queue a bake job (a model someone made, checked by ``worker.bakeinputs.check_bake``).
+        Its files are copied into the job's folder first, so the job owns them. Raises
+        QueueFullError when too many wait."""
+        self._check_open()
+        settings = settings or self.settings
+        self._check_room()
+        st = self.store.create_bake(bake.request, bake.copies, settings, session, bake.rgb, bake.mask)
+        files = [self.store.job_dir(st.id) / "inputs" / name for name in sorted(bake.copies)]
+        parts = [json.dumps(bake.request.to_dict(), sort_keys=True).encode()]
+        if bake.rgb is not None and bake.mask is not None:
+            parts.append(input_digest(bake.rgb, bake.mask).encode())
+        return self._enqueue(st, settings, files_digest(parts, files))
+
+    def _check_open(self) -> None:
+        if not self._started or self._dispatcher.stopping:
+            raise RuntimeError("the supervisor is not running; call start() first")
+
+    def _check_room(self) -> None:
+        d = self._dispatcher
         limit = self.settings.worker.max_queue
         with d.lock:
             if len(d.queue) >= limit:
                 raise QueueFullError(f"{len(d.queue)} jobs are already waiting (worker.max_queue"
                                      f" = {limit}); try again later")
-        st = self.store.create(rgb, mask, settings, session)
-        job = JobRecord(status=st, dir=self.store.job_dir(st.id), settings=settings,
-                        digest=input_digest(rgb, mask))
+
+    def _enqueue(self, st: JobStatus, settings: Settings, digest: str) -> Job:
+        d = self._dispatcher
+        job = JobRecord(status=st, dir=self.store.job_dir(st.id), settings=settings, digest=digest)
         with d.lock:
             d.enqueue(job)
         return Job(d, st.id)

@@ -136,3 +136,50 @@ def _visual(tm, fmt: str, notes: list[str]):
         rgba = np.asarray(visual.vertex_colors, np.float64)[:, :3] / 255.0
         colours = (linear_to_srgb(rgba) if fmt in ("glb", "gltf") else rgba).astype(np.float32)
     return uvs, texture, colours
+
+
+def companions(path) -> tuple[list[Path], list[str]]:
+    """(the files a mesh file refers to, relative to its folder; notes on those it cannot
+    use): an OBJ's ``mtllib`` files and the textures they name, a glTF's external buffers
+    and images. A job copies them beside the mesh, keeping these relative names, so the
+    reader finds them as it would next to the original. Missing ones are left out (the
+    reader then says what it lacks: no texture, say); a reference outside the mesh's folder
+    is left out and named."""
+    import json
+
+    path = Path(path)
+    fmt = mesh_format(path)
+    refs: list[str] = []
+    if fmt == "obj":
+        for mtl in _lines_after(path, "mtllib"):
+            refs.append(mtl)
+            mtl_path = path.parent / mtl
+            if mtl_path.is_file():
+                refs += [ln.split()[-1] for ln in mtl_path.read_text(errors="replace").splitlines()
+                         if ln.strip().split(" ")[0] in ("map_Kd", "map_Ka", "map_d") and len(ln.split()) > 1]
+    elif fmt == "gltf":
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return [], []   # the reader says what is wrong with it
+        refs = [str(item["uri"]) for key in ("buffers", "images") for item in doc.get(key, [])
+                if isinstance(item, dict) and "uri" in item and not str(item["uri"]).startswith("data:")]
+    found: list[Path] = []
+    notes: list[str] = []
+    base = path.parent.resolve()
+    for ref in dict.fromkeys(refs):
+        cand = (path.parent / ref).resolve()
+        if not cand.is_relative_to(base):
+            notes.append(f"{ref}: outside the mesh's folder, left out")
+        elif cand.is_file():
+            found.append(cand.relative_to(base))
+    return found, notes
+
+
+def _lines_after(path: Path, keyword: str) -> list[str]:
+    out = []
+    with open(path, "r", errors="replace") as f:
+        for line in f:
+            if line.startswith(keyword + " "):
+                out.append(line[len(keyword) + 1:].strip())
+    return out

@@ -1,0 +1,73 @@
+"""What a bake job bakes (``kiln bake``, the page's "Bake a model" tab, ``POST /api/bake``):
+the typed record a front end writes into the job's folder and the worker reads back.
+
+Files are named relative to the job's ``inputs/`` folder, where the front end copied them
+(with the companions a mesh file refers to: an OBJ's MTL and textures, a glTF's buffers);
+the photo and its mask, when there is one, are ``inputs/image.png`` and ``inputs/mask.png``
+as for any job. Values are checked where they enter (``worker.bakeinputs``), then trusted.
+
+Standard library only: the app process and the worker both read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+# the splat's source frame (``pipeline.io.frames.SOURCES`` holds the same names with their transforms)
+SOURCES = ("auto", "kiln", "inria", "sam3d", "trellis")
+# a mesh already placed in its photo's camera frame, for --focal
+CAMERA_FRAMES = ("opengl", "opencv")
+# bake into the mesh's own UVs, new ones, or the mesh's own when it has usable ones
+UV_MODES = ("auto", "keep", "new")
+
+
+@dataclass(frozen=True)
+class BakeRequest:
+    """mesh: the mesh file's name; splat: the splat PLY's name, or None.
+    photo: whether the job has a photo and its mask (``inputs/image.png``, ``inputs/mask.png``).
+    camera: a camera JSON's name (``source_camera`` form), or None; focal: the photo's focal
+    length in pixels for a mesh placed in the camera's frame, with principal (cx, cy) (None:
+    the image centre) and camera_frame ("opengl" as SAM 3D writes, or "opencv").
+    fit_camera: fit the camera to the mask (also done when a photo comes without a camera).
+    source: the splat's source frame, or "auto" to find it. uvs: "keep" | "new" | "auto".
+    names: the files' names as the person gave them (for messages and history)."""
+
+    mesh: str
+    splat: Optional[str] = None
+    photo: bool = False
+    camera: Optional[str] = None
+    focal: Optional[float] = None
+    principal: Optional[tuple[float, float]] = None
+    camera_frame: str = "opengl"
+    fit_camera: bool = False
+    source: str = "auto"
+    uvs: str = "auto"
+    names: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def camera_given(self) -> bool:
+        return self.camera is not None or self.focal is not None
+
+    @property
+    def fits_camera(self) -> bool:
+        """The worker fits the camera: asked to, or a photo came without one."""
+        return self.photo and (self.fit_camera or not self.camera_given)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mesh": self.mesh, "splat": self.splat, "photo": self.photo, "camera": self.camera,
+                "focal": self.focal, "principal": list(self.principal) if self.principal else None,
+                "camera_frame": self.camera_frame, "fit_camera": self.fit_camera,
+                "source": self.source, "uvs": self.uvs, "names": dict(self.names)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BakeRequest:
+        pp = data.get("principal")
+        return cls(mesh=str(data["mesh"]), splat=data.get("splat"), photo=bool(data.get("photo", False)),
+                   camera=data.get("camera"),
+                   focal=None if data.get("focal") is None else float(data["focal"]),
+                   principal=(float(pp[0]), float(pp[1])) if pp else None,
+                   camera_frame=str(data.get("camera_frame", "opengl")),
+                   fit_camera=bool(data.get("fit_camera", False)), source=str(data.get("source", "auto")),
+                   uvs=str(data.get("uvs", "auto")),
+                   names={str(k): str(v) for k, v in (data.get("names") or {}).items()})
