@@ -14,7 +14,9 @@ from pathlib import Path
 from kiln import settings as settings_mod
 from worker.inputs import InputProblem, Loaded, NoSpace, is_no_space, no_space
 
-from .clirunner import Cancelled, CliError, InProcessRunner, CliJobFailed, WorkerRunner
+from .cliargs import settings_from_args
+from .clibake import add_parser as add_bake_parser
+from .clirunner import Cancelled, CliError, InProcessRunner, CliJobFailed, WorkerRunner, write_report
 from .cliview import BatchLine, ItemResult, ProgressLine, summary_table, timing_table
 
 EXIT_CODES = ("Exit status: 0 the GLB was written (every GLB, with several images); 1 the job "
@@ -25,25 +27,6 @@ EXIT_CODES = ("Exit status: 0 the GLB was written (every GLB, with several image
               "and its worker stopped).")
 
 __all__ = ["main", "build_parser", "CliError", "CliJobFailed", "Cancelled", "ProgressLine", "timing_table"]
-
-
-def _settings_from_args(args) -> settings_mod.Settings:
-    try:
-        overrides: dict = settings_mod.parse_set(args.set)
-    except settings_mod.SettingsError as e:
-        raise CliError(str(e)) from None
-    flag_map = {
-        "bake.enabled": args.bake,
-        "mesh.simplify_ratio": args.simplify_ratio,
-        "bake.texture_size": args.texture_size,
-        "views.count": args.views,
-        "bake.mode": args.bake_mode,
-        "seed": args.seed,
-        "export.gaussians_ply": True if args.ply else None,
-        "worker.device": args.device,
-    }
-    overrides.update({k: v for k, v in flag_map.items() if v is not None})
-    return settings_mod.load(args.config, overrides)
 
 
 def _validate(items, settings, mask_dir, keep: bool) -> list[Loaded]:
@@ -90,7 +73,7 @@ def _space_check(items, settings) -> None:
 def cmd_run(args) -> int:
     from worker.inputs import load, plan, writing_to
 
-    settings = _settings_from_args(args)
+    settings = settings_from_args(args)
     try:
         items, batch = plan(args.image, args.mask, args.mask_dir, args.output)
     except InputProblem as e:
@@ -132,7 +115,7 @@ def _run_one(runner, item, got, args) -> int:
         print(f"kiln: warning: {w}", file=sys.stderr)
     out = item.output
     if args.report:
-        _write_report(args.report, {"timings": result["timings"], "total_s": total,
+        write_report(args.report, {"timings": result["timings"], "total_s": total,
                                     "stats": stats.to_dict(), "glb": str(out.resolve())})
     print(f"wrote {out.resolve()}")
     if result.get("ply"):
@@ -186,20 +169,11 @@ def _run_batch(runner, items, load_item, args) -> int:
     total = time.perf_counter() - t0
     print(summary_table(results, total, runner.startup))
     if args.report:
-        _write_report(args.report, {"images": [r.to_dict() for r in results], "total_s": total,
+        write_report(args.report, {"images": [r.to_dict() for r in results], "total_s": total,
                                     "worker_start_s": runner.startup})
     if interrupted:
         raise interrupted
     return 1 if any(r.state != "done" for r in results) else 0
-
-
-def _write_report(path: str, data: dict) -> None:
-    import json
-
-    from worker.inputs import writing_to
-
-    with writing_to(Path(path).parent):
-        Path(path).write_text(json.dumps(data, indent=2, default=str))
 
 
 def cmd_serve(args) -> int:
@@ -223,10 +197,11 @@ def cmd_settings(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kiln",
-        description="Kiln: one photo -> textured 3D model (GLB).",
+        description="Kiln: one photo -> textured 3D model (GLB); or a texture for a model you have.",
         epilog="Examples:\n  kiln run photo.png -o photo.glb            (transparent PNG: alpha is the mask)\n"
                "  kiln run photo.jpg --mask mask.png --no-bake --simplify-ratio 0.98\n"
                "  kiln run a.png b.jpg --mask-dir masks/ -o out/   (several images, one worker)\n"
+               "  kiln bake --mesh m.glb --splat s.ply -o baked.glb (texture a mesh you already have)\n"
                "  kiln serve                                  (web UI on http://127.0.0.1:7860)\n"
                "  kiln doctor                                 (check CUDA, compilers, backends)\n\n"
                + textwrap.fill(EXIT_CODES.replace("Exit status:", "Exit status of `kiln run`:"), 88),
@@ -277,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--in-process", action="store_true",
                    help="run the stages in this process instead of a crash-isolated worker (debugging)")
     r.set_defaults(func=cmd_run)
+    add_bake_parser(sub)
 
     s = sub.add_parser("serve", help="start the web UI (see `kiln serve --help`)", add_help=False)
     s.add_argument("rest", nargs=argparse.REMAINDER)

@@ -7,9 +7,13 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kiln.records import JobStats
 from worker.inputs import Loaded, NoSpace, no_space, writing_to
+
+if TYPE_CHECKING:
+    from worker.bakeinputs import CheckedBake
 
 # How long Ctrl-C waits for the cancelled job's worker to exit (it is sent SIGTERM, and
 # SIGKILL a second later, so this is only reached when the machine is badly overloaded).
@@ -42,6 +46,14 @@ def _copy_atomic(src, dst: Path) -> None:
 
     with writing_to(dst.parent):
         atomic_copy(src, dst)
+
+
+def write_report(path: str, data: dict) -> None:
+    """``--report``: ``data`` as JSON at ``path`` (a full disk named)."""
+    import json
+
+    with writing_to(Path(path).parent):
+        Path(path).write_text(json.dumps(data, indent=2, default=str))
 
 
 def show_events(events, display) -> None:
@@ -90,13 +102,22 @@ class WorkerRunner:
             self.sup = None
 
     def run(self, item: Loaded, out: Path, display) -> dict:
-        """Run one job and copy its GLB (and .ply) to ``out``. Returns timings, stats (a
-        ``kiln.records.JobStats``), ply and queued; raises CliError / CliJobFailed / Cancelled /
-        NoSpace."""
+        """Run one image's job and copy its GLB (and .ply) to ``out``. Returns timings, stats
+        (a ``kiln.records.JobStats``), ply and queued; raises CliError / CliJobFailed /
+        Cancelled / NoSpace."""
+        return self._follow(lambda sup: sup.submit(item.rgb, item.mask, self.settings, session="cli"),
+                            out, display)
+
+    def bake(self, bake: "CheckedBake", out: Path, display) -> dict:
+        """Run a bake job (``worker.bakeinputs.CheckedBake``) and copy its GLB to ``out``;
+        returns and raises as ``run``."""
+        return self._follow(lambda sup: sup.submit_bake(bake, self.settings, session="cli"), out, display)
+
+    def _follow(self, submit, out: Path, display) -> dict:
         sup = self.sup
         try:
             with writing_to(self.jobs_dir):
-                job = sup.submit(item.rgb, item.mask, self.settings, session="cli")
+                job = submit(sup)
         except ValueError as e:
             raise CliError(f"the job was refused: {e}") from None
         try:
@@ -157,4 +178,11 @@ class InProcessRunner:
             res = run_in_process(item.rgb, item.mask, self.settings, out, on_event=display.update,
                                  cache_dir=Path(self.settings.app.cache_dir))
         # the same stats a worker's job has, without the job's own (no queue, no worker)
+        return {**res, "stats": JobStats(pipeline=res["stats"]), "queued": 0.0}
+
+    def bake(self, bake: "CheckedBake", out: Path, display) -> dict:
+        from worker.inprocess import bake_in_process
+
+        with writing_to(out.parent):
+            res = bake_in_process(bake, self.settings, out, on_event=display.update)
         return {**res, "stats": JobStats(pipeline=res["stats"]), "queued": 0.0}

@@ -137,6 +137,12 @@ def check_bake(files: BakeFiles, settings: "Settings", simplify_asked: bool = Fa
                        mask=photo.mask if photo else None, notes=notes, input_bytes=size)
 
 
+def bake_settings(settings: "Settings", simplify_asked: bool) -> "Settings":
+    """A bake job's settings: a model someone made keeps its faces unless a simplify ratio was
+    asked for (the unwrap's own face limit still simplifies what it cannot take)."""
+    return settings if simplify_asked else settings.override({"mesh.simplify_ratio": 0.0})
+
+
 def _has_colour(model) -> bool:
     from pipeline.model_bake import has_own_colours
 

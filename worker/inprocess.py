@@ -30,3 +30,28 @@ def run_in_process(rgb: np.ndarray, mask: np.ndarray, settings, out: Path,
     if res.glb_path != out:   # an output without the .glb suffix
         shutil.move(res.glb_path, out)
     return {"timings": res.timings, "stats": res.stats, "ply": res.ply_path}
+
+
+def bake_in_process(bake, settings, out: Path, on_event: Optional[OnEvent] = None) -> dict:
+    """``kiln bake --in-process``: a ``worker.bakeinputs.CheckedBake`` laid out in a temporary
+    job folder as the job store would, baked here, the GLB left at ``out``. Returns
+    ``{"timings", "stats" (a ``kiln.records.PipelineStats``)}``."""
+    import tempfile
+
+    from kiln.atomic import atomic_copy
+    from pipeline.backends import resolve_backends
+    from pipeline.rasterize import raster_context
+
+    from .bakejob import bake_folder
+    from .jobstore import JobStore
+
+    with tempfile.TemporaryDirectory(prefix="kiln-bake-") as tmp:
+        store = JobStore(Path(tmp))
+        st = store.create_bake(bake.request, bake.copies, settings, "cli", bake.rgb, bake.mask)
+        job_dir = store.job_dir(st.id)
+        backends = resolve_backends(settings)
+        with raster_context(backends.rasterize, backends.device) as rc:
+            res = bake_folder(job_dir, settings, backends, rc, on_event or (lambda *a: None),
+                              job_dir / "outputs")
+        atomic_copy(res.glb_path, Path(out))
+    return {"timings": res.timings, "stats": res.stats, "ply": None}

@@ -324,7 +324,10 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
         _check_backends(settings, backends, caps)
         t_pipe = time.perf_counter()
         if bake_job:
-            result = _bake_model(job_dir, settings, backends, _raster_context(contexts, backends), on_event)
+            from .bakejob import bake_folder
+
+            result = bake_folder(job_dir, settings, backends, _raster_context(contexts, backends), on_event,
+                                 job_dir / "outputs")
         else:
             result = _reconstruct(job_dir, settings, backends, contexts, msg, on_event)
         pipeline_s = time.perf_counter() - t_pipe
@@ -366,28 +369,6 @@ def _reconstruct(job_dir: Path, settings: Settings, backends: Backends, contexts
     return run_pipeline(ImageInput(rgb=rgb, mask=mask), settings, job_dir / "outputs",
                         on_event=on_event, backends=backends, cache_dir=cache_dir,
                         name="model", raster_ctx=raster_ctx)
-
-
-def _bake_model(job_dir: Path, settings: Settings, backends: Backends, raster_ctx: RasterContext, on_event):
-    """A bake job: the request's files read from the job's folder and placed (stage "read"),
-    then textured (``pipeline.model_bake``)."""
-    from pipeline.model_bake import bake_model
-    from pipeline.model_inputs import place_model, read_model
-    from pipeline.types import ImageInput
-
-    from .jobstore import load_inputs, load_request
-
-    on_event("read", 0.0, "reading the files")
-    t0 = time.perf_counter()
-    req = load_request(job_dir)
-    photo = ImageInput(*load_inputs(job_dir)) if req.photo else None
-    read = read_model(req, job_dir / "inputs", photo)
-    inputs = place_model(read, req, raster_ctx, backends, seed=settings.seed,
-                         progress=lambda f, m: on_event("read", f, m))
-    read_s = time.perf_counter() - t0
-    result = bake_model(inputs, settings, backends, job_dir / "outputs", raster_ctx, on_event=on_event)
-    result.timings = {"read": read_s, **result.timings}
-    return result
 
 
 def _peak_rss_mb() -> float:
