@@ -98,19 +98,23 @@ def _one_mesh(loaded, path: Path):
         if not meshes:
             points = [g for g in loaded.geometry.values() if isinstance(g, trimesh.PointCloud)]
             if points:
-                raise StageInputError(f"{path.name} holds only points: this looks like a splat or point "
-                                      "cloud; pass it as --splat")
+                raise StageInputError(_only_points(path))
             raise StageInputError(f"{path.name} holds no triangle mesh")
         if len(meshes) > 1:
             notes.append(f"{len(meshes)} meshes in the file, joined into one")
             return trimesh.util.concatenate(meshes), notes
         return meshes[0], notes
     if isinstance(loaded, trimesh.PointCloud):
-        raise StageInputError(f"{path.name} has no faces: this looks like a splat or point cloud; "
-                              "pass it as --splat")
+        raise StageInputError(_only_points(path))
     if not isinstance(loaded, trimesh.Trimesh):
         raise StageInputError(f"{path.name} holds no triangle mesh (trimesh read a {type(loaded).__name__})")
     return loaded, notes
+
+
+def _only_points(path: Path) -> str:
+    if path.suffix.lower() == ".ply":   # the format splats come in
+        return f"{path.name} has no faces: this looks like a splat or point cloud; pass it as --splat"
+    return f"{path.name} holds no triangles, only points"
 
 
 def _visual(tm, fmt: str, notes: list[str]):
