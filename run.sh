@@ -18,13 +18,18 @@ case "$mode" in -*) mode=serve; set -- serve "$@" ;; esac
 log() { printf '[run.sh] %s\n' "$*" >&2; }
 
 need_debs() {
-    # The CPU rasterizer needs EGL + Mesa's llvmpipe; browser tests need chromium.
+    # The CPU rasterizer needs EGL + Mesa's llvmpipe; browser tests need chromium; the
+    # independent GLB renderer (three.js) and the Khronos glTF validator need node and npm.
     local pkgs="libegl1 libgl1-mesa-dri libegl-mesa0"
     [ "$mode" = test ] && pkgs="$pkgs chromium"
     local missing=""
     for p in $pkgs; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
     done
+    if [ "$mode" = test ]; then
+        command -v node >/dev/null || missing="$missing nodejs"
+        command -v npm >/dev/null || missing="$missing npm"
+    fi
     [ -z "$missing" ] && return 0
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         log "installing Debian packages:$missing"
