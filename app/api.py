@@ -10,23 +10,23 @@ only with its cookie (``app.server.RequestGuard``). Another client, or a page, h
 another cookie and reaches none of it.
 
 The page's own events stay callable by the page but are hidden from the API
-listing: they take page-shaped values and are no interface to keep stable.
+listing: they take page-shaped values and are no interface to keep stable. The endpoints
+are registered from ``app.api_endpoints.ENDPOINT_TABLE``; ``/bake`` lives in ``app.api_bake``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import gradio as gr
-from gradio.components.api_component import Api
 
 from kiln.settings import Settings, SettingsError
 
 from . import form, history, jobs, usertext, selection, statusview, uploads
 from .context import AppContext
-from .requestinfo import Caller, event_fn, refusal
+from .requestinfo import Caller, refusal
 
 # generate's parameters -> the setting each sets (kiln.settings checks ranges and names it)
 SETTING_OF = {"bake": "bake.enabled", "simplify_ratio": "mesh.simplify_ratio",
@@ -214,7 +214,7 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
         state = last.state if last is not None else "not started"
         why = usertext.public_text(last.error or "") if last is not None else ""
         raise refusal(f"job {last.id if last else ''} {state}" + (f": {why}" if why else ""))
-    files = _publish(ctx, session, last)
+    files = publish(ctx, session, last)
     yield JobAnswer(describe_job(last), files.get("glb"), files.get("ply"))
 
 
@@ -245,7 +245,7 @@ def result(ctx: AppContext, caller: Caller, job: str) -> JobAnswer:
         raise refusal(f"job: no job {str(job)[:64]!r} of this client")
     if st.state != "done":
         raise refusal(f"job {st.id} is {st.state}" + (f": {usertext.public_text(st.error)}" if st.error else ""))
-    files = _publish(ctx, caller.session, st)
+    files = publish(ctx, caller.session, st)
     return JobAnswer(describe_job(st), files.get("glb"), files.get("ply"))
 
 
@@ -260,117 +260,11 @@ def _fail(e: Exception) -> gr.Error:
     return refusal(usertext.public_text(str(e)))
 
 
-def _publish(ctx: AppContext, session: str, st) -> dict[str, str]:
+def publish(ctx: AppContext, session: str, st) -> dict[str, str]:
+    """A done job's files, published for this session's browser only."""
     try:
         statuses = jobs.browser_jobs(ctx, session)
         stem = history.result_stems(statuses, jobs.job_infos(ctx, statuses)).get(st.id)
         return {k: str(p) for k, p in ctx.publisher.publish(session, st, stem).items()}
     except (OSError, usertext.UIError) as e:
         raise refusal(f"the result could not be prepared for download: {usertext.public_text(str(e))}") from None
-
-
-# -- registration -------------------------------------------------------------------------
-
-@dataclass(frozen=True, eq=False)
-class ApiSlots:
-    """The hidden components the endpoints read and write: what a script sends and gets.
-    ``settings``: /generate's parameters, in its order."""
-
-    image: gr.File
-    mask: gr.File
-    use_alpha: Api
-    points: Api
-    box: Api
-    settings: tuple
-    job: Api
-    info: Api
-    glb: gr.File
-    ply: gr.File
-
-
-def _json_slot(value: Any, schema: dict, label: str) -> Api:
-    # a value handed over as sent: kiln.settings checks it and names the setting, where
-    # a typed component would coerce or refuse it in its own words first
-    return Api(value, schema, label)
-
-
-def api_slots(s: Settings) -> ApiSlots:
-    """Make the endpoints' components (inside a Blocks context); defaults from ``s``."""
-    return ApiSlots(
-        image=gr.File(label="image", file_types=["image"], type="filepath"),
-        mask=gr.File(label="mask", file_types=["image"], type="filepath"),
-        use_alpha=_json_slot(True, {"type": "boolean"}, "use_alpha"),
-        points=_json_slot([], {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}, "points"),
-        box=_json_slot(None, {"type": "array", "items": {"type": "number"}}, "box"),
-        settings=(
-            _json_slot(s.bake.enabled, {"type": "boolean"}, "bake"),
-            _json_slot(s.mesh.simplify_ratio, {"type": "number"}, "simplify_ratio"),
-            _json_slot(s.bake.texture_size, {"type": "string", "description": "a power of two or auto"},
-                       "texture_size"),
-            _json_slot(s.views.count, {"type": "integer"}, "views"),
-            _json_slot(s.bake.mode, {"type": "string", "enum": ["fast", "opt"]}, "bake_mode"),
-            _json_slot(s.seed, {"type": "integer"}, "seed"),
-            _json_slot(s.export.gaussians_ply, {"type": "boolean"}, "gaussians_ply"),
-        ),
-        job=_json_slot(None, {"type": "string"}, "job"),
-        info=_json_slot(None, {"type": "object"}, "info"),
-        glb=gr.File(label="glb"),
-        ply=gr.File(label="ply"),
-    )
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """One script endpoint: its name ("/generate" to gradio_client), its handler, the
-    ``ApiSlots`` it reads (in the handler's parameter order) and writes, and how it queues:
-    "api" in Gradio's queue four at a time, "job" waiting on its job (the supervisor's
-    queue bounds the jobs, not a slot), "now" at once without the queue."""
-
-    name: str
-    handler: Callable
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    queue: str = "api"
-
-
-ENDPOINT_TABLE = (
-    Endpoint("upload_image", upload_image, ("image", "mask", "use_alpha"), ("info",)),
-    Endpoint("select", select, ("points", "box"), ("info",)),
-    Endpoint("generate", generate, ("settings",), JobAnswer._fields, queue="job"),
-    Endpoint("status", status, (), ("info",), queue="now"),
-    Endpoint("result", result, ("job",), JobAnswer._fields),
-    Endpoint("cancel", cancel, (), ("info",), queue="now"),
-)
-# the endpoints, as gradio_client names them ("/generate")
-ENDPOINTS = tuple(e.name for e in ENDPOINT_TABLE)
-
-
-def _components(slots: ApiSlots, names: tuple[str, ...]) -> list:
-    out = []
-    for name in names:
-        value = getattr(slots, name)
-        out += list(value) if isinstance(value, tuple) else [value]
-    return out
-
-
-def queue_options(ctx: AppContext, queue: str) -> dict:
-    if queue == "now":
-        return {"queue": False}
-    if queue == "job":
-        return {"concurrency_id": "api-generate", "concurrency_limit": ctx.workers + ctx.settings.worker.max_queue}
-    return {"concurrency_id": "api", "concurrency_limit": 4}
-
-
-def register(demo: gr.Blocks, ctx: AppContext) -> None:
-    """Add the script endpoints (``ENDPOINT_TABLE``) to ``demo``, after the page's events are
-    defined, and hide the page's own events from the API listing."""
-    page_fns = list(demo.fns.values())
-    with demo:
-        with gr.Column(visible=False):
-            slots = api_slots(ctx.settings)
-            trigger = gr.Button("api", visible=False)
-            for ep in ENDPOINT_TABLE:
-                trigger.click(event_fn(ep.handler, ctx), _components(slots, ep.inputs) or None,
-                              _components(slots, ep.outputs), api_name=ep.name, **queue_options(ctx, ep.queue))
-    for fn in page_fns:
-        fn.api_visibility = "private"

@@ -74,6 +74,25 @@ def follow_job(ctx, session: str, rgb: np.ndarray, mask: np.ndarray, settings: S
     Cancel (``app.active.ActiveJobs.request_cancel``), or by the reaper once no page followed it for
     ``app.orphan_grace_s``.
     """
+    def submit(sup):
+        nonlocal rgb, mask
+        try:
+            return sup.submit(rgb, mask, settings, session=session)
+        finally:
+            del rgb, mask   # full size, up to app.max_pixels: the job store has them now
+
+    yield from _submit_and_follow(ctx, session, submit, settings, info, pressed_at, poll_s)
+
+
+def follow_bake(ctx, session: str, bake, settings: Settings, info: Optional[JobInfo] = None,
+                pressed_at: Optional[float] = None, poll_s: float = 0.25) -> Iterator[tuple[str, Any]]:
+    """``follow_job`` for a bake job: ``bake`` is a ``worker.bakeinputs.CheckedBake``."""
+    yield from _submit_and_follow(ctx, session, lambda sup: sup.submit_bake(bake, settings, session=session),
+                                  settings, info, pressed_at, poll_s)
+
+
+def _submit_and_follow(ctx, session: str, submit, settings: Settings, info: Optional[JobInfo],
+                       pressed_at: Optional[float], poll_s: float) -> Iterator[tuple[str, Any]]:
     while not ctx.sup_ready.is_set():
         # a yield per second lets Gradio drop a closed tab's generator while it waits
         yield WAITING_FOR_POOL, None
@@ -83,13 +102,11 @@ def follow_job(ctx, session: str, rgb: np.ndarray, mask: np.ndarray, settings: S
         yield ctx.sup_error or "the worker pool is not running", None
         return
     try:
-        job = sup.submit(rgb, mask, settings, session=session)
+        job = submit(sup)
     except Exception as e:  # noqa: BLE001 - queue full or a refused input: the person reads why
         log.warning("submit failed: %s", e)
         yield f"Could not start the job: {public_text(str(e))}", None
         return
-    finally:
-        del rgb, mask   # full size, up to app.max_pixels: the job store has them now
     summary = settings_summary(settings)
     ctx.summaries[job.id] = summary
     if info is not None:

@@ -70,6 +70,7 @@ class FakeSup:
         self.lock = threading.Lock()
         self.queued = 0
         self.ply: dict[str, bool] = {}     # job id -> a .ply was asked for
+        self.bakes: dict = {}              # job id -> the CheckedBake of a bake job
 
     # the pool
     def start(self):
@@ -100,6 +101,22 @@ class FakeSup:
             self.statuses[job_id] = JobStatus(id=job_id, session=session, state="queued", seq=1,
                                               created=1000.0 + len(self.statuses))
             self.ply[job_id] = bool(settings.export.gaussians_ply)
+        return FakeJob(self, job_id)
+
+    def submit_bake(self, bake, settings, session):
+        """A bake job: ``bakes[job id]`` keeps the ``worker.bakeinputs.CheckedBake`` it got."""
+        if self.refuse is not None:
+            raise self.refuse
+        with self.lock:
+            job_id = f"job{len(self.statuses)}"
+            d = self.root / session / job_id
+            (d / "outputs").mkdir(parents=True)
+            (d / "settings.json").write_text(json.dumps(settings.to_dict()))
+            self.dirs[job_id] = d
+            self.statuses[job_id] = JobStatus(id=job_id, session=session, kind="bake", state="queued", seq=1,
+                                              created=1000.0 + len(self.statuses))
+            self.ply[job_id] = False
+            self.bakes[job_id] = bake
         return FakeJob(self, job_id)
 
     def job(self, job_id: str) -> FakeJob:

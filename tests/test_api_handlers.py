@@ -5,6 +5,7 @@ what gradio_client lists. tests/test_api.py runs the same endpoints against a li
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ import gradio as gr
 import numpy as np
 import pytest
 
-from app import api
+from app import api, api_endpoints
 from app.requestinfo import event_fn
 from app.ui import build_ui
 from kiln.settings import Settings
@@ -51,9 +52,9 @@ def _no_progress(*_, **__):
 
 
 def test_the_endpoint_table_matches_its_handlers_and_is_what_clients_see(app):
-    assert api.ENDPOINTS == ("upload_image", "select", "generate", "status", "result", "cancel")
+    assert api_endpoints.ENDPOINTS == ("upload_image", "select", "generate", "bake", "status", "result", "cancel")
     demo = build_ui(app.ctx)
-    for ep in api.ENDPOINT_TABLE:
+    for ep in api_endpoints.ENDPOINT_TABLE:
         params = [p for p in list(inspect.signature(ep.handler).parameters.values())[2:] if p.name != "progress"]
         fn = next(f for f in demo.fns.values() if f.api_name == ep.name)
         assert fn.fn.handler is ep.handler and fn.api_visibility != "private"
@@ -67,7 +68,7 @@ def test_the_endpoint_table_matches_its_handlers_and_is_what_clients_see(app):
             [*names[:len(required)], "request", *names[len(required):]], ep.name
     # the page's own events are hidden from the API listing
     public = sorted(f.api_name for f in demo.fns.values() if f.api_visibility == "public")
-    assert public == sorted(api.ENDPOINTS), public
+    assert public == sorted(api_endpoints.ENDPOINTS), public
 
 
 def test_upload_image_keeps_the_image_and_its_mask_for_the_callers_session(app):
@@ -156,3 +157,52 @@ def test_one_job_at_a_time_per_session_cancel_and_a_failed_job(app):
     app.sup.hold, app.sup.fail_with = False, "stage 'uv' failed: ValueError: at /srv/x/mesh.npz"
     assert _refused(api.generate, app.ctx, A, progress=_no_progress) == \
         "job job1 failed: stage 'uv' failed: ValueError: at mesh.npz"
+
+
+def _coloured_mesh(path: Path) -> str:
+    import trimesh
+
+    tm = trimesh.creation.icosphere(subdivisions=2, radius=0.5)
+    tm.vertices[:, 2] -= 3.0   # in front of an OpenGL camera at the origin
+    tm.visual.vertex_colors = np.full((len(tm.vertices), 4), 200, np.uint8)
+    tm.export(path)
+    return str(path)
+
+
+def test_bake_checks_the_files_before_a_job_is_queued(app, tmp_path):
+    from app import api_bake
+
+    mesh = _coloured_mesh(tmp_path / "ball.ply")
+    assert _refused(api_bake.bake, app.ctx, A, "", progress=_no_progress) == "mesh: no file was given"
+    points = tmp_path / "points.ply"
+    points.write_text("ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\n"
+                      "property float z\nend_header\n0 0 0\n")
+    assert "points.ply has no faces: this looks like a splat" in \
+        _refused(api_bake.bake, app.ctx, A, str(points), progress=_no_progress)
+    assert "--source must be one of auto" in _refused(api_bake.bake, app.ctx, A, mesh, source="blender",
+                                                      progress=_no_progress)
+    assert "a camera is only used to project the photo" in \
+        _refused(api_bake.bake, app.ctx, A, mesh, focal=300.0, progress=_no_progress)
+    assert "texture_size: 777 must be a power of two" in \
+        _refused(api_bake.bake, app.ctx, A, mesh, texture_size=777, progress=_no_progress)
+    assert "upload an image first" in _refused(api_bake.bake, app.ctx, A, mesh, session_image=True,
+                                               progress=_no_progress)
+    assert app.sup.jobs() == [] and not app.ctx.active.busy(A.session)
+
+
+def test_bake_runs_a_job_with_the_sessions_photo_and_publishes_its_glb(app, tmp_path):
+    from app import api_bake
+
+    mesh = _coloured_mesh(tmp_path / "ball.ply")
+    api.upload_image(app.ctx, A, app.files.cutout)
+    answers = list(api_bake.bake(app.ctx, A, mesh, session_image=True, focal=300.0, progress=_no_progress))
+    info, glb, ply = answers[-1]
+    assert info["state"] == "done" and glb.endswith(".glb") and ply is None
+    (job_id, checked), = app.sup.bakes.items()
+    assert checked.request.photo and checked.request.focal == 300.0 and checked.rgb.shape == (160, 160, 3)
+    assert checked.request.names["mesh"] == "ball.ply"
+    assert app.sup.statuses[job_id].kind == "bake"
+    # a bake keeps the mesh's faces unless a simplify ratio is asked
+    assert json.loads((app.sup.dirs[job_id] / "settings.json").read_text())["mesh"]["simplify_ratio"] == 0.0
+    # the job is the client's, as /generate's are
+    assert api.status(app.ctx, B)["jobs"] == [] and len(api.status(app.ctx, A)["jobs"]) == 1

@@ -65,9 +65,12 @@ def _choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
         raise InputProblem(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
 
 
-def check_bake(files: BakeFiles, settings: "Settings", simplify_asked: bool = False) -> CheckedBake:
+def check_bake(files: BakeFiles, settings: "Settings", simplify_asked: bool = False,
+               photo_pixels: Optional[tuple["np.ndarray", "np.ndarray"]] = None) -> CheckedBake:
     """Read and check everything ``files`` names. ``simplify_asked``: a simplify ratio was set
-    explicitly (kept UVs refuse it). Raises ``InputProblem``."""
+    explicitly (kept UVs refuse it). ``photo_pixels``: the photo as (rgb (H, W, 3) uint8,
+    mask (H, W) bool) already read and checked (the page's image and selection), instead of
+    ``files.image``. Raises ``InputProblem``."""
     from pipeline.io.mesh_file import companions, mesh_format
     from pipeline.model_inputs import read_model
     from pipeline.types import ImageInput
@@ -94,7 +97,11 @@ def check_bake(files: BakeFiles, settings: "Settings", simplify_asked: bool = Fa
 
     photo = None
     notes: list[str] = []
-    if files.image is not None:
+    if photo_pixels is not None:
+        if files.image is not None or files.mask is not None:
+            raise InputProblem("give the photo as a file or use the page's image, not both")
+        photo = ImageInput(rgb=photo_pixels[0], mask=photo_pixels[1])
+    elif files.image is not None:
         got = read_photo(Path(files.image), files.mask, settings.app.max_pixels)
         photo = ImageInput(rgb=got.rgb, mask=got.mask)
         notes += got.notes

@@ -1,0 +1,106 @@
+"""``/bake``: texture a model the script already has (``kiln bake`` over HTTP), documented in
+docs/api.md. The files are checked as ``kiln bake`` checks them (``worker.bakeinputs``) before
+a job is queued; the job then runs on the same workers, with the same guarantees, and its
+GLB is published to this client alone, like ``/generate``'s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import gradio as gr
+
+from . import history, jobs, usertext, statusview
+from .api import JobAnswer, api_settings, describe_job, publish
+from .context import AppContext
+from .requestinfo import Caller, refusal
+
+# /bake's parameters, in order, after the mesh (each optional for a client)
+BAKE_PARAMS = ("splat", "image", "mask", "camera", "focal", "principal", "camera_frame", "fit_camera",
+               "source", "uvs", "session_image", "simplify_ratio", "texture_size", "views", "bake_mode", "seed")
+
+
+def bake_request(ctx: AppContext, session: str, mesh: str, splat: Optional[str], image: Optional[str],
+                 mask: Optional[str], camera: Optional[str], focal: Any, principal: Any, camera_frame: Any,
+                 fit_camera: Any, source: Any, uvs: Any, session_image: Any, settings_values: dict):
+    """(``worker.bakeinputs.CheckedBake``, its settings) from a bake's parameters, checked;
+    UIError naming the parameter or file that is wrong. ``session_image``: the session's
+    image and selection are the photo (the page's first tab, or ``/upload_image``)."""
+    from worker.bakeinputs import BakeFiles, bake_settings, check_bake
+    from worker.inputs import InputProblem
+
+    from . import form
+
+    if not mesh:
+        raise usertext.UIError("mesh: no file was given")
+    simplify_asked = settings_values.get("simplify_ratio") is not None
+    settings = bake_settings(api_settings(ctx.settings, settings_values), simplify_asked)
+    try:
+        files = BakeFiles(
+            mesh=Path(mesh), splat=_path(splat), image=_path(image), mask=_path(mask), camera=_path(camera),
+            focal=float(focal) if focal not in (None, "", 0) else None,
+            principal=(float(principal[0]), float(principal[1])) if principal else None,
+            camera_frame=str(camera_frame or "opengl"), fit_camera=bool(fit_camera),
+            source=str(source or "auto"), uvs=str(uvs or "auto"))
+    except (TypeError, ValueError, IndexError):
+        raise usertext.UIError("focal is a number of pixels and principal [cx, cy]") from None
+    pixels = None
+    if session_image:
+        st = ctx.sessions.get(session)
+        with ctx.decodes:
+            pixels = form.job_inputs(st)   # UIError: no image, or no usable selection
+    try:
+        return check_bake(files, settings, simplify_asked, photo_pixels=pixels), settings
+    except InputProblem as e:
+        raise usertext.UIError(str(e)) from None
+
+
+def _path(value) -> Optional[Path]:
+    return Path(value) if value else None
+
+
+def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None, image: Optional[str] = None,
+         mask: Optional[str] = None, camera: Optional[str] = None, focal: Optional[float] = None,
+         principal: Optional[list] = None, camera_frame: Optional[str] = None, fit_camera: Optional[bool] = None,
+         source: Optional[str] = None, uvs: Optional[str] = None, session_image: Optional[bool] = None,
+         simplify_ratio: Optional[float] = None, texture_size: Any = None, views: Optional[int] = None,
+         bake_mode: Optional[str] = None, seed: Optional[int] = None,
+         progress=gr.Progress()) -> Iterator[JobAnswer]:
+    """Bake a textured GLB from a mesh the script has (GLB/glTF, OBJ, PLY, STL), with its splat
+    (3DGS PLY), its photo (image + mask, or the session's image and selection with
+    session_image) and the photo's camera (camera: a source_camera JSON, or focal [+
+    principal] with camera_frame; none: fitted to the mask). source: the splat's tool (auto,
+    kiln, inria, sam3d, trellis); uvs: auto, keep or new. Yields (status, glb, ply) as the
+    job changes; the last has the GLB. Bad files are refused before a job is queued."""
+    session = caller.session
+    values = dict(simplify_ratio=simplify_ratio, texture_size=texture_size, views=views,
+                  bake_mode=bake_mode, seed=seed)
+    if ctx.sup_error:
+        raise refusal(usertext.public_text(ctx.sup_error))
+    try:
+        checked, settings = bake_request(ctx, session, mesh, splat, image, mask, camera, focal, principal,
+                                         camera_frame, fit_camera, source, uvs, session_image, values)
+    except usertext.UIError as e:
+        raise refusal(usertext.public_text(str(e))) from None
+    if not ctx.active.press(session):
+        raise refusal("this session already has a job running; wait for it or call /cancel")
+    last = None
+    try:
+        info = history.JobInfo(checked.request.names.get("mesh", "model"))
+        for note, last in jobs.follow_bake(ctx, session, checked, settings, info=info):
+            if last is None:
+                if note != jobs.WAITING_FOR_POOL:
+                    raise refusal(usertext.public_text(note))
+                progress(0.0, desc=note)
+                continue
+            progress(float(last.progress or 0.0), desc=statusview.stage_label(last.stage))
+            if not last.terminal:
+                yield JobAnswer(describe_job(last))
+    finally:
+        ctx.active.end_pending(session)
+    if last is None or last.state != "done":
+        state = last.state if last is not None else "not started"
+        why = usertext.public_text(last.error or "") if last is not None else ""
+        raise refusal(f"job {last.id if last else ''} {state}" + (f": {why}" if why else ""))
+    files = publish(ctx, session, last)
+    yield JobAnswer(describe_job(last), files.get("glb"), None)
