@@ -5,59 +5,15 @@ GLB is published to this client alone, like ``/generate``'s."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import gradio as gr
 
 from . import history, jobs, usertext, statusview
-from .api import JobAnswer, api_settings, describe_job, publish
+from .api import JobAnswer, describe_job, publish
+from .bakeform import bake_request
 from .context import AppContext
 from .requestinfo import Caller, refusal
-
-# /bake's parameters, in order, after the mesh (each optional for a client)
-BAKE_PARAMS = ("splat", "image", "mask", "camera", "focal", "principal", "camera_frame", "fit_camera",
-               "source", "uvs", "session_image", "simplify_ratio", "texture_size", "views", "bake_mode", "seed")
-
-
-def bake_request(ctx: AppContext, session: str, mesh: str, splat: Optional[str], image: Optional[str],
-                 mask: Optional[str], camera: Optional[str], focal: Any, principal: Any, camera_frame: Any,
-                 fit_camera: Any, source: Any, uvs: Any, session_image: Any, settings_values: dict):
-    """(``worker.bakeinputs.CheckedBake``, its settings) from a bake's parameters, checked;
-    UIError naming the parameter or file that is wrong. ``session_image``: the session's
-    image and selection are the photo (the page's first tab, or ``/upload_image``)."""
-    from worker.bakeinputs import BakeFiles, bake_settings, check_bake
-    from worker.inputs import InputProblem
-
-    from . import form
-
-    if not mesh:
-        raise usertext.UIError("mesh: no file was given")
-    simplify_asked = settings_values.get("simplify_ratio") is not None
-    settings = bake_settings(api_settings(ctx.settings, settings_values), simplify_asked)
-    try:
-        files = BakeFiles(
-            mesh=Path(mesh), splat=_path(splat), image=_path(image), mask=_path(mask), camera=_path(camera),
-            focal=float(focal) if focal not in (None, "", 0) else None,
-            principal=(float(principal[0]), float(principal[1])) if principal else None,
-            camera_frame=str(camera_frame or "opengl"), fit_camera=bool(fit_camera),
-            source=str(source or "auto"), uvs=str(uvs or "auto"))
-    except (TypeError, ValueError, IndexError):
-        raise usertext.UIError("focal is a number of pixels and principal [cx, cy]") from None
-    pixels = None
-    if session_image:
-        st = ctx.sessions.get(session)
-        with ctx.decodes:
-            pixels = form.job_inputs(st)   # UIError: no image, or no usable selection
-    try:
-        return check_bake(files, settings, simplify_asked, photo_pixels=pixels), settings
-    except InputProblem as e:
-        raise usertext.UIError(str(e)) from None
-
-
-def _path(value) -> Optional[Path]:
-    return Path(value) if value else None
-
 
 def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None, image: Optional[str] = None,
          mask: Optional[str] = None, camera: Optional[str] = None, focal: Optional[float] = None,

@@ -179,7 +179,7 @@ def test_bake_checks_the_files_before_a_job_is_queued(app, tmp_path):
                       "property float z\nend_header\n0 0 0\n")
     assert "points.ply has no faces: this looks like a splat" in \
         _refused(api_bake.bake, app.ctx, A, str(points), progress=_no_progress)
-    assert "--source must be one of auto" in _refused(api_bake.bake, app.ctx, A, mesh, source="blender",
+    assert "source must be one of auto" in _refused(api_bake.bake, app.ctx, A, mesh, source="blender",
                                                       progress=_no_progress)
     assert "a camera is only used to project the photo" in \
         _refused(api_bake.bake, app.ctx, A, mesh, focal=300.0, progress=_no_progress)
