@@ -60,8 +60,8 @@ class Outcome:
         """The job's state ('done', 'failed', 'cancelled'), or 'not started'."""
         return self.status.state if self.status is not None else "not started"
 
-    def progress_html(self) -> str:
-        return statusview.progress_html(self.status, note=self.note, waited_s=self.waited_s)
+    def progress_html(self, dom_id: str = "kiln-progress") -> str:
+        return statusview.progress_html(self.status, note=self.note, waited_s=self.waited_s, dom_id=dom_id)
 
 
 def not_started(note: str) -> Outcome:

@@ -20,6 +20,40 @@ from .example_images import EXAMPLES
 Updates = dict
 
 
+BAKE_PROGRESS_ID = "kiln-bake-progress"
+
+
+@dataclass(frozen=True, eq=False)
+class BakeTab:
+    """The "Bake a model" tab: a mesh someone made, with what to colour it from.
+    ``form`` lists its inputs in ``app.handlers_bake``'s parameter order."""
+
+    mesh: gr.File
+    splat: gr.File
+    photo: gr.File
+    mask: gr.File
+    reuse: gr.Checkbox
+    source: gr.Dropdown
+    camera: gr.File
+    focal: gr.Number
+    frame: gr.Radio
+    fit: gr.Checkbox
+    uvs: gr.Radio
+    texture: gr.Dropdown
+    simplify: gr.Slider
+    generate: gr.Button
+    cancel: gr.Button
+    progress: gr.HTML
+    notes: gr.Markdown
+    model: gr.Model3D
+    download: gr.DownloadButton
+
+    @property
+    def form(self) -> list:
+        return [self.mesh, self.splat, self.photo, self.mask, self.reuse, self.source, self.camera,
+                self.focal, self.frame, self.fit, self.uvs, self.texture, self.simplify]
+
+
 @dataclass(frozen=True, eq=False)
 class Page:
     """The page's components. ``form`` lists the settings boxes in ``form.ui_overrides``'
@@ -59,6 +93,7 @@ class Page:
     history: gr.HTML
     history_files: gr.File
     timer: gr.Timer
+    baking: BakeTab
 
     @property
     def form(self) -> list:
@@ -81,11 +116,15 @@ def layout(settings: Settings, examples: Optional[list[Path]] = None) -> Page:
     with gr.Blocks(title="Kiln — photo to 3D", delete_cache=(3600, 86400)) as demo:
         gr.Markdown("# Kiln\nUpload a photo, click the object, press **Generate** to get a textured 3D model (GLB).")
         c["status"] = gr.Markdown(elem_id="kiln-status")
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=1):
-                _image_column(c, upload_limits, examples)
-            with gr.Column(scale=1):
-                _settings_and_result_column(c, s)
+        with gr.Tabs():
+            with gr.Tab("Photo to 3D", elem_id="kiln-tab-photo"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=1):
+                        _image_column(c, upload_limits, examples)
+                    with gr.Column(scale=1):
+                        _settings_and_result_column(c, s)
+            with gr.Tab("Bake a model", elem_id="kiln-tab-bake"):
+                c["baking"] = _bake_tab(s)
         c["timer"] = gr.Timer(2.0)
     return Page(demo=demo, **c)
 
@@ -162,3 +201,60 @@ def _settings_and_result_column(c: dict, s: Settings) -> None:
         c["history"] = gr.HTML(history.history_html([]), elem_id="kiln-history")
         c["history_files"] = gr.File(label="Earlier results", file_count="multiple", interactive=False,
                                      elem_id="kiln-history-files")
+
+
+def _bake_tab(s: Settings) -> BakeTab:
+    """A mesh from SAM 3D, TRELLIS, 3DGS or Kiln, textured from its splat, its photo or its own
+    colours (``kiln bake`` on the page)."""
+    from kiln.bakerequest import CAMERA_FRAMES, SOURCES
+
+    c: dict = {}
+    gr.Markdown("Texture a mesh you already have. Each texel takes its colour from the photo (where its "
+                "camera sees the surface inside the mask), else the splat, else the mesh's own colours.")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1):
+            c["mesh"] = gr.File(label="Mesh (GLB, glTF, OBJ, PLY, STL)", file_count="single", type="filepath",
+                                file_types=[".glb", ".gltf", ".obj", ".ply", ".stl"], elem_id="kiln-bake-mesh",
+                                height=90)
+            c["splat"] = gr.File(label="Its splat (3DGS .ply), optional", file_count="single", type="filepath",
+                                 file_types=[".ply"], elem_id="kiln-bake-splat", height=90)
+            c["source"] = gr.Dropdown(label="The splat comes from", choices=list(SOURCES), value="auto",
+                                      elem_id="kiln-bake-source",
+                                      info="auto: found from where the splat lies on the mesh")
+            with gr.Accordion("The photo (optional)", open=True):
+                c["reuse"] = gr.Checkbox(label="Use the photo and selection of the first tab", value=False,
+                                         elem_id="kiln-bake-reuse")
+                with gr.Row():
+                    c["photo"] = gr.File(label="Or a photo", file_count="single", type="filepath",
+                                         file_types=["image"], elem_id="kiln-bake-photo", height=90)
+                    c["mask"] = gr.File(label="and its mask (white = object; default: its transparency)",
+                                        file_count="single", type="filepath", file_types=["image"],
+                                        elem_id="kiln-bake-mask", height=90)
+                c["camera"] = gr.File(label="Its camera (JSON: the source_camera of kiln run --report)",
+                                      file_count="single", type="filepath", file_types=[".json"],
+                                      elem_id="kiln-bake-camera", height=90)
+                with gr.Row():
+                    c["focal"] = gr.Number(label="Or its focal length in pixels (0: none)", value=0,
+                                           minimum=0, elem_id="kiln-bake-focal")
+                    c["frame"] = gr.Radio(label="Mesh in the camera frame of", choices=list(CAMERA_FRAMES),
+                                          value="opengl", elem_id="kiln-bake-frame")
+                c["fit"] = gr.Checkbox(label="Fit the camera to the photo (also when no camera is given)",
+                                       value=False, elem_id="kiln-bake-fit")
+        with gr.Column(scale=1):
+            with gr.Row():
+                c["uvs"] = gr.Radio(label="UVs", choices=["auto", "keep", "new"], value="auto",
+                                    elem_id="kiln-bake-uvs", info="keep: the mesh's own; auto: its own when usable")
+                c["texture"] = gr.Dropdown(label="Texture size", choices=list(allowed_values("bake.texture_size")),
+                                           value=1024, elem_id="kiln-bake-texture")
+            ratio_lo, ratio_hi = allowed_range("mesh.simplify_ratio")
+            c["simplify"] = gr.Slider(label="Simplify ratio (new UVs; 0 keeps every face)", minimum=ratio_lo,
+                                      maximum=ratio_hi, step=0.005, value=0.0, elem_id="kiln-bake-simplify")
+            with gr.Row():
+                c["generate"] = gr.Button("Bake", variant="primary", elem_id="kiln-bake-generate")
+                c["cancel"] = gr.Button("Cancel", variant="stop", elem_id="kiln-bake-cancel", interactive=False)
+            c["progress"] = gr.HTML(statusview.progress_html(dom_id=BAKE_PROGRESS_ID), elem_id="kiln-bake-progress-box")
+            c["notes"] = gr.Markdown("", elem_id="kiln-bake-notes")
+            c["model"] = gr.Model3D(label="Result", elem_id="kiln-bake-model", height=420,
+                                    clear_color=(0.93, 0.93, 0.95, 1.0))
+            c["download"] = gr.DownloadButton("Download GLB", visible=False, elem_id="kiln-bake-dl")
+    return BakeTab(**c)

@@ -9,7 +9,7 @@ from kiln.records import Capabilities
 
 from .usertext import public_text
 
-STAGE_LABELS = {"reconstruct": "Reconstructing", "render_views": "Rendering views",
+STAGE_LABELS = {"read": "Reading the files", "reconstruct": "Reconstructing", "render_views": "Rendering views",
                 "mesh": "Simplifying mesh", "uv": "Unwrapping UVs", "bake": "Baking texture",
                 "export": "Exporting GLB"}
 
@@ -21,16 +21,17 @@ def stage_label(stage: Optional[str]) -> str:
     return STAGE_LABELS.get(stage, stage.replace("_", " ").capitalize())
 
 
-def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0) -> str:
+def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id: str = "kiln-progress") -> str:
     """A progress bar for a job status (``worker.jobstore.JobStatus``) or a note.
     ``waited_s``: how long the press waited in the page's queue before the job was
     submitted; "Done in" counts it (the person waited for it too).
 
-    The outer element carries data-state / data-stage so scripts and tests can read it.
+    The outer element (id ``dom_id``: one per tab) carries data-state / data-stage so
+    scripts and tests can read it.
     """
     if st is None:
         body = html.escape(public_text(note)) if note else "No job yet."
-        return f'<div id="kiln-progress" data-state="idle"><div class="kiln-note">{body}</div></div>'
+        return f'<div id="{dom_id}" data-state="idle"><div class="kiln-note">{body}</div></div>'
     pct = max(0.0, min(1.0, float(st.progress or 0.0))) * 100
     state = st.state
     if state == "queued":
@@ -67,7 +68,7 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0) -> str:
         text = why[:1].upper() + why[1:] if why.lower().startswith("cancel") else f"Cancelled: {why}"
     else:
         text = "Failed: " + (st.error or st.message or "unknown reason")
-    return (f'<div id="kiln-progress" data-state="{html.escape(state)}" '
+    return (f'<div id="{dom_id}" data-state="{html.escape(state)}" '
             f'data-stage="{html.escape(st.stage or "")}" data-job="{html.escape(st.id)}">'
             f'<div class="kiln-bar"><div class="kiln-fill kiln-{html.escape(state)}" '
             f'style="width:{pct:.1f}%"></div></div>'

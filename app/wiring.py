@@ -15,6 +15,7 @@ from typing import Any
 
 from functools import partial
 
+from . import handlers_bake as baking
 from . import handlers_image as image
 from . import handlers_job as job
 from . import handlers_page as around
@@ -34,6 +35,7 @@ def wire(page: Page, ctx: AppContext) -> None:
         page.bake.change(partial(around.on_bake, page), [page.bake], [page.texture, page.mode],
                          queue=False, show_progress="hidden")
         _wire_job(page, ctx)
+        _wire_bake(page, ctx)
         _wire_around(page, ctx)
 
 
@@ -92,6 +94,30 @@ def _wire_job(page: Page, ctx: AppContext) -> None:
                     show_progress="hidden")
     page.cancel.click(on(job.on_cancel), None, [page.progress, page.generate, page.cancel],
                       cancels=[gen_event, load_event], queue=False)
+
+
+def bake_result_outputs(page: Page) -> list:
+    """What a bake's outcome sets (``handlers_bake.bake_outcome_view``)."""
+    t = page.baking
+    return [t.progress, t.model, t.download, t.notes, t.generate, t.cancel, page.history, page.history_files]
+
+
+def _wire_bake(page: Page, ctx: AppContext) -> None:
+    def on(handler):
+        return event_fn(handler, page, ctx)
+
+    t = page.baking
+    bake_event = t.generate.click(
+        on(baking.on_bake), t.form, [t.progress, t.notes, t.model, t.download, t.generate, t.cancel],
+        concurrency_id="check", concurrency_limit=None, show_progress="hidden",
+    ).success(
+        on(baking.run_bake), t.form, [t.progress],
+        concurrency_id=GPU_GROUP, concurrency_limit=ctx.workers, show_progress="hidden",
+    )
+    bake_event.then(on(baking.show_bake_outcome), None, bake_result_outputs(page), queue=False,
+                    show_progress="hidden")
+    t.cancel.click(on(baking.on_bake_cancel), None, [t.progress, t.generate, t.cancel],
+                   cancels=[bake_event], queue=False)
 
 
 def _wire_around(page: Page, ctx: AppContext) -> None:

@@ -1,0 +1,148 @@
+"""The "Bake a model" tab's handlers without a server (app/handlers_bake.py): bad files are
+refused at once saying what is wrong, a good bake runs through the job queue's stand-in and
+its outcome shows the model, the download and the history; Cancel stops it. Every answer is
+checked against the outputs the wiring declares for its handler."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+
+import gradio as gr
+import numpy as np
+import pytest
+
+from app import handlers_bake as baking
+from app import handlers_image as image
+from app.page import layout
+from app.wiring import wire
+from kiln.settings import Settings
+from page_helpers import ALICE, FakeSup, caller, make_context, png_file, wired_outputs
+from synthetic import make_object_image
+
+A1 = caller(ALICE, "tab1")
+
+
+@pytest.fixture
+def app(tmp_path):
+    sup = FakeSup(tmp_path / "jobs")
+    ctx = make_context(tmp_path, Settings(), sup)
+    page = layout(ctx.settings)
+    wire(page, ctx)
+    try:
+        yield SimpleNamespace(ctx=ctx, page=page, sup=sup, tmp=tmp_path, outputs=wired_outputs(page.demo))
+    finally:
+        ctx.shutdown()
+
+
+def _names(page) -> dict:
+    out = {id(getattr(page.baking, f)): f for f in page.baking.__dataclass_fields__}
+    out.update({id(getattr(page, f)): f for f in page.__dataclass_fields__
+                if f not in ("demo", "examples", "baking")})
+    return out
+
+
+def _checked(app, handler, out: dict) -> dict:
+    assert out, f"{handler.__name__} answered {{}}"
+    for outputs in app.outputs[handler]:
+        undeclared = [c for c in out if all(c is not o for o in outputs)]
+        assert not undeclared, f"{handler.__name__} sets outputs its event does not declare: {undeclared}"
+    names = _names(app.page)
+    return {names[id(c)]: v for c, v in out.items()}
+
+
+def answer(app, handler, *inputs) -> dict:
+    return _checked(app, handler, handler(app.page, app.ctx, A1, *inputs))
+
+
+def stream(app, handler, *inputs) -> list[dict]:
+    return [_checked(app, handler, out) for out in handler(app.page, app.ctx, A1, *inputs)]
+
+
+def _is_update(update, **props) -> bool:
+    return isinstance(update, dict) and update.get("__type__") == "update" and \
+        all(update.get(k) == v for k, v in props.items())
+
+
+def form(mesh, splat=None, photo=None, mask=None, reuse=False, source="auto", camera=None, focal=0,
+         frame="opengl", fit=False, uvs="auto", texture=1024, simplify=0.0):
+    return (mesh, splat, photo, mask, reuse, source, camera, focal, frame, fit, uvs, texture, simplify)
+
+
+def _ball(path: Path) -> str:
+    import trimesh
+
+    tm = trimesh.creation.icosphere(subdivisions=2, radius=0.5)
+    tm.vertices[:, 2] -= 3.0   # in front of an OpenGL camera at the origin
+    tm.visual.vertex_colors = np.full((len(tm.vertices), 4), 180, np.uint8)
+    tm.export(path)
+    return str(path)
+
+
+def _refused(app, *inputs) -> str:
+    with pytest.raises(gr.Error) as e:
+        baking.on_bake(app.page, app.ctx, A1, *inputs)
+    return e.value.message
+
+
+def test_bad_files_are_refused_at_once_saying_what_is_wrong(app):
+    t = app.tmp
+    bare = t / "bare.obj"
+    bare.write_text("v 0 0 -3\nv 1 0 -3\nv 0 1 -3\nf 1 2 3\n")
+    assert _refused(app, *form(None)) == "mesh: no file was given"
+    assert "nothing to take colour from: bare.obj has no colours" in _refused(app, *form(str(bare)))
+    assert "cannot bake into the mesh's own UVs: the mesh has no UVs" in _refused(app, *form(str(bare), uvs="keep"))
+    assert "a camera is only used to project the photo" in _refused(app, *form(str(bare), focal=300))
+    assert "upload an image first" in _refused(app, *form(str(bare), reuse=True))
+    assert app.sup.jobs() == [] and not app.ctx.active.busy(A1.session)
+
+
+def test_a_bake_runs_and_its_outcome_shows_the_model_and_the_download(app):
+    values = form(_ball(app.tmp / "ball.ply"))
+    out = answer(app, baking.on_bake, *values)
+    assert "Starting…" in out["progress"] and 'id="kiln-bake-progress"' in out["progress"]
+    assert "mesh ball.ply: PLY, 320 faces, no UVs, vertex colours" in out["notes"] and out["model"] is None
+    assert _is_update(out["generate"], value="Baking…", interactive=False) and _is_update(out["cancel"], interactive=True)
+    steps = stream(app, baking.run_bake, *values)
+    assert all(set(s) == {"progress"} for s in steps) and steps[-1] == {"progress": gr.skip()}
+    out = answer(app, baking.show_bake_outcome)
+    glb = Path(out["model"])
+    assert glb.name == "ball-1.glb" and 'data-state="done"' in out["progress"]
+    assert _is_update(out["download"], value=str(glb), visible=True)
+    assert "ball.ply" in out["history"] and _is_update(out["generate"], value="Bake", interactive=True)
+    (job_id, checked), = app.sup.bakes.items()
+    assert checked.request.uvs == "new" and app.sup.statuses[job_id].kind == "bake"
+
+
+def test_the_first_tab_s_photo_and_selection_can_be_the_photo(app):
+    rgb, mask = make_object_image(160, "blob", seed=1)
+    cutout = png_file(app.tmp, "cutout.png", np.dstack([rgb, mask.astype(np.uint8) * 255]))
+    image.on_upload(app.page, app.ctx, A1, cutout)
+    values = form(_ball(app.tmp / "ball.ply"), reuse=True, focal=300)
+    answer(app, baking.on_bake, *values)
+    list(baking.run_bake(app.page, app.ctx, A1, *values))
+    (_, checked), = app.sup.bakes.items()
+    assert checked.request.photo and checked.request.camera_given and checked.mask.shape == (160, 160)
+
+
+def test_cancel_stops_the_tabs_bake(app):
+    out = answer(app, baking.on_bake_cancel)
+    assert "Nothing to cancel." in out["progress"]
+    app.sup.hold = True
+    values = form(_ball(app.tmp / "ball.ply"))
+    answer(app, baking.on_bake, *values)
+    steps = baking.run_bake(app.page, app.ctx, A1, *values)
+    while 'data-state="running"' not in str(next(steps).get(app.page.baking.progress)):
+        pass
+    out = answer(app, baking.on_bake_cancel)
+    assert 'data-state="cancelled"' in out["progress"] and _is_update(out["generate"], value="Bake")
+    assert app.sup.cancelled == ["job0"]
+    steps.close()
+
+
+def test_every_bake_handler_is_wired(app):
+    handlers = [f for name, f in vars(baking).items() if inspect.isfunction(f) and f.__module__ == baking.__name__
+                and name.startswith(("on_", "show_", "run_"))]
+    assert len(handlers) == 4
+    assert [h.__name__ for h in handlers if h not in app.outputs] == []
