@@ -66,13 +66,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _assert_viewer_draws(page, timeout_s: float = 20.0) -> None:
+def _assert_viewer_draws(page, timeout_s: float = 20.0, viewer: str = "#kiln-model") -> None:
     """The 3D preview really shows the model: a WebGL canvas with more than its clear colour.
     The first model takes seconds to appear (the viewer loads, SwiftShader compiles shaders)."""
-    page.wait_for_selector("#kiln-model canvas", timeout=30000)
+    page.wait_for_selector(f"{viewer} canvas", timeout=30000)
     deadline = time.monotonic() + timeout_s
     while True:
-        shot = np.asarray(Image.open(io.BytesIO(page.locator("#kiln-model canvas").screenshot())).convert("RGB"))
+        shot = np.asarray(Image.open(io.BytesIO(page.locator(f"{viewer} canvas").screenshot())).convert("RGB"))
         if shot.reshape(-1, 3).std(axis=0).max() > 10:
             return
         assert time.monotonic() < deadline, f"3D viewer still shows a blank canvas after {timeout_s:.0f} s"
@@ -615,3 +615,49 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
                 c.close()
         if log_path.exists():
             shutil.copy(log_path, ARTIFACTS / "held-server.log.txt")
+
+
+def test_bake_a_model_tab(server, browser, tmp_path):
+    """The second tab: a point cloud given as the mesh is refused naming the file; a mesh
+    with colours of its own bakes through the worker, shows in the viewer and downloads."""
+    import trimesh
+
+    url, _, _ = server
+    ball = trimesh.creation.icosphere(subdivisions=3, radius=0.5)
+    ball.visual.vertex_colors = np.column_stack([
+        (127 + 127 * np.sign(ball.vertices[:, 0])).astype(np.uint8), np.full(len(ball.vertices), 90, np.uint8),
+        (127 - 127 * np.sign(ball.vertices[:, 0])).astype(np.uint8), np.full(len(ball.vertices), 255, np.uint8)])
+    mesh = tmp_path / "ball.ply"
+    ball.export(mesh)
+    cloud = tmp_path / "cloud.ply"
+    cloud.write_text("ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\n"
+                     "property float z\nend_header\n0 0 0\n")
+    ctx, page = _open(browser, url)
+    try:
+        page.get_by_role("tab", name="Bake a model").click()
+        page.wait_for_selector("#kiln-bake-mesh input[type=file]", state="attached")
+        page.set_input_files("#kiln-bake-mesh input[type=file]", str(cloud))
+        page.wait_for_function("() => document.querySelector('#kiln-bake-mesh').innerText.includes('cloud')")
+        page.click("#kiln-bake-generate")
+        _wait_toast(page, "cloud.ply has no faces")
+        page.screenshot(path=str(ARTIFACTS / "d0_bake_refused.png"), full_page=True)
+        page.locator("#kiln-bake-mesh button[aria-label='Clear']").first.click()
+        page.set_input_files("#kiln-bake-mesh input[type=file]", str(mesh))
+        page.wait_for_function("() => document.querySelector('#kiln-bake-mesh').innerText.includes('ball')")
+        page.click("#kiln-bake-generate")
+        page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText.includes('vertex colours')")
+        t0 = time.monotonic()
+        while page.evaluate("() => (document.querySelector('#kiln-bake-progress') || {dataset: {}}).dataset.state") \
+                != "done":
+            assert time.monotonic() - t0 < 240, page.inner_text("#kiln-bake-progress-box")
+            time.sleep(0.25)
+        _assert_viewer_draws(page, viewer="#kiln-bake-model")
+        page.wait_for_selector("#kiln-bake-dl", state="visible")
+        page.screenshot(path=str(ARTIFACTS / "d1_baked.png"), full_page=True)
+        with page.expect_download() as dl:
+            page.click("#kiln-bake-dl")
+        assert dl.value.suggested_filename == "ball-1.glb"
+        dl.value.save_as(tmp_path / "got.glb")
+        assert _textures(tmp_path / "got.glb"), "the baked GLB has no texture"
+    finally:
+        ctx.close()
