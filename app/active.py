@@ -30,7 +30,7 @@ class TabJobs:
     jobs: set = field(default_factory=set)
     pressed_at: Optional[float] = None
     cancelling: bool = False
-    outcome: Optional["Outcome"] = None
+    outcomes: dict = field(default_factory=dict)   # job kind -> its last Outcome not yet shown
 
     @property
     def pending(self) -> bool:
@@ -38,7 +38,7 @@ class TabJobs:
 
     @property
     def empty(self) -> bool:
-        return not self.jobs and self.pressed_at is None and not self.cancelling and self.outcome is None
+        return not self.jobs and self.pressed_at is None and not self.cancelling and not self.outcomes
 
 
 @dataclass
@@ -72,7 +72,7 @@ class ActiveJobs:
                 return False
             tab.pressed_at = time.time() if at is None else float(at)
             tab.cancelling = False
-            tab.outcome = None
+            tab.outcomes.clear()
             return True
 
     def pending_since(self, session: str) -> Optional[float]:
@@ -165,14 +165,15 @@ class ActiveJobs:
     def keep_outcome(self, session: str, outcome: "Outcome") -> None:
         """Keep ``outcome`` for the tab until the page shows it (``take_outcome``)."""
         with self.lock:
-            self._tab(session).outcome = outcome
+            self._tab(session).outcomes[outcome.kind] = outcome
 
-    def take_outcome(self, session: str) -> Optional["Outcome"]:
-        """The tab's outcome not yet shown, if any; it is then gone from the record."""
+    def take_outcome(self, session: str, kind: str = "image") -> Optional["Outcome"]:
+        """The tab's outcome not yet shown, if it is of a ``kind`` job ("image" | "bake": the
+        page's tab that shows it); it is then gone from the record."""
         with self.lock:
             tab = self.tabs.get(session)
             if tab is None:
                 return None
-            out, tab.outcome = tab.outcome, None
+            out = tab.outcomes.pop(kind, None)
             self._tidy(session)
             return out

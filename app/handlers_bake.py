@@ -96,7 +96,7 @@ def run_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], s
     finally:
         ctx.active.end_pending(session)
     if last is None:
-        ctx.active.keep_outcome(session, not_started(note))
+        ctx.active.keep_outcome(session, not_started(note, kind="bake"))
     else:
         waited = max(0.0, (last.created or 0.0) - (pressed or last.created or time.time()))
         ctx.active.keep_outcome(session, job_outcome(ctx, session, last, waited))
@@ -124,7 +124,45 @@ def bake_outcome_view(page: Page, out: Optional[Outcome]) -> Updates:
 
 def show_bake_outcome(page: Page, ctx: AppContext, caller: Caller) -> Updates:
     """After ``run_bake``: the tab's outcome, taken from the record."""
-    return bake_outcome_view(page, ctx.active.take_outcome(caller.session))
+    return bake_outcome_view(page, ctx.active.take_outcome(caller.session, "bake"))
+
+
+def follow_bake_on_load(page: Page, ctx: AppContext, caller: Caller) -> Iterator[Updates]:
+    """A page just loaded: if its browser's newest bake job is queued or running, follow it on
+    this tab (Cancel works on it; the result lands here); if it ended, leave its outcome for
+    ``show_followed_bake``, so the tab looks as it did before the reload. The first tab's
+    Generate or follower keeps the tab's one job when it has one."""
+    session = caller.session
+    t = page.baking
+    while not ctx.sup_ready.is_set():
+        yield {t.progress: gr.skip()}
+        ctx.sup_ready.wait(1.0)
+    statuses = [st for st in jobs.browser_jobs(ctx, session) if st.kind == "bake"] if ctx.sup else []
+    live = jobs.live_job(statuses)
+    if not statuses or ctx.active.busy(session):
+        yield {t.progress: gr.skip()}
+        return
+    if live is None:
+        ctx.active.keep_outcome(session, job_outcome(ctx, session, statuses[-1]))
+        yield {t.progress: gr.skip()}
+        return
+    yield {t.progress: _progress(live), **running_buttons(page)}
+    last, seen = live, live.seq
+    for _, last in jobs.follow_existing(ctx, session, live.id):
+        if last.terminal or last.seq == seen:
+            yield {t.progress: gr.skip()}
+        else:
+            seen = last.seq
+            yield {t.progress: _progress(last)}
+    if last.terminal:
+        ctx.active.keep_outcome(session, job_outcome(ctx, session, last))
+    yield {t.progress: gr.skip()}
+
+
+def show_followed_bake(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """After ``follow_bake_on_load``: the bake outcome it left, if any (nothing else changes)."""
+    out = ctx.active.take_outcome(caller.session, "bake")
+    return bake_outcome_view(page, out) if out is not None else {page.baking.progress: gr.skip()}
 
 
 def on_bake_cancel(page: Page, ctx: AppContext, caller: Caller) -> Updates:

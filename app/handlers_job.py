@@ -164,8 +164,9 @@ def follow_on_load(page: Page, ctx: AppContext, caller: Caller) -> Iterator[Upda
         yield {page.progress: gr.skip()}
         return
     statuses = jobs.browser_jobs(ctx, session)
-    live = jobs.live_job(statuses)
-    newest = statuses[-1] if statuses else None
+    own = [st for st in statuses if st.kind == "image"]   # the bake tab follows its own
+    live = jobs.live_job(own)
+    newest = own[-1] if own else None
     idle = not ctx.active.busy(session)      # else this page's own Generate shows its job
     hist = browser_history(ctx, session, statuses)
     shown = {page.history: hist.html, page.history_files: hist.file_list()}

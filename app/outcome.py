@@ -42,10 +42,12 @@ class Outcome:
     never became a job, and ``note`` says why. For a done job, ``glb`` / ``ply`` are the
     published files (``app.results``); ``note`` says why they are missing when publishing
     failed. ``waited_s``: how long the press waited for a worker slot before the job was
-    submitted ("Done in" counts it). ``history``: the browser's history once it ended."""
+    submitted ("Done in" counts it). ``history``: the browser's history once it ended.
+    ``kind``: the job's kind ("image" | "bake"), so each tab shows only its own."""
 
     status: Optional["JobStatus"] = None
     note: str = ""
+    kind: str = "image"
     waited_s: float = 0.0
     glb: Optional[str] = None
     ply: Optional[str] = None
@@ -64,9 +66,9 @@ class Outcome:
         return statusview.progress_html(self.status, note=self.note, waited_s=self.waited_s, dom_id=dom_id)
 
 
-def not_started(note: str) -> Outcome:
-    """A Generate that never became a job; ``note`` says why."""
-    return Outcome(note=note)
+def not_started(note: str, kind: str = "image") -> Outcome:
+    """A Generate (or a Bake, ``kind`` "bake") that never became a job; ``note`` says why."""
+    return Outcome(note=note, kind=kind)
 
 
 def browser_history(ctx, session: str, statuses: Optional[list] = None) -> HistoryView:
@@ -94,7 +96,7 @@ def job_outcome(ctx, session: str, last: Any, waited_s: float = 0.0) -> Outcome:
         except (OSError, usertext.UIError) as e:
             log.exception("publishing %s failed", last.id)
             note = f"the result could not be prepared for download: {usertext.public_text(str(e))}"
-    return Outcome(status=last, note=note, waited_s=waited_s,
+    return Outcome(status=last, note=note, waited_s=waited_s, kind=last.kind,
                    glb=str(files["glb"]) if "glb" in files else None,
                    ply=str(files["ply"]) if "ply" in files else None,
                    history=browser_history(ctx, session, statuses))

@@ -116,8 +116,12 @@ def _wire_bake(page: Page, ctx: AppContext) -> None:
     )
     bake_event.then(on(baking.show_bake_outcome), None, bake_result_outputs(page), queue=False,
                     show_progress="hidden")
+    load_event = page.demo.load(on(baking.follow_bake_on_load), None, [t.progress, t.generate, t.cancel],
+                                concurrency_id="follow", concurrency_limit=None, show_progress="hidden")
+    load_event.then(on(baking.show_followed_bake), None, bake_result_outputs(page), queue=False,
+                    show_progress="hidden")
     t.cancel.click(on(baking.on_bake_cancel), None, [t.progress, t.generate, t.cancel],
-                   cancels=[bake_event], queue=False)
+                   cancels=[bake_event, load_event], queue=False)
 
 
 def _wire_around(page: Page, ctx: AppContext) -> None:

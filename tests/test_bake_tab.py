@@ -141,8 +141,33 @@ def test_cancel_stops_the_tabs_bake(app):
     steps.close()
 
 
+def test_a_reloaded_page_follows_its_bake_on_this_tab_and_the_image_tab_leaves_it(app):
+    from app import handlers_job as job
+
+    app.sup.hold = True
+    values = form(_ball(app.tmp / "ball.ply"))
+    answer(app, baking.on_bake, *values)
+    steps = baking.run_bake(app.page, app.ctx, A1, *values)
+    while 'data-state="running"' not in str(next(steps).get(app.page.baking.progress)):
+        pass
+    steps.close()                       # the page went away; its job goes on
+    app.ctx.active.drop_session(A1.session)
+    A2 = caller(ALICE, "tab2")          # the reloaded page: same browser, new tab session
+    first = _checked(app, job.follow_on_load, next(job.follow_on_load(app.page, app.ctx, A2)))
+    assert "progress" not in first and "history" in first, "the image tab does not follow a bake"
+    follow = baking.follow_bake_on_load(app.page, app.ctx, A2)
+    out = _checked(app, baking.follow_bake_on_load, next(follow))
+    assert 'data-state="running"' in out["progress"] and _is_update(out["cancel"], interactive=True)
+    app.sup.hold = False
+    for step in follow:
+        _checked(app, baking.follow_bake_on_load, step)
+    assert app.ctx.active.take_outcome(A2.session) is None, "no image outcome for a bake"
+    out = _checked(app, baking.show_followed_bake, baking.show_followed_bake(app.page, app.ctx, A2))
+    assert out["model"].endswith("ball-1.glb") and 'data-state="done"' in out["progress"]
+
+
 def test_every_bake_handler_is_wired(app):
     handlers = [f for name, f in vars(baking).items() if inspect.isfunction(f) and f.__module__ == baking.__name__
-                and name.startswith(("on_", "show_", "run_"))]
-    assert len(handlers) == 4
+                and name.startswith(("on_", "show_", "run_", "follow_"))]
+    assert len(handlers) == 6
     assert [h.__name__ for h in handlers if h not in app.outputs] == []
