@@ -104,3 +104,34 @@ def test_a_restart_settles_a_bake_job_left_running(tmp_path):
     store.write_status(st)
     (changed,) = JobStore(tmp_path / "jobs").recover()
     assert changed.kind == "bake" and changed.error == "interrupted: the server stopped during stage 'read'"
+
+
+def _textured_box(folder: Path):
+    import trimesh
+    from PIL import Image
+
+    tm = trimesh.creation.box(extents=(0.6, 0.8, 0.5))
+    uv = (tm.vertices[:, :2] + 0.5).clip(0, 1)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    tm.visual = trimesh.visual.TextureVisuals(uv=uv, image=image)
+    folder.mkdir(parents=True, exist_ok=True)
+    return tm
+
+
+def test_a_mesh_s_companion_files_travel_with_it_into_the_job(tmp_path):
+    """An OBJ's MTL and texture, a glTF's buffer: copied beside the job's mesh under their own
+    names, so the job reads the mesh with its texture from its own folder."""
+    from pipeline.io.mesh_file import read_mesh
+
+    tm = _textured_box(tmp_path / "obj")
+    tm.export(tmp_path / "obj" / "box.obj")   # writes box.obj, material.mtl, material_0.png
+    (tmp_path / "gltf").mkdir()
+    tm.export(tmp_path / "gltf" / "box.gltf")  # writes box.gltf and its buffer (gltf_buffer_0.bin)
+    store = JobStore(tmp_path / "jobs")
+    for mesh, extra in ((tmp_path / "obj" / "box.obj", {".mtl", ".png"}), (tmp_path / "gltf" / "box.gltf", {".bin"})):
+        checked = check_bake(BakeFiles(mesh=mesh), small_settings())
+        assert {Path(n).suffix for n in checked.copies} == {mesh.suffix} | extra, checked.copies
+        st = store.create_bake(checked.request, checked.copies, small_settings(), "companions")
+        copy = read_mesh(store.job_dir(st.id) / "inputs" / checked.request.mesh)
+        assert copy.texture is not None and copy.mesh.uvs is not None, mesh.suffix
+        assert checked.request.uvs == "keep"    # usable UVs of its own: kept
