@@ -92,7 +92,7 @@ def _click_times(seg, rgb: np.ndarray, n: int) -> tuple[list[float], float]:
     """Seconds per click (handler + overlay + JPEG), after one warm-up click."""
     from PIL import Image
 
-    from app import selection, uploads
+    from app.web import selection, uploads
 
     buf = io.BytesIO()
     Image.fromarray(rgb).save(buf, format="PNG")
@@ -130,7 +130,7 @@ def _sam2_segmenter(tmp: Path):
         from omegaconf import OmegaConf
     except ImportError as e:
         return None, f"sam2 not installed ({e})"
-    from app.segment import Sam2Segmenter, choose_segmenter
+    from app.segment.segment import Sam2Segmenter, choose_segmenter
     from kiln.settings import AppSettings
 
     torch.manual_seed(0)
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     results: dict = {"cpu_threads": torch.get_num_threads(), "cpus": os.cpu_count()}
     if not args.no_startup:
         results["startup"] = bench_startup()
-    from app.segment import GrabCutSegmenter
+    from app.segment.segment import GrabCutSegmenter
 
     rgb = _image()
     rows = [_row("GrabCut (320 px, 3 iterations)", *_click_times(GrabCutSegmenter(), rgb, args.clicks))]

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
 
     from kiln import settings as settings_mod
     from kiln.examples import draw_object
-    from pipeline.reconstruct import reconstruct
+    from pipeline.recon.reconstruct import reconstruct
     from pipeline.types import ImageInput
 
     overrides = settings_mod.parse_set(args.set)

@@ -94,7 +94,7 @@ def front_camera(src: dict, vertices: np.ndarray) -> glb_render.CameraSpec:
 
 def side_cameras(vertices: np.ndarray) -> dict[str, glb_render.CameraSpec]:
     """Perspective cameras around the object's bounding sphere, which fills the view."""
-    from pipeline.cameras import intrinsics, look_at
+    from pipeline.camera.cameras import intrinsics, look_at
 
     lo, hi = vertices.min(0).astype(np.float64), vertices.max(0).astype(np.float64)
     centre, radius = (lo + hi) / 2, float(np.linalg.norm(hi - lo)) / 2
@@ -112,7 +112,7 @@ def side_cameras(vertices: np.ndarray) -> dict[str, glb_render.CameraSpec]:
 
 def gaussian_reference(recon, cams: dict[str, glb_render.CameraSpec]):
     """Kiln's CPU Gaussian renderer from the side cameras: (rgb (C,H,W,3) float, alpha (C,H,W))."""
-    from pipeline.render_views import render_gaussians
+    from pipeline.views.render_views import render_gaussians
     from pipeline.types import Cameras
 
     specs = list(cams.values())

@@ -244,12 +244,12 @@ def globe(folder: Path, settings=None, renderer=None) -> FidelityInput:
     the very same surface; only its colours are unknown to it."""
     from kiln.examples import draw_object
     from kiln.settings import load
-    from pipeline import rasterize as rz
-    from pipeline.bake import fill_texture
-    from pipeline.export import export_glb
-    from pipeline.reconstruct import reconstruct
+    from pipeline.raster import rasterize as rz
+    from pipeline.texture.bake import fill_texture
+    from pipeline.io.export import export_glb
+    from pipeline.recon.reconstruct import reconstruct
     from pipeline.types import ImageInput, Texture
-    from pipeline.uv import unwrap
+    from pipeline.unwrap.uv import unwrap
 
     import glb_render
 

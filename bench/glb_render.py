@@ -6,7 +6,7 @@ the exported GLB with three.js's GLTFLoader in Debian's Chromium (driven by
 Playwright, WebGL on SwiftShader), swaps every material for an unlit
 ``MeshBasicMaterial`` that keeps the baseColor texture (or vertex colours), turns all
 colour management off so an 8-bit texel reaches the canvas unchanged, and renders
-from cameras given in Kiln's convention (``pipeline/cameras.py``: OpenCV axes, K in
+from cameras given in Kiln's convention (``pipeline/camera/cameras.py``: OpenCV axes, K in
 pixels with the top-left pixel centre at (0.5, 0.5), perspective or orthographic).
 
     with GLBRenderer() as r:

@@ -43,8 +43,8 @@ def case_person(out: Path) -> str:
     from pipeline.backends import resolve_backends
     from pipeline.io.camera_file import camera_from_focal
     from pipeline.io.mesh_file import read_mesh
-    from pipeline.model_bake import ModelInputs, bake_model
-    from pipeline.rasterize import raster_context
+    from pipeline.texture.model_bake import ModelInputs, bake_model
+    from pipeline.raster.rasterize import raster_context
     from pipeline.types import ImageInput
 
     rgb, mask = _photo("human_mask.png")
@@ -60,10 +60,10 @@ def case_person(out: Path) -> str:
 def case_bench(out: Path) -> str:
     from kiln.settings import load
     from pipeline.backends import resolve_backends
-    from pipeline.camera_fit import fit_camera
+    from pipeline.camera.camera_fit import fit_camera
     from pipeline.io.mesh_file import read_mesh
-    from pipeline.model_bake import ModelInputs, bake_model
-    from pipeline.rasterize import raster_context
+    from pipeline.texture.model_bake import ModelInputs, bake_model
+    from pipeline.raster.rasterize import raster_context
     from pipeline.types import ImageInput
 
     rgb, mask = _photo("bench_mask.png")
@@ -80,7 +80,7 @@ def case_bench(out: Path) -> str:
 def case_splat(out: Path) -> str:
     import numpy as np
 
-    from pipeline.export import export_gaussians_ply
+    from pipeline.io.export import export_gaussians_ply
     from pipeline.io.splat_ply import read_splat
     from pipeline.types import Gaussians
 
@@ -99,9 +99,9 @@ def case_splat(out: Path) -> str:
 
 
 def case_fit_bench(out: Path) -> str:
-    from pipeline.camera_fit import fit_camera
+    from pipeline.camera.camera_fit import fit_camera
     from pipeline.io.mesh_file import read_mesh
-    from pipeline.rasterize import raster_context
+    from pipeline.raster.rasterize import raster_context
 
     _, mask = _photo("bench_mask.png")
     mesh = read_mesh(FIXTURES / "bench_sam3d.glb").mesh
@@ -115,9 +115,9 @@ def case_fit_canonical(out: Path) -> str:
     import numpy as np
     import trimesh
 
-    from pipeline.camera_fit import fit_camera
-    from pipeline.cameras import intrinsics, look_at
-    from pipeline.rasterize import raster_context, rasterize_views
+    from pipeline.camera.camera_fit import fit_camera
+    from pipeline.camera.cameras import intrinsics, look_at
+    from pipeline.raster.rasterize import raster_context, rasterize_views
     from pipeline.types import Cameras, Mesh
 
     tm = trimesh.creation.icosphere(subdivisions=5)      # 20k faces, squashed and dented
@@ -135,7 +135,7 @@ def case_fit_canonical(out: Path) -> str:
 def _kiln_bake(out: Path, *args) -> dict:
     """``kiln bake`` as a person runs it (a fresh worker included), at default settings; its report."""
     report = out / "report.json"
-    r = subprocess.run([sys.executable, "-m", "app.cli", "bake", *map(str, args), "-o", out / "out.glb",
+    r = subprocess.run([sys.executable, "-m", "app.cli.cli", "bake", *map(str, args), "-o", out / "out.glb",
                         "--report", report, "--set", f"app.jobs_dir={out / 'jobs'}",
                         "--set", f"app.cache_dir={out / 'cache'}"], cwd=ROOT, capture_output=True, text=True)
     if r.returncode:

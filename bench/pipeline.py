@@ -47,7 +47,7 @@ def run_once(image: Path, mode: str, workdir: Path, extra: list[str]) -> dict:
     import psutil
 
     report = workdir / f"report-{mode}.json"
-    cmd = [sys.executable, "-m", "app.cli", "run", str(image), "-o", str(workdir / f"{mode}.glb"),
+    cmd = [sys.executable, "-m", "app.cli.cli", "run", str(image), "-o", str(workdir / f"{mode}.glb"),
            "--bake-mode", mode, "--report", str(report),
            "--set", f"app.jobs_dir={workdir / 'jobs'}", "--set", f"app.cache_dir={workdir / 'cache'}"]
     for e in extra:

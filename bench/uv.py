@@ -13,7 +13,7 @@ Every (mesh, method) pair runs in its own subprocess under a time limit, so an
 xatlas that runs for many minutes is reported as 'timeout' and one that dies as
 'crashed (SIGSEGV)' without taking the benchmark down. Inside the subprocess the
 libraries are imported and a tiny mesh unwrapped first; the time reported is the
-``pipeline.uv.unwrap`` call alone. Quality (pipeline.uv_metrics, identical for both):
+``pipeline.unwrap.uv.unwrap`` call alone. Quality (pipeline.unwrap.uv_metrics, identical for both):
 
 * util: fraction of the texture's texels whose centre lies in a UV triangle;
 * area: area-weighted mean of max(r, 1/r), r = a face's share of UV area / of surface area;
@@ -42,8 +42,8 @@ def _toy_mesh(faces: int, cache: dict):
     """The example toy reconstructed and simplified to about ``faces`` faces."""
     from kiln.examples import draw_object
     from kiln.settings import ReconstructSettings
-    from pipeline.mesh_ops import clean_mesh, simplify_mesh
-    from pipeline.reconstruct import reconstruct
+    from pipeline.meshing.mesh_ops import clean_mesh, simplify_mesh
+    from pipeline.recon.reconstruct import reconstruct
     from pipeline.types import ImageInput
 
     # resolution 160 gives ~126k faces, 320 ~505k
@@ -90,8 +90,8 @@ def run_one(method: str, mesh_path: str, size: int, gutter: int, out_path: str) 
     import numpy as np
 
     from pipeline.types import Mesh
-    from pipeline.uv import unwrap
-    from pipeline.uv_metrics import coverage, distortion
+    from pipeline.unwrap.uv import unwrap
+    from pipeline.unwrap.uv_metrics import coverage, distortion
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 

@@ -1,7 +1,7 @@
 """Finding SAM2 checkpoints and the model config each one needs.
 
 Pure Python (no torch, no sam2 import) so that ``kiln doctor``, the CLI and the
-app can all list checkpoints cheaply; loading lives in ``app/sam2_model.py``.
+app can all list checkpoints cheaply; loading lives in ``app/segment/sam2_model.py``.
 
 Official file names (facebookresearch/sam2 releases, Hugging Face repos
 ``facebook/sam2[.1]-hiera-*``) map to the configs packaged inside ``sam2``:

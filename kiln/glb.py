@@ -1,7 +1,7 @@
 """GLB checks' shared error, and a structural check cheap enough for the app process
 (standard library only: no trimesh, no pipeline).
 
-The worker already loads every result with ``pipeline.export.check_glb``; this
+The worker already loads every result with ``pipeline.io.export.check_glb``; this
 second look (``check_glb_light``), on the supervisor's side, catches what can go wrong between the two
 processes (a truncated file, a worker that claimed success and died while
 writing) before a job is marked done. It reads the 12-byte header, the JSON chunk

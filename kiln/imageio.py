@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import atomic_write
-from .limits import MIN_IMAGE_SIDE
+from kiln.atomic import atomic_write
+from kiln.limits import MIN_IMAGE_SIDE
 
 
 class ImageError(ValueError):

@@ -102,7 +102,7 @@ def load_mask(source: str | Path | bytes, max_pixels: int,
 
     Raises ``kiln.imageio.ImageError`` for a file that is not a usable image.
     """
-    from .imageio import load_image
+    from kiln.imageio import load_image
 
     rgb, alpha = load_image(source, max_pixels=max_pixels, max_bytes=max_bytes)
     return read_mask_channels(rgb, alpha)

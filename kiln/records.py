@@ -173,7 +173,7 @@ class Backends:
 
 @dataclass(frozen=True)
 class BakeStats:
-    """What ``pipeline.bake.bake_texture`` measured.
+    """What ``pipeline.texture.bake.bake_texture`` measured.
 
     mode: "fast" | "opt". psnr_db: masked PSNR of the final 8-bit texture rendered from the
     views' cameras, over the pixels the mesh covers where the views are opaque; l1: mean
@@ -400,7 +400,7 @@ class WorkerReport:
     """What a worker reports about an attempt that wrote its GLB (``result.json``).
 
     timings: stage -> seconds (``PipelineResult.timings``); job: ``pipeline_s`` and
-    ``worker_job_s``; stats: the pipeline's; check: ``pipeline.export.check_glb`` of the GLB.
+    ``worker_job_s``; stats: the pipeline's; check: ``pipeline.io.export.check_glb`` of the GLB.
     """
 
     timings: Mapping[str, float]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from .limits import MAX_INPUT_PIXELS
+from kiln.limits import MAX_INPUT_PIXELS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -121,7 +121,7 @@ class AppSettings:
     sam2_config: str = ""
     jobs_dir: str = "var/jobs"
     cache_dir: str = "var/cache"
-    # per-tab images on disk (app/sessions.py); a client is a network address
+    # per-tab images on disk (app/web/sessions.py); a client is a network address
     session_ttl_h: float = field(default=6.0, metadata=_num(0.1, 168))
     max_sessions: int = field(default=200, metadata=_num(1, 100000))
     max_sessions_per_client: int = field(default=8, metadata=_num(1, 10000))

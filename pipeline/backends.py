@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Optional
 
 from kiln.records import Backends, Capabilities
 
-from .validate import StageInputError
+from pipeline.validate import StageInputError
 
 if TYPE_CHECKING:
     import torch

@@ -29,7 +29,7 @@ from kiln.atomic import atomic_write
 from kiln.digest import input_digest
 from kiln.settings import Settings
 
-from .types import Cameras, Gaussians, ImageInput, Mesh, Reconstruction, SourceCamera, Views
+from pipeline.types import Cameras, Gaussians, ImageInput, Mesh, Reconstruction, SourceCamera, Views
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def _module_closure(*roots: str) -> list[Path]:
 
 @lru_cache(maxsize=8)
 def code_version(backend: str = "builtin") -> str:
-    """Hash of the reconstruction code (``pipeline/reconstruct.py``, the backend's own
+    """Hash of the reconstruction code (``pipeline/recon/reconstruct.py``, the backend's own
     module ``pipeline/<backend>.py`` when it has one, and the pipeline modules they
     import), the package version and the numerics libraries' versions.
 

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Callable, Optional
 from kiln.records import BakeStats, PipelineStats
 from kiln.settings import Settings
 
-from .backends import Backends, resolve_backends  # noqa: F401  (the worker imports them from here)
-from .types import ImageInput, Reconstruction, Views
+from pipeline.backends import Backends, resolve_backends  # noqa: F401  (the worker imports them from here)
+from pipeline.types import ImageInput, Reconstruction, Views
 
 if TYPE_CHECKING:
-    from .rasterize import RasterContext
+    from pipeline.raster.rasterize import RasterContext
 
 # on_event(stage, fraction in [0, 1] within the stage, message)
 EventFn = Callable[[str, float, str], None]
@@ -52,7 +52,7 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
                  raster_ctx: "RasterContext | None" = None) -> PipelineResult:
     """Run every stage and write ``<out_dir>/<name>.glb`` (and ``.ply`` on request).
 
-    ``raster_ctx``: the bake's rasterizer context (``pipeline.rasterize.raster_context``
+    ``raster_ctx``: the bake's rasterizer context (``pipeline.raster.rasterize.raster_context``
     for ``backends.rasterize``), made by the caller on this thread and kept across jobs; without
     one, a context is made for this run and released at its end.
 
@@ -61,10 +61,11 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     stored after computing it; so are the bake views, under the reconstruction's
     key plus the view settings, the renderer and its code version.
     """
-    from . import bake as bake_mod
-    from . import export as export_mod
-    from . import mesh_ops, uv
-    from .rasterize import raster_context
+    from pipeline.texture import bake as bake_mod
+    from pipeline.io import export as export_mod
+    from pipeline.meshing import mesh_ops
+    from pipeline.unwrap import uv
+    from pipeline.raster.rasterize import raster_context
 
     emit = on_event or _noop
     backends = backends or resolve_backends(settings)
@@ -115,7 +116,7 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
             texture_size_auto = _auto_texture_size(mesh, recon)
             settings = settings.override({"bake.texture_size": texture_size_auto})
         texture_size = int(settings.bake.texture_size)   # "auto" was just resolved
-        # faces the photo sees get its pixel grid as their UVs (pipeline/photo_chart.py)
+        # faces the photo sees get its pixel grid as their UVs (pipeline/unwrap/photo_chart.py)
         photo_cam = recon.source_camera if settings.bake.photo_projection else None
         mesh = uv.unwrap(mesh, texture_size=texture_size,
                          gutter=settings.bake.gutter, max_faces=m.max_faces_for_uv,
@@ -153,7 +154,7 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
 def _auto_texture_size(mesh, recon: Reconstruction) -> int:
     """``bake.texture_size: auto``: from the photo's detail when the backend reported its
     camera, else Kiln's default size."""
-    from .photo_projection import texture_size_for_photo
+    from pipeline.texture.photo_projection import texture_size_for_photo
 
     if recon.source_camera is None:
         return 1024
@@ -163,8 +164,8 @@ def _auto_texture_size(mesh, recon: Reconstruction) -> int:
 def _reconstruct_cached(image: ImageInput, settings: Settings, cache_dir: Path | None,
                         emit: EventFn, cache_errors: dict[str, str]) -> tuple[Reconstruction, bool]:
     """(reconstruction, whether it came from the cache)."""
-    from . import cache as cache_mod
-    from . import reconstruct
+    from pipeline import cache as cache_mod
+    from pipeline.recon import reconstruct
 
     key = None
     if cache_dir is not None:
@@ -187,9 +188,9 @@ def _render_views_cached(image: ImageInput, recon: Reconstruction, settings: Set
                          backends: Backends, cache_dir: Path | None, emit: EventFn,
                          cache_errors: dict[str, str]) -> tuple[Views, bool]:
     """(bake views, whether they came from the cache)."""
-    from . import cache as cache_mod
-    from . import render_views
-    from .cameras import sphere_cameras
+    from pipeline import cache as cache_mod
+    from pipeline.views import render_views
+    from pipeline.camera.cameras import sphere_cameras
 
     v = settings.views
     cams = sphere_cameras(v.count, v.radius, v.fov_deg, v.resolution)

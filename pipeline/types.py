@@ -1,6 +1,6 @@
 """Plain data passed between stages. Every array's dtype and shape is documented.
 
-Conventions used everywhere in Kiln (see ``pipeline/cameras.py``):
+Conventions used everywhere in Kiln (see ``pipeline/camera/cameras.py``):
 
 * World space is right-handed, **y up**, the object's front faces **+z**; the
   reconstructed object is normalised into the cube [-0.5, 0.5]^3 at the origin.
@@ -24,7 +24,7 @@ import numpy as np
 
 from kiln.limits import MAX_RASTER_SIDE
 
-from .validate import StageInputError, check_array, check_finite, is_tensor
+from pipeline.validate import StageInputError, check_array, check_finite, is_tensor
 
 # More Gaussians than any stage can hold (the renderers keep ~200 bytes each per
 # view in flight); such a count is a bug upstream, refused before any work.

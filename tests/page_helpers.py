@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import numpy as np
 from PIL import Image
 
-from app import browser
-from app.context import AppContext
-from app.requestinfo import Caller
-from app.segment import GrabCutSegmenter, SegmenterChoice
+from app.web import browser
+from app.web.context import AppContext
+from app.web.requestinfo import Caller
+from app.segment.segment import GrabCutSegmenter, SegmenterChoice
 from worker.jobstore import JobStatus
 
 ALICE, BOB = "a" * 43, "b" * 43   # two browsers' cookies

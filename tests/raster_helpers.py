@@ -3,7 +3,7 @@ the thread that makes them; pytest runs tests on its main thread)."""
 
 from __future__ import annotations
 
-from pipeline import rasterize as R
+from pipeline.raster import rasterize as R
 
 _GL: list = []
 

@@ -87,7 +87,7 @@ def reference_nvdiffrast(monkeypatch):
     """Kiln's nvdiffrast backend, running on the stand-in above (on CPU)."""
     pytest.importorskip("torch")
 
-    from pipeline import rasterize as R
+    from pipeline.raster import rasterize as R
 
     pkg = types.ModuleType("nvdiffrast")
     mod = types.ModuleType("nvdiffrast.torch")

@@ -1,4 +1,4 @@
-"""The script API's endpoints without a server (app/api.py): each handler called with plain
+"""The script API's endpoints without a server (app/web/api.py): each handler called with plain
 values, the endpoint table against the handlers' parameters, and the registration against
 what gradio_client lists. tests/test_api.py runs the same endpoints against a live server."""
 
@@ -13,9 +13,9 @@ import gradio as gr
 import numpy as np
 import pytest
 
-from app import api, api_endpoints
-from app.requestinfo import event_fn
-from app.ui import build_ui
+from app.web import api, api_endpoints
+from app.web.requestinfo import event_fn
+from app.web.ui import build_ui
 from kiln.settings import Settings
 from page_helpers import ALICE, BOB, FakeSup, caller, make_context, png_file
 from synthetic import make_object_image
@@ -170,7 +170,7 @@ def _coloured_mesh(path: Path) -> str:
 
 
 def test_bake_checks_the_files_before_a_job_is_queued(app, tmp_path):
-    from app import api_bake
+    from app.web import api_bake
 
     mesh = _coloured_mesh(tmp_path / "ball.ply")
     assert _refused(api_bake.bake, app.ctx, A, "", progress=_no_progress) == "mesh: no file was given"
@@ -191,7 +191,7 @@ def test_bake_checks_the_files_before_a_job_is_queued(app, tmp_path):
 
 
 def test_bake_runs_a_job_with_the_sessions_photo_and_publishes_its_glb(app, tmp_path):
-    from app import api_bake
+    from app.web import api_bake
 
     mesh = _coloured_mesh(tmp_path / "ball.ply")
     api.upload_image(app.ctx, A, app.files.cutout)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import active, browser, form, history, jobs, usertext, results, selection, statusview, uploads
-from app.segment import GrabCutSegmenter, box_mask, image_key, keep_clicked_components
+from app.web import active, browser, form, history, jobs, usertext, results, selection, statusview, uploads
+from app.segment.segment import GrabCutSegmenter, box_mask, image_key, keep_clicked_components
 from kiln.records import Capabilities, JobStats, PipelineStats
 from kiln.settings import AppSettings, Settings
 from synthetic import make_object_image
@@ -404,7 +404,7 @@ def _guarded_app(owner_of, max_upload_bytes=10_000):
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route, Router
 
-    from app.server import RequestGuard
+    from app.web.server import RequestGuard
 
     async def any_route(request):
         body = await request.body()
@@ -454,7 +454,7 @@ def test_request_guard_serves_results_only_to_their_browser():
 def test_request_guard_caps_request_bodies():
     from starlette.testclient import TestClient
 
-    from app.server import MAX_BODY_BYTES
+    from app.web.server import MAX_BODY_BYTES
 
     client = TestClient(_guarded_app(lambda name: None, max_upload_bytes=10_000))
     assert client.post("/gradio_api/upload", content=b"x" * 9_000).status_code == 200
@@ -608,7 +608,7 @@ def test_active_jobs_one_press_at_a_time_and_the_outcome_until_shown():
     """A tab with a job or a waiting Generate gets no second one; the time of the press
     is kept for "Done in"; a tab's outcome is kept until taken, and a new press or a
     closed tab drops it."""
-    from app.outcome import not_started
+    from app.web.outcome import not_started
 
     act = active.ActiveJobs()
     assert act.press("web-a", at=100.0) and act.pending_since("web-a") == 100.0 and act.busy("web-a")
@@ -642,7 +642,7 @@ def test_image_key_depends_on_content_and_shape():
 # -- server flags -------------------------------------------------------------
 
 def test_binding_rules(caplog):
-    from app.server import LaunchError, check_binding, is_loopback, parse_auth
+    from app.web.server import LaunchError, check_binding, is_loopback, parse_auth
 
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
@@ -661,7 +661,7 @@ def test_binding_rules(caplog):
 
 
 def test_main_refuses_unsafe_binding_before_starting_anything(capsys, monkeypatch):
-    from app.server import main
+    from app.web.server import main
 
     monkeypatch.delenv("KILN_AUTH", raising=False)
     assert main(["--host", "0.0.0.0", "--port", "7999"]) == 2
@@ -693,7 +693,7 @@ def _save_random_sam2(path):
 
 def test_broken_sam2_checkpoint_falls_back_to_grabcut_with_reason(tmp_path):
     pytest.importorskip("sam2")
-    from app.segment import choose_segmenter
+    from app.segment.segment import choose_segmenter
 
     bad = tmp_path / "sam2.1_hiera_tiny.pt"
     bad.write_bytes(b"\x00not a checkpoint" * 10)
@@ -714,7 +714,7 @@ def test_sam2_segmenter_caches_embedding_and_never_touches_cuda(tmp_path, monkey
     monkeypatch.setattr(torch.cuda, "_lazy_init", no_cuda)
     monkeypatch.setattr(torch.cuda, "init", no_cuda)
 
-    from app.segment import Sam2Segmenter, choose_segmenter
+    from app.segment.segment import Sam2Segmenter, choose_segmenter
 
     choice = choose_segmenter(AppSettings(sam2_checkpoint=str(ckpt)))
     assert isinstance(choice.segmenter, Sam2Segmenter), choice.reason
@@ -749,8 +749,8 @@ def main():
     import httpx
     import numpy as np
     from kiln.settings import load
-    from app import browser, form, history, jobs, usertext, results, selection, statusview, uploads
-    from app.server import launch
+    from app.web import browser, form, history, jobs, usertext, results, selection, statusview, uploads
+    from app.web.server import launch
 
     var, port = sys.argv[1], int(sys.argv[2])
     # browsers with known cookies, so the fault rule can name tab 1's session
@@ -795,7 +795,7 @@ def main():
         secret = settings.app.jobs_dir + "/web-other/secret.txt"
         os.makedirs(os.path.dirname(secret), exist_ok=True)
         open(secret, "w").write("another session's file")
-        files = {"job_store": os.path.abspath(secret), "source": os.path.abspath("app/server.py"),
+        files = {"job_store": os.path.abspath(secret), "source": os.path.abspath("app/web/server.py"),
                  "configs": os.path.abspath("configs/default.yaml"), "etc": "/etc/passwd",
                  "traversal": var + "/gradio/../jobs/web-other/secret.txt"}
         out["refused_files"] = {k: httpx.get(base + "/gradio_api/file=" + v).status_code for k, v in files.items()}
@@ -859,7 +859,7 @@ def main():
         ctx.shutdown()
     # a restarted server (a new AppContext on the same job store): tab 3 of the browser sees
     # the browser's history with names and thumbnails; another browser sees none of it
-    from app.context import AppContext
+    from app.web.context import AppContext
     ctx2 = AppContext(settings, Path(var) / "gradio").start(wait=True)
     try:
         hist = jobs.browser_jobs(ctx2, S3)
@@ -1037,7 +1037,7 @@ def test_stage_labels_name_every_stage_and_no_other():
 
 
 def test_a_jobs_settings_come_back_into_the_form_as_they_were_used():
-    from app import form
+    from app.web import form
     from kiln.settings import load
 
     base = load()

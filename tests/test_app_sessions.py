@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import browser, form, history, usertext, selection, statusview, uploads
-from app.sessions import WORK_BYTES_MAX, SessionLimits, SessionStore
+from app.web import browser, form, history, usertext, selection, statusview, uploads
+from app.web.sessions import WORK_BYTES_MAX, SessionLimits, SessionStore
 from kiln.settings import load
 from synthetic import make_object_image
 
@@ -250,9 +250,9 @@ def _free_port() -> int:
 def served(tmp_path_factory):
     import os
 
-    from app.context import AppContext
-    from app.segment import GrabCutSegmenter, SegmenterChoice
-    from app.server import launch
+    from app.web.context import AppContext
+    from app.segment.segment import GrabCutSegmenter, SegmenterChoice
+    from app.web.server import launch
 
     var = tmp_path_factory.mktemp("served")
     old_tmp = os.environ.get("GRADIO_TEMP_DIR")
@@ -361,7 +361,7 @@ def test_another_browser_sending_a_tabs_session_hash_gets_nothing_of_it(served, 
 
     # Second layer: even if the hash check were gone, state is keyed by cookie + tab, so the
     # stolen hash lands in a session of Mallory's own: empty.
-    from app.server import TabBindings
+    from app.web.server import TabBindings
 
     monkeypatch.setattr(TabBindings, "claim", lambda self, h, b: True)
     code, msg = stolen.call("kiln-clear:click", [])
@@ -430,9 +430,9 @@ def test_served_files_say_nosniff_and_errors_show_no_server_paths(served, blob_p
 def test_under_auth_every_route_needs_the_login(tmp_path):
     import os
 
-    from app.context import AppContext
-    from app.segment import GrabCutSegmenter, SegmenterChoice
-    from app.server import launch
+    from app.web.context import AppContext
+    from app.segment.segment import GrabCutSegmenter, SegmenterChoice
+    from app.web.server import launch
 
     old_tmp = os.environ.get("GRADIO_TEMP_DIR")
     settings = load(None, {"app.jobs_dir": str(tmp_path / "jobs"), "app.cache_dir": str(tmp_path / "cache")})

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from kiln.settings import BakeSettings
-from pipeline import bake
-from pipeline.cameras import look_at, sphere_cameras
+from pipeline.texture import bake
+from pipeline.camera.cameras import look_at, sphere_cameras
 from kiln.limits import MAX_RASTER_SIDE
 from pipeline.types import Cameras, Mesh, Texture, Views
 from pipeline.validate import StageInputError
 
-from pipeline.rasterize import available_backends
+from pipeline.raster.rasterize import available_backends
 from raster_helpers import gl_context
 from synthetic import object_colors
 
@@ -74,7 +74,7 @@ def views_of(mesh: Mesh, texture: Texture, cameras: Cameras) -> Views:
 
 
 def chart_mask(mesh: Mesh, size: int) -> np.ndarray:
-    from pipeline.rasterize import rasterize_uv
+    from pipeline.raster.rasterize import rasterize_uv
 
     return rasterize_uv(RASTER, mesh, size).tri_id[0] >= 0
 
@@ -465,9 +465,10 @@ def test_pipeline_bake_matches_gaussian_views():
     which is what the stage reports to users as bake_psnr_db.
     """
     from kiln.settings import load
-    from pipeline import mesh_ops, uv
-    from pipeline.reconstruct import reconstruct
-    from pipeline.render_views import render_gaussians
+    from pipeline.meshing import mesh_ops
+    from pipeline.unwrap import uv
+    from pipeline.recon.reconstruct import reconstruct
+    from pipeline.views.render_views import render_gaussians
     from pipeline.types import ImageInput
     from synthetic import make_object_image
 

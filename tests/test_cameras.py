@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from pipeline import cameras as C
+from pipeline.camera import cameras as C
 
 
 def test_look_at_puts_target_on_the_optical_axis():

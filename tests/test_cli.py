@@ -23,7 +23,7 @@ SMALL = ["--set", "reconstruct.resolution=64", "--set", "reconstruct.num_gaussia
 
 
 def kiln(*args, cwd=None, timeout=300, env=None):
-    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], cwd=cwd or ROOT,
+    return subprocess.run([sys.executable, "-m", "app.cli.cli", *map(str, args)], cwd=cwd or ROOT,
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -33,7 +33,7 @@ def kiln_on_a_terminal(*args, timeout=300):
     import pty
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", *map(str, args)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli.cli", *map(str, args)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=slave, text=True)
     os.close(slave)
     shown = []
@@ -96,7 +96,7 @@ def test_help_is_fast_and_lists_commands():
 
 
 def test_help_does_not_import_heavy_libraries():
-    code = ("import sys, app.cli as c\n"
+    code = ("import sys, app.cli.cli as c\n"
             "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = [m for m in ('torch', 'gradio', 'trimesh', 'cv2', 'pipeline.run') if m in sys.modules]\n"
             "print(heavy)")
@@ -242,7 +242,7 @@ def _as_in_a_terminal():
 
 def test_ctrl_c_cancels_the_job_and_stops_the_worker(toy, tmp_path):
     out = tmp_path / "o.glb"
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", str(toy / "toy.png"), "-o", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli.cli", "run", str(toy / "toy.png"), "-o", str(out),
                              *SMALL, "--set", "bake.steps=5000", *_workdirs(tmp_path)],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=_as_in_a_terminal)

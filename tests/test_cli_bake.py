@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.cli import main
-from pipeline.rasterize import available_backends
+from app.cli.cli import main
+from pipeline.raster.rasterize import available_backends
 
 ROOT = Path(__file__).resolve().parent.parent
 HUMAN = ROOT.parent / "shared" / "fixtures" / "sam3d-human-object"
@@ -23,7 +23,7 @@ FAST = ["--views", "8", "--texture-size", "512", "--bake-mode", "fast", "--set",
 
 
 def kiln(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "app.cli.cli", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -146,9 +146,9 @@ def test_cameras_and_photos_that_cannot_go_together_are_refused(tmp_path, capsys
 def test_kilns_own_pair_bakes_back_through_the_worker(kiln_pair, tmp_path):
     """`kiln run --ply`'s pair handed back (--source auto finds 'kiln'): the splat alone gives
     back the original texture, which had the photo too (>= 28 dB; ~30 dB measured)."""
-    from pipeline.bake import masked_psnr
+    from pipeline.texture.bake import masked_psnr
     from pipeline.io.mesh_file import read_mesh
-    from pipeline.rasterize import rasterize_uv
+    from pipeline.raster.rasterize import rasterize_uv
     from raster_helpers import gl_context
 
     glb, ply, _, _ = kiln_pair

@@ -53,7 +53,7 @@ def test_several_images_through_one_worker(tmp_path):
 
     out, report = tmp_path / "out", tmp_path / "report.json"
     images = [photos / n for n in ("a.png", "b.jpg", "c.jpg", "d.jpg")]
-    r = subprocess.run([sys.executable, "-m", "app.cli", "run", *map(str, images), "--mask-dir", str(masks),
+    r = subprocess.run([sys.executable, "-m", "app.cli.cli", "run", *map(str, images), "--mask-dir", str(masks),
                         "-o", str(out), "--report", str(report), *SMALL,
                         "--set", f"app.jobs_dir={tmp_path / 'jobs'}", "--set", f"app.cache_dir={tmp_path / 'cache'}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
@@ -95,7 +95,7 @@ def test_ctrl_c_in_a_batch_cancels_the_running_image_and_skips_the_rest(tmp_path
     photos.mkdir()
     for name in ("a.png", "b.png"):
         shutil.copy(tmp_path / "ex" / "toy.png", photos / name)
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", str(photos / "a.png"), str(photos / "b.png"),
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli.cli", "run", str(photos / "a.png"), str(photos / "b.png"),
                              "-o", str(tmp_path / "out"), "--set", "reconstruct.resolution=64",
                              "--set", "reconstruct.num_gaussians=3000", "--set", "views.resolution=128",
                              "--views", "4", "--texture-size", "256", "--set", "bake.steps=5000",

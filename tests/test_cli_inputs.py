@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def kiln(*args, timeout=300, env=None):
-    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "app.cli.cli", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -202,7 +202,7 @@ def test_a_disk_that_fills_during_the_run_is_named(toy, tmp_path, tiny_disk):
     out = tiny_disk / "toy.glb"
     code = ("import sys, worker.inputs as ri\n"
             "ri.check_space = lambda places, need: None\n"
-            "from app.cli import main\n"
+            "from app.cli.cli import main\n"
             "sys.exit(main(sys.argv[1:]))")
     small = ["--set", "reconstruct.resolution=64", "--set", "reconstruct.num_gaussians=3000",
              "--set", "views.resolution=128", "--views", "4", "--texture-size", "256", "--set", "bake.steps=5"]
@@ -229,7 +229,7 @@ def test_a_worker_that_met_a_full_disk_is_named():
     """The worker's error text is turned into the same sentence."""
     from types import SimpleNamespace
 
-    from app.clirunner import WorkerRunner
+    from app.cli.clirunner import WorkerRunner
     from worker.inputs import Loaded
 
     status = SimpleNamespace(state="failed", terminal=True, message="", outputs={}, timings={}, stats=None,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from kiln.settings import Settings
-from worker import doctor
-from worker.proberun import run_probes
+from worker.checks import doctor
+from worker.checks.proberun import run_probes
 
 
 def _has_gpu() -> bool:
@@ -188,7 +188,7 @@ def test_small_shm_warns_with_docker_hint():
 
 
 def test_probes_report_crash_and_timeout_and_the_rest_still_run():
-    """The worker's own probes in a child (worker.proberun): a probe that kills its process
+    """The worker's own probes in a child (worker.checks.proberun): a probe that kills its process
     or hangs in native code (SIGSTOP: no Python alarm can fire) is that probe's result, and
     the probes after it run in a fresh child."""
     env = dict(os.environ, KILN_TEST_FAULTS="segv@probe:cuda,freeze@probe:moderngl")

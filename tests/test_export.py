@@ -1,4 +1,4 @@
-"""pipeline.export: GLB contents read back both with trimesh and by parsing the GLB container
+"""pipeline.io.export: GLB contents read back both with trimesh and by parsing the GLB container
 directly (what a glTF viewer sees), the 3DGS .ply read back with plyfile, and check_glb."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import export as E
+from pipeline.io import export as E
 from pipeline.types import Gaussians, Mesh, Texture
 from pipeline.validate import StageInputError
 

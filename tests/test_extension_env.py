@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from worker import env as wenv
-from worker import selftest
+from worker.checks import selftest
 from worker.supervisor import Supervisor
 from worker_helpers import small_settings
 
@@ -86,7 +86,7 @@ def test_job_workers_selftest_children_and_doctor_probes_share_one_cache(fake_gp
     out = selftest.run_isolated(_report_build_env, small_settings(), timeout=120)
     assert out["note"] == f"{want['TORCH_EXTENSIONS_DIR']}|{want['TORCH_CUDA_ARCH_LIST']}"
     # doctor's probe child is started with this environment
-    from worker import doctor
+    from worker.checks import doctor
 
     seen = {}
 

@@ -45,7 +45,7 @@ def renderer():
 
 @pytest.fixture(scope="module")
 def quad_glb(tmp_path_factory):
-    from pipeline.export import export_glb
+    from pipeline.io.export import export_glb
     from pipeline.types import Mesh, Texture
 
     rng = np.random.default_rng(3)
@@ -93,7 +93,7 @@ def test_orthographic_camera_reproduces_texture(renderer, quad_glb):
 
 @pytest.mark.browser
 def test_perspective_camera_reproduces_texture(renderer, quad_glb):
-    from pipeline.cameras import look_at
+    from pipeline.camera.cameras import look_at
 
     path, tex = quad_glb
     dist = 2.0
@@ -109,7 +109,7 @@ def test_perspective_camera_reproduces_texture(renderer, quad_glb):
 def test_back_of_quad_is_culled_and_half_pixel_shift_is_caught(renderer, quad_glb):
     """From behind the single-sided quad shows nothing; a K shifted by half a pixel is
     caught by the same check (so the check above can fail)."""
-    from pipeline.cameras import look_at
+    from pipeline.camera.cameras import look_at
 
     path, tex = quad_glb
     K = np.array([[N * 2.0, 0, COL0 + N / 2], [0, N * 2.0, ROW0 + N / 2], [0, 0, 1]])
@@ -144,7 +144,7 @@ def test_builtin_camera_from_meta_lands_on_the_mask():
     projects the mesh onto the mask, also when the backend saw a downscaled photo."""
     from kiln.examples import draw_object
     from kiln.settings import ReconstructSettings
-    from pipeline.reconstruct import reconstruct
+    from pipeline.recon.reconstruct import reconstruct
     from pipeline.types import ImageInput, SourceCamera
 
     fidelity = _load("fidelity")
@@ -187,9 +187,9 @@ def test_globe_photo_shows_the_known_colour(renderer, tmp_path, monkeypatch):
     from scipy import ndimage
 
     from kiln.settings import load
-    from pipeline import rasterize as rz
+    from pipeline.raster import rasterize as rz
     from raster_helpers import gl_context
-    from pipeline.reconstruct import reconstruct
+    from pipeline.recon.reconstruct import reconstruct
     from pipeline.types import ImageInput
 
     fidelity_inputs = _load("fidelity_inputs")

@@ -9,7 +9,7 @@ import pytest
 
 import gltf_validator
 from kiln.settings import load
-from pipeline.rasterize import available_backends
+from pipeline.raster.rasterize import available_backends
 
 needs_gl = pytest.mark.skipif("moderngl" not in available_backends(), reason="no EGL OpenGL context here")
 SMALL = {"views.count": 4, "views.resolution": 128, "bake.texture_size": 256, "bake.mode": "fast",
@@ -50,7 +50,7 @@ def test_a_bake_job_s_glb_is_valid(node, tmp_path, keep_uvs):
 
     from pipeline.backends import resolve_backends
     from pipeline.io.mesh_file import read_mesh
-    from pipeline.model_bake import ModelInputs, bake_model
+    from pipeline.texture.model_bake import ModelInputs, bake_model
     from raster_helpers import gl_context
 
     colours = trimesh.creation.icosphere(subdivisions=3, radius=0.5)

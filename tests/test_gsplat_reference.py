@@ -32,9 +32,9 @@ gsplat_rendering = pytest.importorskip("gsplat.rendering", reason="gsplat is not
 from gsplat.cuda import _torch_impl  # noqa: E402
 from gsplat.cuda import _wrapper  # noqa: E402
 
-from pipeline.cameras import intrinsics, look_at  # noqa: E402
-from pipeline.gaussian_math import ALPHA_MAX, ALPHA_MIN, EPS2D, FAR_PLANE, NEAR_PLANE, T_MIN  # noqa: E402
-from pipeline.render_views import render_gaussians  # noqa: E402
+from pipeline.camera.cameras import intrinsics, look_at  # noqa: E402
+from pipeline.views.gaussian_math import ALPHA_MAX, ALPHA_MIN, EPS2D, FAR_PLANE, NEAR_PLANE, T_MIN  # noqa: E402
+from pipeline.views.render_views import render_gaussians  # noqa: E402
 from pipeline.types import Cameras, Gaussians  # noqa: E402
 
 # float32 on both sides and the same front-to-back order per pixel; Kiln composites with a
@@ -144,7 +144,7 @@ def _scene(seed=0, n=300):
 def test_kilns_conventions_through_gsplats_reference_match_kilns_compositor(gsplat_reference_on_cpu):
     g, cams = _scene()
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
-    # the same arguments Kiln's gsplat backend passes (pipeline.render_views._render_gsplat)
+    # the same arguments Kiln's gsplat backend passes (pipeline.views.render_views._render_gsplat)
     premult, alphas, _ = gsplat_reference_on_cpu(
         t(g.means), t(g.quats), t(g.scales), t(g.opacities), t(g.colors), t(cams.viewmats), t(cams.Ks),
         cams.width, cams.height, near_plane=NEAR_PLANE, far_plane=FAR_PLANE, eps2d=EPS2D,

@@ -35,7 +35,7 @@ def test_each_rule_is_assigned_in_one_module():
                             homes.setdefault(t.id, []).append(str(path.relative_to(ROOT)))
     assert {k: v for k, v in homes.items() if len(v) > 1} == {}
     assert all(v == ["kiln/limits.py"] for k, v in homes.items() if k not in ("DEPTH_REL_TOL", "MAX_SLOPE"))
-    assert homes["DEPTH_REL_TOL"] == homes["MAX_SLOPE"] == ["pipeline/visibility.py"]
+    assert homes["DEPTH_REL_TOL"] == homes["MAX_SLOPE"] == ["pipeline/texture/visibility.py"]
 
 
 @pytest.mark.parametrize("pixels,word", [(0, "is empty"), (256 * 256, "covers the whole image"),
@@ -49,9 +49,9 @@ def test_enough_pixels_pass():
 
 
 def test_a_40_pixel_mask_is_refused_by_the_page_the_cli_and_the_stage():
-    from app.selection import assess_mask
+    from app.web.selection import assess_mask
     from kiln.settings import load
-    from pipeline.reconstruct import require_usable_mask
+    from pipeline.recon.reconstruct import require_usable_mask
     from pipeline.validate import StageInputError
     from worker.inputs import InputProblem, check_reconstructable
 

@@ -7,8 +7,8 @@ import pytest
 import trimesh
 
 from kiln.settings import ReconstructSettings
-from pipeline.mesh_ops import clean_mesh, simplify_mesh
-from pipeline.reconstruct import reconstruct
+from pipeline.meshing.mesh_ops import clean_mesh, simplify_mesh
+from pipeline.recon.reconstruct import reconstruct
 from pipeline.types import ImageInput, Mesh
 from pipeline.validate import StageInputError
 from synthetic import make_object_image

@@ -1,4 +1,4 @@
-"""Baking a model someone else made (pipeline.model_bake): frames found, the photo gated by
+"""Baking a model someone else made (pipeline.texture.model_bake): frames found, the photo gated by
 the silhouette, ground truth recovered, Kiln's own pair baked back, the real SAM 3D files."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 
 from kiln.settings import load
 from pipeline.backends import resolve_backends
-from pipeline.bake import masked_psnr, render_textured
+from pipeline.texture.bake import masked_psnr, render_textured
 from pipeline.io.camera_file import camera_from_focal
 from pipeline.io.frames import SPLAT_TO_MESH, fit_frame, transform_gaussians
 from pipeline.io.mesh_file import MeshFile, read_mesh
-from pipeline.model_bake import ModelInputs, bake_model, silhouette_fit
-from pipeline.rasterize import available_backends
+from pipeline.texture.model_bake import ModelInputs, bake_model, silhouette_fit
+from pipeline.raster.rasterize import available_backends
 from pipeline.types import ImageInput, Mesh, SourceCamera, Texture
 from pipeline.validate import StageInputError
 from raster_helpers import gl_context
@@ -62,7 +62,7 @@ def test_kilns_own_pair_bakes_back_to_its_texture(kiln_pair, tmp_path):
     alone gives back the original texture (which had the photo too) to >= 28 dB (32.9 dB
     measured at opt/120 steps, ~30 dB in fast mode)."""
     from pipeline.io.splat_ply import read_splat
-    from pipeline.rasterize import rasterize_uv
+    from pipeline.raster.rasterize import rasterize_uv
 
     model = read_mesh(kiln_pair[0])
     g = read_splat(kiln_pair[1]).gaussians
@@ -80,7 +80,7 @@ def _truth_scene():
     """A UV-mapped mesh with a known texture, and the photo of it from a known camera."""
     import trimesh
 
-    from pipeline.uv import unwrap
+    from pipeline.unwrap.uv import unwrap
 
     tm = trimesh.creation.icosphere(subdivisions=3, radius=0.5)
     tm.vertices[:, 1] *= 0.8

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import trimesh
 
-from pipeline.export import export_gaussians_ply
-from pipeline.gaussian_math import SH_C0
+from pipeline.io.export import export_gaussians_ply
+from pipeline.views.gaussian_math import SH_C0
 from pipeline.io import mesh_file, splat_ply
 from pipeline.io.camera_file import at_photo_size, camera_from_focal, read_camera
 from pipeline.types import Gaussians, SourceCamera
@@ -114,7 +114,7 @@ def test_each_format_reads_positions_and_faces(tmp_path, ext):
     tm.visual.vertex_colors = np.tile([200, 100, 50, 255], (len(tm.vertices), 1)).astype(np.uint8)
     path = tmp_path / f"m{ext}"
     if ext == ".glb":   # glTF's COLOR_0 is linear: Kiln's exporter converts, trimesh's does not
-        from pipeline.export import export_glb
+        from pipeline.io.export import export_glb
         from pipeline.types import Mesh
 
         colours = np.tile(np.float32([200 / 255, 100 / 255, 50 / 255]), (len(tm.vertices), 1))

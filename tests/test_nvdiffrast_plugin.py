@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from pipeline import nvdiffrast_plugin as P
+from pipeline.raster import nvdiffrast_plugin as P
 
 nvdiffrast = pytest.importorskip("nvdiffrast", reason="diffrp-nvdiffrast is not installed (test extra)")
 

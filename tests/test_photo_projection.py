@@ -12,13 +12,16 @@ import numpy as np
 import pytest
 
 from kiln.settings import BakeSettings, load
-from pipeline import bake, mesh_ops, rasterize as rz, uv
-from pipeline.cameras import look_at, sphere_cameras
-from pipeline.builtin import builtin_source_camera
-from pipeline.reconstruct import reconstruct
+from pipeline.texture import bake
+from pipeline.meshing import mesh_ops
+from pipeline.raster import rasterize as rz
+from pipeline.unwrap import uv
+from pipeline.camera.cameras import look_at, sphere_cameras
+from pipeline.recon.builtin import builtin_source_camera
+from pipeline.recon.reconstruct import reconstruct
 from pipeline.types import Cameras, ImageInput, Mesh, SourceCamera, Texture, Views
 
-from pipeline.rasterize import available_backends
+from pipeline.raster.rasterize import available_backends
 from raster_helpers import gl_context
 from synthetic import make_object_image
 
@@ -90,7 +93,7 @@ def test_source_camera_survives_the_cache(tmp_path):
 
 
 def test_gaussian_renderer_refuses_orthographic_cameras():
-    from pipeline.render_views import render_gaussians
+    from pipeline.views.render_views import render_gaussians
     from pipeline.validate import StageInputError
 
     s = load(overrides={"reconstruct.resolution": 64, "reconstruct.num_gaussians": 1000})
@@ -291,7 +294,7 @@ def test_opt_bake_leaves_no_speckle_in_texels_the_views_do_not_determine(blob, m
 # --------------------------------------------------------------------------- texture size: auto
 
 def test_auto_texture_size_follows_the_photo(blob):
-    from pipeline.photo_projection import texture_size_for_photo
+    from pipeline.texture.photo_projection import texture_size_for_photo
 
     _, _, recon, mesh = blob
     small = texture_size_for_photo(mesh, recon.source_camera)

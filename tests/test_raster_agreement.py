@@ -1,4 +1,4 @@
-"""The rasterizer comparison (pipeline.raster_agreement) passes a correct rasterizer that
+"""The rasterizer comparison (pipeline.raster.raster_agreement) passes a correct rasterizer that
 snaps coverage like nvdiffrast, and fails a half-pixel shift and a y-flip, on the
 selftest's own scene, in camera views and in UV space."""
 
@@ -9,12 +9,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pipeline import raster_agreement as A
-from pipeline import rasterize as R
+from pipeline.raster import raster_agreement as A
+from pipeline.raster import rasterize as R
 from pipeline.types import Raster
 from raster_helpers import gl_context
 from reference_nvdiffrast import reference_nvdiffrast  # noqa: F401 - a fixture
-from worker import selftest
+from worker.checks import selftest
 from worker_helpers import small_settings
 
 pytestmark = pytest.mark.skipif("moderngl" not in R.available_backends(),

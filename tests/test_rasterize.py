@@ -1,4 +1,4 @@
-"""pipeline.rasterize: moderngl (EGL/llvmpipe) checked against camera math, ray casting and
+"""pipeline.raster.rasterize: moderngl (EGL/llvmpipe) checked against camera math, ray casting and
 an independent reference; the nvdiffrast wrapper checked through a reference with nvdiffrast's
 documented output conventions, and against the real library where CUDA is present."""
 
@@ -11,9 +11,9 @@ import threading
 import numpy as np
 import pytest
 
-from pipeline import rasterize as R
-from pipeline import raster_agreement
-from pipeline.cameras import camera_centers, intrinsics, look_at, project, sphere_cameras
+from pipeline.raster import rasterize as R
+from pipeline.raster import raster_agreement
+from pipeline.camera.cameras import camera_centers, intrinsics, look_at, project, sphere_cameras
 from pipeline.geometry import face_normals
 from pipeline.types import Cameras, Mesh
 from pipeline.validate import StageInputError
@@ -419,7 +419,7 @@ def test_context_is_released_when_the_shaders_do_not_build(monkeypatch):
 
 
 def test_import_creates_no_context_and_loads_no_gl():
-    code = ("import sys, pipeline.rasterize as r; "
+    code = ("import sys, pipeline.raster.rasterize as r; "
             "assert 'moderngl' not in sys.modules and 'torch' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
@@ -429,7 +429,7 @@ def test_import_creates_no_context_and_loads_no_gl():
 
 
 def _compare(candidate, reference, depth=True):
-    """The selftest's judgement (pipeline.raster_agreement), plus enough pixels to judge."""
+    """The selftest's judgement (pipeline.raster.raster_agreement), plus enough pixels to judge."""
     agreement = raster_agreement.compare(candidate, reference, depth=depth)
     assert agreement.ok, agreement.failures()
     assert agreement.interior > 50 and agreement.same > 500, agreement

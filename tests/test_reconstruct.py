@@ -11,8 +11,8 @@ import pytest
 import trimesh
 
 from kiln.settings import ReconstructSettings
-from pipeline import builtin as B
-from pipeline import reconstruct as R
+from pipeline.recon import builtin as B
+from pipeline.recon import reconstruct as R
 from pipeline.types import ImageInput, Reconstruction
 from pipeline.validate import StageInputError
 from synthetic import make_object_image, object_colors
@@ -159,8 +159,8 @@ def test_far_side_does_not_show_through_the_near_side(blob, seed):
     from scipy import ndimage
     from scipy.spatial.transform import Rotation
 
-    from pipeline.cameras import intrinsics, look_at
-    from pipeline.render_views import render_gaussians
+    from pipeline.camera.cameras import intrinsics, look_at
+    from pipeline.views.render_views import render_gaussians
     from pipeline.types import Cameras, Gaussians
 
     _, _, recon = blob
@@ -306,7 +306,7 @@ def test_registered_backend_gets_the_downscaled_image(monkeypatch):
 
 def test_missing_sam3d_backend_is_a_clear_error(monkeypatch):
     monkeypatch.delitem(R.RECONSTRUCTORS, "sam3d", raising=False)
-    monkeypatch.setitem(sys.modules, "pipeline.sam3d", None)     # as if the module were absent
+    monkeypatch.setitem(sys.modules, "pipeline.recon.sam3d", None)     # as if the module were absent
     rgb, mask = make_object_image(64)
     with pytest.raises(R.BackendUnavailable, match="sam3d.*builtin"):
         R.reconstruct(ImageInput(rgb, mask), replace(SMALL, backend="sam3d"), seed=0)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.cameras import intrinsics, look_at, project, sphere_cameras
-from pipeline.gaussian_math import covariance_3d, quat_to_rotmat
-from pipeline import render_views
-from pipeline.render_views import _render_cpu, render_gaussians
+from pipeline.camera.cameras import intrinsics, look_at, project, sphere_cameras
+from pipeline.views.gaussian_math import covariance_3d, quat_to_rotmat
+from pipeline.views import render_views
+from pipeline.views.render_views import _render_cpu, render_gaussians
 from pipeline.types import Cameras, Gaussians, Views
 from pipeline.validate import StageInputError
 
@@ -375,7 +375,7 @@ def test_gsplat_batches_are_assembled_in_camera_order(monkeypatch, budget_camera
     gsplat.rasterization with its batched signature (viewmats [B, 4, 4], Ks [B, 3, 3] ->
     colours [B, H, W, 3], alphas [B, H, W, 1]) that renders each camera with the CPU twin.
     The views must be the CPU twin's, bit for bit, however the cameras are batched."""
-    from pipeline.gaussian_math import covariance_3d
+    from pipeline.views.gaussian_math import covariance_3d
 
     g = random_scene(400, seed=6)
     cams = sphere_cameras(7, 2.4, 40.0, 32)

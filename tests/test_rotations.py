@@ -1,4 +1,4 @@
-"""pipeline.rotations: the stages' quaternion maths, checked against the renderer's torch
+"""pipeline.camera.rotations: the stages' quaternion maths, checked against the renderer's torch
 twin (gaussian_math.quat_to_rotmat) and the algebra it must keep."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline import rotations as R
-from pipeline.gaussian_math import quat_to_rotmat
+from pipeline.camera import rotations as R
+from pipeline.views.gaussian_math import quat_to_rotmat
 
 
 def test_numpy_and_torch_twins_agree_on_unnormalised_batches():

@@ -20,7 +20,7 @@ from kiln.settings import AppSettings
 torch = pytest.importorskip("torch")
 pytest.importorskip("sam2")
 
-from app.sam2_model import (  # noqa: E402
+from app.segment.sam2_model import (  # noqa: E402
     Sam2LoadError,
     describe_state_dict,
     load_predictor,
@@ -212,7 +212,7 @@ def test_no_cuda_context_after_loading_on_a_real_gpu(tiny_ckpt):
     path, _ = tiny_ckpt
     code = (
         "import numpy as np, torch\n"
-        "from app.sam2_model import load_predictor\n"
+        "from app.segment.sam2_model import load_predictor\n"
         "from kiln.checkpoints import info_for\n"
         f"p = load_predictor(info_for({str(path)!r}))\n"
         "p.set_image(np.zeros((48, 64, 3), np.uint8))\n"
@@ -248,7 +248,7 @@ def test_sam2_on_cuda_matches_cpu(tiny_ckpt):
 def test_box_prompt_reaches_sam2_and_bounds_the_mask(tiny_ckpt, monkeypatch):
     """The page's dragged box goes to SAM2 as its box prompt (with the clicks, when there
     are some), and nothing outside the box is ever selected."""
-    from app.segment import Sam2Segmenter
+    from app.segment.segment import Sam2Segmenter
 
     path, _ = tiny_ckpt
     _trap_cuda(monkeypatch)

@@ -23,7 +23,7 @@ import yaml
 torch = pytest.importorskip("torch")
 
 from kiln.settings import ReconstructSettings, Settings  # noqa: E402
-from pipeline import sam3d  # noqa: E402
+from pipeline.recon import sam3d
 from pipeline.types import ImageInput  # noqa: E402
 
 FAKE = Path(__file__).parent / "fake_sam3d"
@@ -200,7 +200,7 @@ def test_reconstruct_converts_to_kiln_frame(fake_pkg, tmp_path, convention):
 
 
 def test_dispatch_through_reconstruct_and_glb_fallback(fake_pkg, tmp_path):
-    from pipeline.reconstruct import RECONSTRUCTORS, reconstruct
+    from pipeline.recon.reconstruct import RECONSTRUCTORS, reconstruct
 
     cfg = write_config(tmp_path / "a", pose_wxyz=list(POSE))
     via_dispatch = reconstruct(_image(pose_wxyz=list(POSE)), _settings(cfg), seed=0)
@@ -253,7 +253,7 @@ def test_source_camera_from_pose_and_pointmap_lands_on_mask(fake_pkg, tmp_path, 
     """Through ``reconstruct`` with a photo larger than max_image_side: the camera comes
     back in the original photo's pixels, its intrinsics equal the fake's camera, and the
     final mesh projected with it covers the photo's mask."""
-    from pipeline.reconstruct import reconstruct
+    from pipeline.recon.reconstruct import reconstruct
     from sam3d_objects.pipeline.inference_pipeline_pointmap import pixel_K
 
     pose = dict(pose_wxyz=[0.9, -0.1, 0.4, 0.1], translation=[-0.15, 0.1, 2.2], scale=0.9,

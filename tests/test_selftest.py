@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from app.cli import main as cli_main
-from worker import selftest
+from app.cli.cli import main as cli_main
+from worker.checks import selftest
 from worker_helpers import small_settings
 
 
@@ -78,7 +78,7 @@ def test_a_front_ends_twin_runs_in_a_child_after_the_workers_own():
 
 
 def test_the_cli_selftest_adds_the_sam2_twin_from_the_front_end():
-    from app.sam2_selftest import SAM2_TWIN, twin_sam2
+    from app.segment.sam2_selftest import SAM2_TWIN, twin_sam2
 
     assert SAM2_TWIN.run is twin_sam2 and SAM2_TWIN.needs_cuda and not SAM2_TWIN.needed
     empty = small_settings().override({"app.sam2_checkpoint": "/nonexistent/sam2.1_hiera_tiny.pt"})

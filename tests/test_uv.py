@@ -11,10 +11,10 @@ import pytest
 import trimesh
 
 from kiln.settings import ReconstructSettings
-from pipeline.mesh_ops import simplify_mesh
-from pipeline.reconstruct import reconstruct
+from pipeline.meshing.mesh_ops import simplify_mesh
+from pipeline.recon.reconstruct import reconstruct
 from pipeline.types import ImageInput, Mesh
-from pipeline.uv import unwrap
+from pipeline.unwrap.uv import unwrap
 from pipeline.validate import StageInputError
 from synthetic import make_object_image
 
@@ -186,7 +186,7 @@ def test_kiln_unwrap_of_a_noisy_scan_has_no_flips_or_overlaps():
 def test_charts_that_fold_are_split_until_none_does(monkeypatch):
     """A whole closed sphere as one chart cannot be flattened: LSCM folds it. The unwrap
     must notice (UV area <= 0, or the chart overlapping itself) and cut it up."""
-    import pipeline.charts as charts_mod
+    import pipeline.unwrap.charts as charts_mod
 
     monkeypatch.setattr(charts_mod, "segment", lambda graph: np.zeros(graph.num_faces, np.int64))
     mesh = noisy_sphere(subdivisions=4, noise=0.0)
@@ -198,7 +198,7 @@ def test_charts_that_fold_are_split_until_none_does(monkeypatch):
 
 
 def test_uv_metrics_see_overlaps_and_distortion():
-    from pipeline.uv_metrics import coverage, distortion
+    from pipeline.unwrap.uv_metrics import coverage, distortion
 
     v = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0]], np.float32)
     f = np.array([[0, 1, 2], [1, 3, 2]], np.int32)
@@ -225,8 +225,8 @@ def blob_with_handle() -> Mesh:
 
 
 def test_long_thin_parts_are_cut_so_they_do_not_shrink_the_atlas(monkeypatch):
-    import pipeline.uv as uv_mod
-    from pipeline.uv_metrics import coverage
+    import pipeline.unwrap.uv as uv_mod
+    from pipeline.unwrap.uv_metrics import coverage
 
     mesh = blob_with_handle()
     out = unwrap(mesh, texture_size=512, gutter=2, max_faces=100_000)
@@ -322,7 +322,7 @@ def test_photo_chart_halves_when_the_photo_is_larger_than_the_atlas_holds(seen_b
 def test_photo_chart_leaves_out_surface_the_photo_cannot_see(projection):
     """A small square in front of a large one, both facing the camera: the large one is
     partly hidden, so it must not share the photo's grid (it would overlap the small one)."""
-    from pipeline.cameras import intrinsics, look_at
+    from pipeline.camera.cameras import intrinsics, look_at
     from pipeline.types import SourceCamera
 
     def square(half, z, n=4):

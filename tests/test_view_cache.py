@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline import cache
-from pipeline.cameras import sphere_cameras
+from pipeline.camera.cameras import sphere_cameras
 from pipeline.types import ImageInput, Views
 from worker_helpers import image, small_settings
 
@@ -21,7 +21,7 @@ class RenderCounter:
     """Wraps render_views.render_gaussians and counts the calls."""
 
     def __init__(self, monkeypatch):
-        from pipeline import render_views
+        from pipeline.views import render_views
 
         self.calls = 0
         real = render_views.render_gaussians
@@ -34,7 +34,7 @@ class RenderCounter:
 
 
 def test_rerun_with_only_postprocessing_changes_skips_reconstruction_and_views(tmp_path, monkeypatch):
-    from pipeline import reconstruct
+    from pipeline.recon import reconstruct
     from pipeline.run import run_pipeline
 
     renders = RenderCounter(monkeypatch)
@@ -136,7 +136,8 @@ def test_views_kept_as_tensors_store_the_same_cache_and_bake_the_same(tmp_path, 
     import torch
     import trimesh
 
-    from pipeline import bake, render_views
+    from pipeline.texture import bake
+    from pipeline.views import render_views
     from pipeline.run import run_pipeline
 
     baked = []

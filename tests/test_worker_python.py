@@ -84,7 +84,7 @@ def test_an_unusable_interpreter_fails_the_start_clearly(tmp_path):
 # --------------------------------------------------------------------------- kiln doctor
 
 def test_doctor_checks_the_worker_interpreter(second_python, tmp_path):
-    from worker.doctor import check_worker_python
+    from worker.checks.doctor import check_worker_python
 
     assert check_worker_python(small_settings()).status == "info"
     ok = check_worker_python(small_settings(worker__python=str(second_python)))

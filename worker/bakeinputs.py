@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional
 
 from kiln.bakerequest import CAMERA_FRAMES, SOURCES, UV_MODES, BakeRequest
 
-from .inputs import InputProblem, read_photo
+from worker.inputs import InputProblem, read_photo
 
 if TYPE_CHECKING:
     import numpy as np
@@ -72,7 +72,7 @@ def check_bake(files: BakeFiles, settings: "Settings", simplify_asked: bool = Fa
     mask (H, W) bool) already read and checked (the page's image and selection), instead of
     ``files.image``. Raises ``InputProblem``."""
     from pipeline.io.mesh_file import companions, mesh_format
-    from pipeline.model_inputs import read_model
+    from pipeline.texture.model_inputs import read_model
     from pipeline.types import ImageInput
     from pipeline.validate import StageInputError
 
@@ -151,6 +151,6 @@ def bake_settings(settings: "Settings", simplify_asked: bool) -> "Settings":
 
 
 def _has_colour(model) -> bool:
-    from pipeline.model_bake import has_own_colours
+    from pipeline.texture.model_bake import has_own_colours
 
     return has_own_colours(model)

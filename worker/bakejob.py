@@ -1,5 +1,5 @@
 """A bake job's stages over its folder: the request's files read and placed (stage "read"),
-then textured (``pipeline.model_bake``). The worker runs it on a job's ``inputs/``;
+then textured (``pipeline.texture.model_bake``). The worker runs it on a job's ``inputs/``;
 ``kiln bake --in-process`` on a folder laid out the same way."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     from kiln.records import Backends
     from kiln.settings import Settings
-    from pipeline.model_bake import ModelBakeResult
-    from pipeline.rasterize import RasterContext
+    from pipeline.texture.model_bake import ModelBakeResult
+    from pipeline.raster.rasterize import RasterContext
 
 OnEvent = Callable[[str, float, str], None]   # (stage, fraction of that stage, message)
 
@@ -21,11 +21,11 @@ def bake_folder(job_dir: Path, settings: "Settings", backends: "Backends", raste
                 on_event: OnEvent, out_dir: Path, name: str = "model") -> "ModelBakeResult":
     """Bake the job in ``job_dir`` (its ``inputs/bake.json``, the files it names, and
     ``inputs/image.png`` + ``mask.png`` when it has a photo) into ``<out_dir>/<name>.glb``."""
-    from pipeline.model_bake import bake_model
-    from pipeline.model_inputs import place_model, read_model
+    from pipeline.texture.model_bake import bake_model
+    from pipeline.texture.model_inputs import place_model, read_model
     from pipeline.types import ImageInput
 
-    from .jobstore import load_inputs, load_request
+    from worker.jobstore import load_inputs, load_request
 
     on_event("read", 0.0, "reading the files")
     t0 = time.perf_counter()

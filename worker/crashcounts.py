@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from .jobstore import atomic_write_json
+from worker.jobstore import atomic_write_json
 
 log = logging.getLogger("kiln.worker")
 

@@ -25,17 +25,17 @@ from kiln.glb import GLBError, check_glb_light
 from kiln.records import JobStats, JobTimes
 from kiln.settings import Settings
 
-from . import interpreter
-from .crashcounts import CrashCounts
-from .faults import FaultPlan
-from .jobrecord import EVENTS_KEPT, EVENTS_KEPT_FINISHED, JobRecord, event_of, where
-from .jobstore import (CANCELLED, DONE, FAILED, QUEUED, RUNNING, Event, JobState, JobStatus,
+from worker import interpreter
+from worker.crashcounts import CrashCounts
+from worker.faults import FaultPlan
+from worker.jobrecord import EVENTS_KEPT, EVENTS_KEPT_FINISHED, JobRecord, event_of, where
+from worker.jobstore import (CANCELLED, DONE, FAILED, QUEUED, RUNNING, Event, JobState, JobStatus,
                        JobStore, append_log)
-from .messages import Done, Failed, Progress, Ready, Run, Started, Stop
-from .progress import job_progress
-from .retry import CANCELLED_BY_USER, CRASH_KINDS, Decision, FailureKind, decide
-from .slots import WorkerSlot, describe_exit
-from .workerconfig import WorkerConfig
+from worker.messages import Done, Failed, Progress, Ready, Run, Started, Stop
+from worker.progress import job_progress
+from worker.retry import CANCELLED_BY_USER, CRASH_KINDS, Decision, FailureKind, decide
+from worker.slots import WorkerSlot, describe_exit
+from worker.workerconfig import WorkerConfig
 
 log = logging.getLogger("kiln.worker")
 

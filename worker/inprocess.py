@@ -40,10 +40,10 @@ def bake_in_process(bake, settings, out: Path, on_event: Optional[OnEvent] = Non
 
     from kiln.atomic import atomic_copy
     from pipeline.backends import resolve_backends
-    from pipeline.rasterize import raster_context
+    from pipeline.raster.rasterize import raster_context
 
-    from .bakejob import bake_folder
-    from .jobstore import JobStore
+    from worker.bakejob import bake_folder
+    from worker.jobstore import JobStore
 
     with tempfile.TemporaryDirectory(prefix="kiln-bake-") as tmp:
         store = JobStore(Path(tmp))

@@ -178,7 +178,7 @@ def check_reconstructable(rgb: np.ndarray, mask: np.ndarray, reconstruct: "Recon
     after its downscale, and the backend's own: builtin refuses a mask too thin for its
     grid), run here so the worker is never started for them. InputProblem naming ``what``.
     The modules involved are light (numpy; cv2 for the downscale and the grid)."""
-    from pipeline.reconstruct import check_input
+    from pipeline.recon.reconstruct import check_input
     from pipeline.types import ImageInput
     from pipeline.validate import StageInputError
 

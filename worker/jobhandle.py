@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional
 
-from .jobstore import CANCELLED, DONE, Event, JobStatus
+from worker.jobstore import CANCELLED, DONE, Event, JobStatus
 
 if TYPE_CHECKING:
-    from .dispatcher import Dispatcher
+    from worker.dispatcher import Dispatcher
 
 
 class JobError(RuntimeError):

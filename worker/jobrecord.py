@@ -10,8 +10,8 @@ from typing import Any, Optional
 from kiln.settings import Settings
 from kiln.stages import stages_for
 
-from .jobstore import Event, JobStatus
-from .retry import Failure, FailureKind, used_gpu
+from worker.jobstore import Event, JobStatus
+from worker.retry import Failure, FailureKind, used_gpu
 
 EVENTS_KEPT = 2000          # per running job
 EVENTS_KEPT_FINISHED = 200

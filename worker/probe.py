@@ -10,7 +10,7 @@ that probe skipped) when it hangs or crashes in native code.
 
 ``python -m worker.probe --json`` runs the same probes in a fresh interpreter and
 prints a line per probe: ``kiln doctor`` runs it (under ``worker.python`` when that is
-set, in the environment a worker gets) through ``worker.proberun``, which plays the
+set, in the environment a worker gets) through ``worker.checks.proberun``, which plays the
 supervisor's part for a crash or a native hang.
 """
 
@@ -47,7 +47,7 @@ def time_limit(seconds: float):
 
 
 def _tiny_cameras(size: int = 32):
-    from pipeline.cameras import intrinsics, look_at
+    from pipeline.camera.cameras import intrinsics, look_at
     from pipeline.types import Cameras
 
     return Cameras(viewmats=look_at((0.0, 0.0, 2.0))[None], Ks=intrinsics(40.0, size, size)[None],
@@ -71,7 +71,7 @@ def _tiny_gaussians():
 
 
 def _check_render(backend: str, device: str) -> tuple[bool, str]:
-    from pipeline.render_views import render_gaussians
+    from pipeline.views.render_views import render_gaussians
 
     views = render_gaussians(_tiny_gaussians(), _tiny_cameras(), backend=backend, device=device)
     centre = float(views.alpha[0, 16, 16])
@@ -83,7 +83,7 @@ def _check_render(backend: str, device: str) -> tuple[bool, str]:
 def _check_raster(backend: str, device: str, driver: dict | None = None) -> tuple[bool, str]:
     """Two triangles through a fresh context of ``backend``; ``driver`` (when given) receives
     the GL driver's renderer and version."""
-    from pipeline.rasterize import raster_context, rasterize_views
+    from pipeline.raster.rasterize import raster_context, rasterize_views
 
     with raster_context(backend, device) as rc:
         r = rasterize_views(rc, _tiny_mesh(), _tiny_cameras())
@@ -149,7 +149,7 @@ def probe_nvdiffrast(ctx: dict) -> tuple[bool, str]:
 
 def probe_sam3d(ctx: dict) -> tuple[bool, str]:
     try:
-        from pipeline.sam3d import probe_sam3d as probe
+        from pipeline.recon.sam3d import probe_sam3d as probe
     except ImportError as e:
         return False, f"SAM 3D Objects support is not available ({e})"
     ok, reason = probe(ctx["settings"])
@@ -271,7 +271,7 @@ def main(argv=None) -> int:
 
     from kiln.settings import Settings, from_dict
 
-    from .faults import FaultPlan, fire
+    from worker.faults import FaultPlan, fire
 
     settings = from_dict(json.loads(args.settings_json)) if args.settings_json else Settings()
     faults = FaultPlan.from_env()   # tests only: KILN_TEST_FAULTS="segv@probe:moderngl"

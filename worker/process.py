@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from kiln.records import Capabilities, JobTimes, WorkerReport
 
-from .messages import Done, ErrorKind, Failed, Heartbeat, Probing, Progress, Ready, Run, Started, Stop
-from .workerconfig import WorkerConfig
+from worker.messages import Done, ErrorKind, Failed, Heartbeat, Probing, Progress, Ready, Run, Started, Stop
+from worker.workerconfig import WorkerConfig
 
 if TYPE_CHECKING:
     from kiln.records import Backends
     from kiln.settings import Settings
-    from pipeline.rasterize import RasterContext
+    from pipeline.raster.rasterize import RasterContext
 
 EXIT_CUDA_STICKY = 75      # "please give me a fresh process": a CUDA error poisoned this one
 MAX_MESSAGE_BYTES = 3800   # < PIPE_BUF (4096) so a write is atomic
@@ -128,7 +128,7 @@ def _heartbeat(send: Sender, interval: float, parent_pid: int) -> None:
 
 
 def _probe_all(cfg: WorkerConfig, send: Sender, env_notes: dict[str, Any]) -> Capabilities:
-    from .probe import PROBES, run_probe
+    from worker.probe import PROBES, run_probe
 
     ctx: dict[str, Any] = {"device": cfg.device, "results": {}, "settings": cfg.settings}
     reasons: dict[str, str] = {}
@@ -174,7 +174,7 @@ def _startup_fault(cfg: WorkerConfig, step: str) -> None:
     """Tests only: fire a ``KIND@probe:STEP`` fault (a probe name, or ``imports``)."""
     kind = cfg.probe_fault(step)
     if kind:
-        from . import faults
+        from worker import faults
 
         print(f"test fault '{kind}' fires in start-up step {step}", flush=True)
         faults.fire(kind)
@@ -187,8 +187,9 @@ def _import_pipeline(cfg: WorkerConfig) -> None:
 
     _startup_fault(cfg, "imports")
 
-    for mod in ("run", "reconstruct", "builtin", "render_views", "mesh_ops", "uv", "rasterize", "bake", "export",
-                "cache", "model_bake", "model_inputs"):
+    for mod in ("run", "recon.reconstruct", "recon.builtin", "views.render_views", "meshing.mesh_ops", "unwrap.uv",
+                "raster.rasterize", "texture.bake", "io.export", "cache", "texture.model_bake",
+                "texture.model_inputs"):
         importlib.import_module(f"pipeline.{mod}")
 
 
@@ -204,10 +205,10 @@ def _warm_imports() -> None:
 
 def worker_main(cfg: WorkerConfig, inbox: Any, outbox: Any) -> None:
     """Entry point of a spawned worker. ``cfg`` is built by the supervisor."""
-    from .interpreter import adopt_path
+    from worker.interpreter import adopt_path
 
     adopt_path(cfg.interpreter)   # under worker.python: that interpreter's sys.path, before any import
-    from . import env as env_mod
+    from worker import env as env_mod
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's business
     env_notes = env_mod.prepare(os.environ, cfg.gpu, cfg.device)
@@ -262,7 +263,7 @@ def _json_default(o: Any) -> Any:
 
 
 def _raster_context(contexts: dict[tuple[str, str], RasterContext], backends: Backends) -> RasterContext:
-    from pipeline.rasterize import raster_context
+    from pipeline.raster.rasterize import raster_context
 
     key = (backends.rasterize, backends.device)
     if key not in contexts:
@@ -283,8 +284,8 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
              contexts: dict[tuple[str, str], RasterContext]) -> None:
     from kiln.atomic import atomic_write
 
-    from . import faults
-    from .jobstore import append_log, load_settings
+    from worker import faults
+    from worker.jobstore import append_log, load_settings
 
     job_id, job_dir, attempt = msg.job, Path(msg.dir), msg.attempt
     fault = msg.fault if cfg.faults_enabled else None
@@ -313,7 +314,7 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
             faults.fire(fault_kind)
 
     try:
-        from pipeline.export import check_glb
+        from pipeline.io.export import check_glb
         from pipeline.run import resolve_backends
 
         settings = load_settings(job_dir).override(msg.overrides or {})
@@ -324,7 +325,7 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
         _check_backends(settings, backends, caps)
         t_pipe = time.perf_counter()
         if bake_job:
-            from .bakejob import bake_folder
+            from worker.bakejob import bake_folder
 
             result = bake_folder(job_dir, settings, backends, _raster_context(contexts, backends), on_event,
                                  job_dir / "outputs")
@@ -361,7 +362,7 @@ def _reconstruct(job_dir: Path, settings: Settings, backends: Backends, contexts
     from pipeline.run import run_pipeline
     from pipeline.types import ImageInput
 
-    from .jobstore import load_inputs
+    from worker.jobstore import load_inputs
 
     rgb, mask = load_inputs(job_dir)
     cache_dir = Path(msg.cache_dir) if msg.cache_dir else None

@@ -25,10 +25,10 @@ from typing import Any, Iterator, Literal, Optional
 
 from kiln.records import Capabilities
 
-from . import process as process_mod
-from .liveness import LivenessProbe
-from .messages import Heartbeat, Probing, Ready
-from .workerconfig import WorkerConfig
+from worker import process as process_mod
+from worker.liveness import LivenessProbe
+from worker.messages import Heartbeat, Probing, Ready
+from worker.workerconfig import WorkerConfig
 
 log = logging.getLogger("kiln.worker")
 

@@ -43,16 +43,16 @@ from kiln.records import Capabilities
 from kiln.settings import Settings
 from kiln.settings import load as load_settings
 
-from . import env as env_mod
-from .dispatcher import Dispatcher, WorkerStartError
-from .faults import FaultPlan
-from .jobhandle import Job
-from .jobrecord import JobRecord
-from .jobstore import Event, JobStatus, JobStore, check_inputs, safe_session
-from .slots import WorkerSlot
+from worker import env as env_mod
+from worker.dispatcher import Dispatcher, WorkerStartError
+from worker.faults import FaultPlan
+from worker.jobhandle import Job
+from worker.jobrecord import JobRecord
+from worker.jobstore import Event, JobStatus, JobStore, check_inputs, safe_session
+from worker.slots import WorkerSlot
 
 if TYPE_CHECKING:
-    from .bakeinputs import CheckedBake
+    from worker.bakeinputs import CheckedBake
 
 __all__ = ["QueueFullError", "Supervisor", "WorkerStartError"]
 

@@ -13,7 +13,7 @@ from typing import Mapping, Optional
 
 from kiln.settings import Settings
 
-from .interpreter import ForeignInterpreter
+from worker.interpreter import ForeignInterpreter
 
 
 @dataclass(frozen=True)

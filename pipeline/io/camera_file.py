@@ -11,9 +11,9 @@ from typing import Optional
 
 import numpy as np
 
-from ..types import SourceCamera
-from ..validate import StageInputError
-from .frames import CAMERA_FRAMES
+from pipeline.types import SourceCamera
+from pipeline.validate import StageInputError
+from pipeline.io.frames import CAMERA_FRAMES
 
 
 def read_camera(path) -> SourceCamera:

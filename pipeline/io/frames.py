@@ -5,7 +5,7 @@ A splat and its mesh often come out of one tool in different frames (the trap us
 
 | source  | splat file -> mesh file (p_mesh = R p_splat) | where it comes from |
 |---------|-----------------------------------------------|---------------------|
-| kiln    | identity                                      | pipeline/export.py writes both in Kiln's world |
+| kiln    | identity                                      | pipeline/io/export.py writes both in Kiln's world |
 | inria   | identity                                      | 3DGS scenes: a mesh extracted from the splat keeps its frame |
 | sam3d   | (x, y, z) -> (x, z, -y)                       | sam-3d-objects: ``save_ply`` writes the canonical z-up frame as is; ``to_glb`` (tdfy_dit/utils/postprocessing_utils.py) turns it y up with ``vertices @ [[1,0,0],[0,0,-1],[0,1,0]]`` |
 | trellis | (x, y, z) -> (x, -y, -z)                      | TRELLIS: ``save_ply`` (representations/gaussian/gaussian_model.py) applies (x, -z, y) to the canonical frame, ``to_glb`` (utils/postprocessing_utils.py) (x, z, -y): together a half turn about x |
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..rotations import matrix_to_quat, quat_mul
-from ..types import Gaussians, Mesh
-from ..validate import StageInputError
+from pipeline.camera.rotations import matrix_to_quat, quat_mul
+from pipeline.types import Gaussians, Mesh
+from pipeline.validate import StageInputError
 
 
 @dataclass(frozen=True)

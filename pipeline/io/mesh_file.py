@@ -18,8 +18,8 @@ import numpy as np
 
 from kiln.limits import MAX_FACES, MAX_MODEL_FILE_BYTES
 
-from ..types import Mesh
-from ..validate import StageInputError
+from pipeline.types import Mesh
+from pipeline.validate import StageInputError
 
 FORMATS = {".glb": "glb", ".gltf": "gltf", ".obj": "obj", ".ply": "ply", ".stl": "stl"}
 
@@ -119,7 +119,7 @@ def _only_points(path: Path) -> str:
 
 def _visual(tm, fmt: str, notes: list[str]):
     """(uvs (V, 2) float32 or None, texture (H, W, 3) uint8 or None, vertex colours or None)."""
-    from ..export import linear_to_srgb
+    from pipeline.io.export import linear_to_srgb
 
     visual = tm.visual
     uvs = texture = colours = None

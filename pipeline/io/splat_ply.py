@@ -1,5 +1,5 @@
 """Gaussian splats in the INRIA 3DGS PLY layout, as 3DGS, SAM 3D Objects, TRELLIS and
-Kiln (``pipeline.export.export_gaussians_ply``) write them.
+Kiln (``pipeline.io.export.export_gaussians_ply``) write them.
 
 One ``vertex`` element, binary little-endian, one record per splat:
 ``x y z`` (``nx ny nz`` unused), ``f_dc_0..2`` (degree-0 spherical harmonic), optional
@@ -18,9 +18,9 @@ import numpy as np
 
 from kiln.limits import MAX_MODEL_FILE_BYTES
 
-from ..gaussian_math import SH_C0
-from ..types import Gaussians
-from ..validate import StageInputError
+from pipeline.views.gaussian_math import SH_C0
+from pipeline.types import Gaussians
+from pipeline.validate import StageInputError
 
 MAX_HEADER_BYTES = 1 << 16
 REQUIRED = (["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity"]

@@ -1,0 +1,187 @@
+"""``kiln bake``: texture a mesh another tool made (SAM 3D Objects, SAM 3D Body, TRELLIS,
+3DGS, Kiln itself) from its splat, its photo and its own colours, in the same isolated
+worker as ``kiln run``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from kiln import settings as settings_mod
+from kiln.bakerequest import CAMERA_FRAMES, SOURCES
+
+from app.cli.cliargs import settings_from_args
+from app.cli.clirunner import CliError, InProcessRunner, WorkerRunner, write_report
+from app.cli.cliview import ProgressLine, timing_table
+
+DESCRIPTION = """\
+Bake a textured GLB from a mesh you already have. Each texel takes its colour from, in order:
+the photo (where its camera sees the surface inside the mask), the splat (rendered from views
+around the mesh), the mesh's own vertex colours or texture, then a fill from neighbouring
+texels. The GLB keeps the mesh file's frame, so it lines up with the file it came from.
+
+Every file is read and checked before the worker starts (exit 2 with the reason). The bake
+runs in a crash-isolated worker like `kiln run` (progress per stage, Ctrl-C cancels)."""
+
+EXAMPLES = """\
+examples, by the tool that made the files:
+  SAM 3D Objects (scene GLB in the camera frame, canonical splat, photo + mask, focal unknown):
+    kiln bake --mesh scene.glb --splat splat.ply --source sam3d --image photo.png --mask mask.png -o out.glb
+    (no camera given: it is fitted to the mask, and the output says how well it fits)
+  SAM 3D Body (mesh in the OpenGL camera frame, its focal length known):
+    kiln bake --mesh body.ply --image photo.png --mask person.png --focal 1623.09 -o body.glb
+  TRELLIS (GLB and save_ply's splat, no photo):
+    kiln bake --mesh sample.glb --splat sample.ply --source trellis -o sample-baked.glb
+  3DGS (a mesh extracted from an INRIA splat, in the splat's frame):
+    kiln bake --mesh mesh.ply --splat point_cloud.ply --source inria --new-uvs -o out.glb
+  Kiln (a `kiln run --ply` pair, the photo's camera from its --report):
+    kiln bake --mesh a.glb --splat a.ply --source kiln --image a.png --camera a-report.json -o b.glb
+
+Exit status: 0 the GLB was written; 1 the job failed (a stage error, a worker crash or hang, no
+space left); 2 a usage or input problem, found before any worker starts; 130 interrupted by
+Ctrl-C (the job is cancelled and its worker stopped)."""
+
+
+def _principal(text: str) -> tuple[float, float]:
+    try:
+        cx, cy = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CX,CY in pixels (e.g. 640,360), got {text!r}") from None
+    return cx, cy
+
+
+def add_parser(sub) -> None:
+    """``kiln bake``'s flags, on the ``kiln`` command's subparsers."""
+    b = sub.add_parser("bake", help="texture a mesh you already have (SAM 3D, TRELLIS, 3DGS, Kiln) "
+                                    "from its splat, photo or own colours",
+                       description=DESCRIPTION, epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    files = b.add_argument_group("files")
+    files.add_argument("--mesh", required=True, metavar="M",
+                       help="the mesh: GLB/glTF, OBJ (+MTL), PLY or STL, with or without UVs, "
+                            "vertex colours, a texture")
+    files.add_argument("--splat", metavar="S", help="its Gaussian splat: a 3DGS PLY (INRIA layout, "
+                                                    "SH degree 0-3), as 3DGS, SAM 3D, TRELLIS and Kiln write")
+    files.add_argument("--image", metavar="P", help="the photo the model was made from, projected "
+                                                    "onto the surface its camera sees")
+    files.add_argument("--mask", metavar="K", help="the object's mask in the photo (white = object; "
+                                                   "default: the photo's transparency); a texel outside "
+                                                   "it never takes the photo's colour")
+    files.add_argument("-o", "--output", required=True, metavar="OUT.glb", help="the GLB to write")
+    files.add_argument("--report", metavar="R.json",
+                       help="write timings and stats (camera used, frame, surface distance, "
+                            "silhouette, texel sources, peak memory) to this JSON file")
+    cam = b.add_argument_group("the photo's camera (without one, it is fitted to the mask)")
+    cam.add_argument("--camera", metavar="C.json",
+                     help="a camera JSON: the source_camera that `kiln run --report` writes (K in "
+                          "pixels, OpenCV world-to-camera matrix in the mesh's frame, width, height), "
+                          "or such a report")
+    cam.add_argument("--focal", type=float, metavar="F",
+                     help="focal length in pixels of the photo, for a mesh placed in the camera's frame")
+    cam.add_argument("--principal", type=_principal, metavar="CX,CY",
+                     help="principal point in pixels (default: the image centre)")
+    cam.add_argument("--camera-frame", choices=CAMERA_FRAMES, default="opengl",
+                     help="with --focal: the mesh's camera frame, opengl (looking down -z, y up: "
+                          "SAM 3D) or opencv (looking down +z, y down) (default opengl)")
+    cam.add_argument("--fit-camera", action="store_true",
+                     help="fit the camera to the mask (the default when a photo comes without a camera)")
+    how = b.add_argument_group("how")
+    how.add_argument("--source", choices=SOURCES, default="auto",
+                     help="which tool wrote the splat, which fixes its frame relative to the mesh; "
+                          "auto tries each and keeps the one that puts the splat on the mesh "
+                          "surface (default auto)")
+    uvs = how.add_mutually_exclusive_group()
+    uvs.add_argument("--keep-uvs", dest="uvs", action="store_const", const="keep",
+                     help="bake into the mesh's own UVs, unsimplified (the default when it has usable UVs)")
+    uvs.add_argument("--new-uvs", dest="uvs", action="store_const", const="new",
+                     help="simplify and unwrap as `kiln run` does")
+    rng, dflt = settings_mod.allowed_range, settings_mod.Settings()
+    how.add_argument("--simplify-ratio", type=float, help="with new UVs: fraction of faces removed, "
+                     "%g-%g (default: none, beyond what the unwrap needs to take the mesh: at most "
+                     "%d faces)" % (*rng("mesh.simplify_ratio"), dflt.mesh.max_faces_for_uv))
+    how.add_argument("--texture-size", help="texture size in texels, power of two %d-%d (default 1024)"
+                     % rng("bake.texture_size"))
+    how.add_argument("--views", type=int, help="splat views to bake from, %d-%d (default %d)"
+                     % (*rng("views.count"), dflt.views.count))
+    how.add_argument("--bake-mode", choices=list(settings_mod.allowed_values("bake.mode")),
+                     help="texture bake mode (default %s)" % dflt.bake.mode)
+    how.add_argument("--seed", type=int, help="random seed (default %d)" % dflt.seed)
+    how.add_argument("--device", choices=["auto", "cpu", "cuda"], help="worker device (default auto)")
+    how.add_argument("--config", help="settings YAML (default: configs/default.yaml)")
+    how.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override any setting, e.g. --set bake.photo_min_inside=0.8 (see `kiln settings`)")
+    how.add_argument("--in-process", action="store_true",
+                     help="run the stages in this process instead of a crash-isolated worker (debugging)")
+    b.set_defaults(func=cmd_bake, uvs="auto")
+
+
+def cmd_bake(args) -> int:
+    from worker.bakeinputs import BakeFiles, bake_settings, check_bake
+    from worker.inputs import InputProblem, check_space, job_bytes, writing_to
+
+    settings = bake_settings(settings_from_args(args), simplify_asked=args.simplify_ratio is not None)
+    out = Path(args.output)
+    if out.suffix.lower() != ".glb":
+        raise CliError(f"-o {out} must end in .glb")
+    files = BakeFiles(mesh=Path(args.mesh), splat=_path(args.splat), image=_path(args.image),
+                      mask=_path(args.mask), camera=_path(args.camera), focal=args.focal,
+                      principal=args.principal, camera_frame=args.camera_frame,
+                      fit_camera=args.fit_camera, source=args.source, uvs=args.uvs)
+    try:
+        bake = check_bake(files, settings, simplify_asked=args.simplify_ratio is not None)
+    except InputProblem as e:
+        raise CliError(str(e)) from None
+    for note in bake.notes:
+        print(note, file=sys.stderr)
+    size = settings.bake.texture_size if settings.bake.texture_size != "auto" else 1024
+    check_space([Path(settings.app.jobs_dir), out.parent], 2 * bake.input_bytes + job_bytes(0, size))
+    with writing_to(out.parent):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    runner = InProcessRunner(settings) if args.in_process else WorkerRunner(settings)
+    progress = ProgressLine()
+    t0 = time.perf_counter()
+    try:
+        startup = runner.start()
+        result = runner.bake(bake, out, progress)
+    finally:
+        runner.close()
+    total = time.perf_counter() - t0
+    print(timing_table(result["timings"], total, {"worker start": startup, "queued": result["queued"]}),
+          file=sys.stderr)
+    stats = result["stats"]
+    for line in summary_lines(stats.pipeline):
+        print(line, file=sys.stderr)
+    for w in stats.pipeline.warnings if stats.pipeline is not None else ():
+        print(f"kiln: warning: {w}", file=sys.stderr)
+    if args.report:
+        write_report(args.report, {"timings": result["timings"], "total_s": total,
+                                    "stats": stats.to_dict(), "glb": str(out.resolve())})
+    print(f"wrote {out.resolve()}")
+    return 0
+
+
+def _path(value):
+    return Path(value) if value else None
+
+
+def summary_lines(p) -> list[str]:
+    """What a person baking a model reads after the table: what came out and from where."""
+    if p is None:
+        return []
+    lines = [f"faces: {p.faces}, vertices: {p.vertices}"]
+    m = p.model
+    if m is not None:
+        lines.append(f"uvs: {m.uvs}" + (f" (mirrored {m.uv_mirrored_fraction:.1%}, overlapping "
+                                       f"{m.uv_overlap_fraction:.1%})" if m.uv_overlap_fraction is not None else ""))
+        if m.frame:
+            lines.append(f"splat frame: {m.frame} (surface distance {m.frame_surface_distance:.4f} of the mesh's size)")
+        if m.silhouette:
+            s = m.silhouette
+            lines.append(f"camera ({m.camera}): silhouette {s['inside']:.0%} inside the mask, covers "
+                         f"{s['coverage']:.0%} of it, IoU {s['iou']:.2f}")
+    if p.bake is not None and p.bake.texels_from:
+        lines.append("texels from: " + ", ".join(f"{k} {v:.0%}" for k, v in p.bake.texels_from.items()))
+    return [textwrap.shorten(line, 200) for line in lines]

@@ -1,0 +1,286 @@
+"""Click-to-segment on the app's CPU: SAM2 when a checkpoint loads, GrabCut otherwise.
+
+Both segmenters take an (H, W, 3) uint8 image, a list of clicks
+``(x, y, label)`` in that image's pixel coordinates (label 1 = object,
+0 = background) and an optional box ``(x0, y0, x1, y1)`` around the object
+(GrabCut's native input, SAM2's box prompt), and return an (H, W) bool mask. The app hands them its
+"working" image (longest side <= ``SEG_MAX_SIDE``), so a click costs the same
+whatever the upload's size; the mask is scaled to full size only on Generate.
+
+Nothing here may touch CUDA: the SAM2 predictor is built on CPU by
+``app.segment.sam2_model`` and only ever runs there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+SEG_MAX_SIDE = 1024
+Click = tuple[float, float, int]   # (x, y, label); label 1 = object, 0 = background
+Box = tuple[float, float, float, float]   # (x0, y0, x1, y1), x0 < x1, y0 < y1, image pixels
+
+
+def image_key(rgb: np.ndarray) -> str:
+    """Content hash of an (H, W, 3) uint8 image (shape included), used as cache key."""
+    h = hashlib.sha1(np.ascontiguousarray(rgb).view(np.uint8).data)
+    h.update(str(rgb.shape).encode())
+    return h.hexdigest()
+
+
+def _split(clicks: Sequence[Click]) -> tuple[np.ndarray, np.ndarray]:
+    pts = np.array([(c[0], c[1]) for c in clicks], np.float32).reshape(-1, 2)
+    labels = np.array([int(c[2]) for c in clicks], np.int32)
+    return pts, labels
+
+
+def keep_clicked_components(mask: np.ndarray, clicks: Sequence[Click],
+                            box: Optional[Box] = None) -> np.ndarray:
+    """Drop blobs no object click landed in; (H, W) bool -> (H, W) bool.
+
+    Both segmenters sometimes add islands of similar colour far from the
+    object; the user only ever asked for the parts they clicked. With a box,
+    nothing outside it is kept (the box says where the object is), and without
+    object clicks every blob inside it is.
+    """
+    import cv2
+
+    if box is not None:
+        mask = mask & box_mask(mask.shape, box)
+    fg = [(int(round(x)), int(round(y))) for x, y, lab in clicks if lab == 1]
+    if not fg or not mask.any():
+        return mask
+    n, labels = cv2.connectedComponents(mask.astype(np.uint8), connectivity=8)
+    h, w = mask.shape
+    keep = set()
+    for x, y in fg:
+        x = min(max(x, 0), w - 1)
+        y = min(max(y, 0), h - 1)
+        if labels[y, x] > 0:
+            keep.add(int(labels[y, x]))
+    if not keep:
+        return mask   # every object click landed outside the mask: show what was found
+    return np.isin(labels, sorted(keep))
+
+
+def box_mask(shape: tuple[int, int], box: Box) -> np.ndarray:
+    """(H, W) bool, True inside ``box`` (edges included)."""
+    h, w = shape[:2]
+    x0, y0, x1, y1 = (int(round(v)) for v in box)
+    out = np.zeros((h, w), bool)
+    out[max(y0, 0):max(min(y1, h - 1), -1) + 1, max(x0, 0):max(min(x1, w - 1), -1) + 1] = True
+    return out
+
+
+def has_prompt(clicks: Sequence[Click], box: Optional[Box]) -> bool:
+    """An object click or a box: enough to ask a segmenter for a mask."""
+    return box is not None or any(c[2] == 1 for c in clicks)
+
+
+class GrabCutSegmenter:
+    """OpenCV GrabCut seeded by the clicks, on a copy downscaled to ``max_side``.
+
+    Seeds: a small disk at each object click is certain foreground, a box
+    around the object clicks (grown by ``grow`` of the image size) is probable
+    foreground, the rest is probable background, a thin frame at the border and
+    a disk at each background click are certain background. A drawn box
+    replaces the grown one and, as in GrabCut's own rectangle mode, everything
+    outside it is certain background.
+    """
+
+    name = "GrabCut"
+
+    def __init__(self, max_side: int = 320, iterations: int = 3, grow: float = 0.45):
+        self.max_side = max_side
+        self.iterations = iterations
+        self.grow = grow
+
+    def prepare(self, rgb: np.ndarray) -> None:
+        """Nothing to precompute; present so both segmenters share one interface."""
+
+    def segment(self, rgb: np.ndarray, clicks: Sequence[Click], box: Optional[Box] = None) -> np.ndarray:
+        import cv2
+
+        h, w = rgb.shape[:2]
+        pts, labels = _split(clicks)
+        if not has_prompt(clicks, box):
+            return np.zeros((h, w), bool)
+        scale = min(1.0, self.max_side / max(h, w))
+        sw, sh = max(8, round(w * scale)), max(8, round(h * scale))
+        small = cv2.resize(rgb, (sw, sh), interpolation=cv2.INTER_AREA) if scale < 1 else rgb.copy()
+        sx, sy = sw / w, sh / h
+        spts = pts * np.array([sx, sy], np.float32)
+
+        side = max(sh, sw)
+        sbox = None
+        if box is not None:
+            sbox = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+            seeds = np.full((sh, sw), cv2.GC_BGD, np.uint8)
+            seeds[box_mask((sh, sw), sbox)] = cv2.GC_PR_FGD
+        else:
+            seeds = np.full((sh, sw), cv2.GC_PR_BGD, np.uint8)
+            fg = spts[labels == 1]
+            pad = self.grow * side
+            x0, y0 = np.floor(fg.min(0) - pad).astype(int)
+            x1, y1 = np.ceil(fg.max(0) + pad).astype(int)
+            seeds[max(y0, 0):max(y1, 0) + 1, max(x0, 0):max(x1, 0) + 1] = cv2.GC_PR_FGD
+            frame = max(1, side // 100)
+            seeds[:frame] = cv2.GC_BGD
+            seeds[-frame:] = cv2.GC_BGD
+            seeds[:, :frame] = cv2.GC_BGD
+            seeds[:, -frame:] = cv2.GC_BGD
+        r = max(2, side // 80)
+        for (x, y), lab in zip(spts, labels):
+            cv2.circle(seeds, (int(round(x)), int(round(y))), r,
+                       int(cv2.GC_FGD if lab == 1 else cv2.GC_BGD), -1)
+        bgd = np.zeros((1, 65), np.float64)
+        fgd = np.zeros((1, 65), np.float64)
+        # GrabCut's k-means draws from OpenCV's per-thread RNG: seed it so the same
+        # clicks always give the same mask (and the worker's cache sees the same input)
+        cv2.setRNGSeed(12345)
+        try:
+            # no rect with GC_INIT_WITH_MASK: OpenCV takes None, its stub wants a tuple
+            cv2.grabCut(small, seeds, None, bgd, fgd, self.iterations,  # type: ignore[call-overload]
+                        cv2.GC_INIT_WITH_MASK)
+        except cv2.error as e:
+            # GrabCut refuses when one side has no samples at all (e.g. a click fills the image)
+            log.info("grabCut failed (%s); using the seed region", e)
+        small_mask = (seeds == cv2.GC_FGD) | (seeds == cv2.GC_PR_FGD)
+        small_clicks = [(x, y, int(lab)) for (x, y), lab in zip(spts, labels)]
+        small_mask = keep_clicked_components(small_mask, small_clicks, sbox)
+        if scale >= 1:
+            return small_mask
+        up = cv2.resize(small_mask.astype(np.uint8) * 255, (w, h), interpolation=cv2.INTER_LINEAR)
+        return up >= 128
+
+
+class Sam2Segmenter:
+    """SAM2 image predictor with image embeddings cached by image content.
+
+    One model serves every session. Embeddings are computed by a single
+    background thread on a shallow copy of the predictor (same weights, its own
+    per-image state), so a slow encoder run (seconds on CPU) for one upload
+    never blocks another session's clicks; decoding swaps the cached features
+    into the decoding predictor under a lock, so sessions never see each
+    other's image. ``prepare`` starts the embedding right after an upload.
+    """
+
+    name = "SAM2"
+
+    def __init__(self, predictor, label: str = "", cache_size: int = 8):
+        import copy
+
+        self.predictor = predictor
+        self._embedder = copy.copy(predictor)
+        self.label = label
+        self._decode_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._cache: OrderedDict[str, tuple[dict, tuple[int, int]]] = OrderedDict()
+        self._pending: dict[str, Future] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sam2-embed")
+        self._cache_size = cache_size
+        self.embeddings_computed = 0   # for tests/benchmarks: proves the cache is used
+
+    def _embed(self, key: str, rgb: np.ndarray) -> tuple[dict, tuple[int, int]]:
+        """Runs on the pool thread only: (features dict of tensors, (H, W))."""
+        import torch
+
+        with self._cache_lock:
+            hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        with torch.inference_mode():
+            self._embedder.set_image(rgb)
+        entry = (self._embedder._features, tuple(self._embedder._orig_hw[0]))
+        self._embedder.reset_predictor()
+        with self._cache_lock:
+            self.embeddings_computed += 1
+            self._cache[key] = entry
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return entry
+
+    def _future(self, key: str, rgb: np.ndarray) -> Future:
+        with self._cache_lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                done: Future = Future()
+                done.set_result(self._cache[key])
+                return done
+            fut = self._pending.get(key)
+            if fut is None:
+                fut = self._pool.submit(self._embed, key, np.ascontiguousarray(rgb))
+                self._pending[key] = fut
+                fut.add_done_callback(lambda _f: self._drop_pending(key))
+            return fut
+
+    def _drop_pending(self, key: str) -> None:
+        with self._cache_lock:
+            self._pending.pop(key, None)
+
+    def prepare(self, rgb: np.ndarray) -> None:
+        """Start computing the embedding of (H, W, 3) uint8 ``rgb`` in the background."""
+        self._future(image_key(rgb), rgb)
+
+    def segment(self, rgb: np.ndarray, clicks: Sequence[Click], box: Optional[Box] = None) -> np.ndarray:
+        import torch
+
+        h, w = rgb.shape[:2]
+        pts, labels = _split(clicks)
+        if not has_prompt(clicks, box):
+            return np.zeros((h, w), bool)
+        features, hw = self._future(image_key(rgb), rgb).result()
+        with self._decode_lock:
+            p = self.predictor
+            p._features, p._orig_hw = features, [hw]
+            p._is_image_set, p._is_batch = True, False
+            with torch.inference_mode():
+                # one click is ambiguous (part / whole object): ask for three and take the best
+                masks, scores, _ = p.predict(
+                    point_coords=pts if len(clicks) else None,
+                    point_labels=labels if len(clicks) else None,
+                    box=None if box is None else np.asarray(box, np.float32),
+                    multimask_output=len(clicks) == 1 and box is None)
+        best = masks[int(np.argmax(scores))] > 0
+        return keep_clicked_components(best, clicks, box)
+
+
+@dataclass
+class SegmenterChoice:
+    segmenter: object          # GrabCutSegmenter | Sam2Segmenter
+    description: str           # for the UI, e.g. "SAM2 sam2.1 tiny (sam2.1_hiera_tiny.pt)"
+    reason: str = ""           # why GrabCut is used, when it is
+
+
+def choose_segmenter(app_settings) -> SegmenterChoice:
+    """SAM2 when a checkpoint is found and loads; otherwise GrabCut, with the reason.
+
+    ``app_settings``: ``kiln.settings.AppSettings``. Loading failures never raise:
+    they become the reason shown in the UI.
+    """
+    grabcut = GrabCutSegmenter()
+    try:
+        from app.segment.sam2_model import Sam2LoadError, load_predictor, resolve_checkpoint
+    except ImportError as e:
+        return SegmenterChoice(grabcut, "GrabCut", f"SAM2 support unavailable ({e})")
+    info = resolve_checkpoint(app_settings)
+    if info is None:
+        return SegmenterChoice(grabcut, "GrabCut",
+                               "no SAM2 checkpoint configured or found in checkpoints/")
+    try:
+        predictor = load_predictor(info)
+    except Sam2LoadError as e:
+        return SegmenterChoice(grabcut, "GrabCut", str(e))
+    except Exception as e:  # noqa: BLE001 - a broken model must not stop the app from serving
+        log.exception("unexpected error loading SAM2")
+        return SegmenterChoice(grabcut, "GrabCut", f"SAM2 failed to load: {type(e).__name__}: {e}")
+    return SegmenterChoice(Sam2Segmenter(predictor, info.label), f"SAM2 {info.label}")

@@ -1,0 +1,145 @@
+"""Everything the UI's handlers share across sessions: settings, the worker pool,
+the segmenter, published results. One ``AppContext`` per server process.
+
+The supervisor (spawned workers + their capability probe) and the SAM2 model
+both take seconds to come up, so they start on background threads: the page is
+served at once, segmentation uses GrabCut until SAM2 is ready, and a Generate
+pressed before the workers are up waits for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+from kiln.records import Capabilities
+from kiln.settings import Settings
+
+from app.web.active import ActiveJobs
+from app.web.results import ResultPublisher
+from app.segment.segment import GrabCutSegmenter, SegmenterChoice, choose_segmenter
+from app.web.sessions import SessionLimits, SessionStore
+
+if TYPE_CHECKING:
+    from worker.supervisor import Supervisor
+
+# Full-size decodes at once (an upload, a job's submit): PIL's copy, its conversion and the
+# array made from it took ~540 MB at the peak of one 40 MP decode (app.max_pixels), so they
+# take turns; a 12 MP photo decodes in a fraction of a second.
+DECODES_AT_ONCE = 1
+
+log = logging.getLogger(__name__)
+
+
+def expected_workers(settings: Settings) -> int:
+    """How many jobs can run at once: the configured worker count, else one per visible
+    GPU (asked without touching CUDA), else one."""
+    if settings.worker.count > 0:
+        return settings.worker.count
+    if settings.worker.device == "cpu":
+        return 1
+    from worker.env import detect_gpus
+
+    return max(1, len(detect_gpus()))
+
+
+class AppContext:
+    def __init__(self, settings: Settings, files_dir: Path,
+                 supervisor_factory: Optional[Callable[[], Supervisor]] = None,
+                 segmenter_loader: Optional[Callable[[], SegmenterChoice]] = None):
+        """``files_dir``: Gradio's upload/cache folder (results are published there).
+        ``supervisor_factory``: returns an un-started ``worker.supervisor.Supervisor``;
+        ``segmenter_loader``: returns a ``SegmenterChoice`` (default: SAM2 if it loads)."""
+        self.settings = settings
+        self.workers = expected_workers(settings)
+        self.publisher = ResultPublisher(Path(files_dir) / "results")
+        # per-tab state, keyed by the server's session name (cookie + tab), on disk
+        self.sessions = SessionStore(Path(files_dir).parent / "sessions",
+                                     SessionLimits.from_settings(settings.app))
+        self.decodes = threading.BoundedSemaphore(DECODES_AT_ONCE)
+        # per tab: its jobs not yet ended, a Generate waiting, its last job's Outcome
+        self.active = ActiveJobs()
+        self.summaries: dict[str, str] = {}
+        self._supervisor_factory = supervisor_factory or self._default_supervisor
+        self._segmenter_loader = segmenter_loader
+        self.sup: Optional[Supervisor] = None
+        self.sup_error: Optional[str] = None
+        self.sup_ready = threading.Event()
+        self._seg = SegmenterChoice(GrabCutSegmenter(), "GrabCut", "SAM2 not checked yet")
+        self.seg_ready = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def _default_supervisor(self):
+        from worker.supervisor import Supervisor
+
+        s = self.settings
+        return Supervisor(s, jobs_dir=Path(s.app.jobs_dir), cache_dir=Path(s.app.cache_dir))
+
+    # -- background start-up ---------------------------------------------------
+    def start(self, wait: bool = False) -> "AppContext":
+        self._spawn(self._start_supervisor, "kiln-supervisor-start")
+        self._spawn(self._load_segmenter, "kiln-segmenter-load")
+        if wait:
+            self.sup_ready.wait()
+            self.seg_ready.wait()
+        return self
+
+    def _spawn(self, fn, name):
+        t = threading.Thread(target=fn, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _start_supervisor(self) -> None:
+        try:
+            sup = self._supervisor_factory()
+            sup.start()
+            self.sup = sup
+            log.info("workers ready: %s", sup.capabilities())
+        except Exception as e:  # noqa: BLE001 - shown in the UI; the page keeps working for segmentation
+            log.exception("worker pool failed to start")
+            self.sup_error = f"worker pool failed to start: {type(e).__name__}: {e}"
+        finally:
+            self.sup_ready.set()
+
+    def _load_segmenter(self) -> None:
+        try:
+            if self._segmenter_loader is not None:
+                choice = self._segmenter_loader()
+            else:
+                from kiln.checkpoints import resolve_checkpoint
+
+                if resolve_checkpoint(self.settings.app) is not None:
+                    # loading takes seconds: the status line says why GrabCut answers meanwhile
+                    self._seg = SegmenterChoice(GrabCutSegmenter(), "GrabCut", "SAM2 loading…")
+                choice = choose_segmenter(self.settings.app)
+            self._seg = choice
+            log.info("segmentation: %s%s", choice.description, f" ({choice.reason})" if choice.reason else "")
+        finally:
+            self.seg_ready.set()
+
+    # -- accessors -------------------------------------------------------------
+    @property
+    def segmenter(self):
+        return self._seg.segmenter
+
+    @property
+    def segmenter_text(self) -> str:
+        c = self._seg
+        return f"{c.description} — {c.reason}" if c.reason else c.description
+
+    def capabilities(self) -> Optional[Capabilities]:
+        if self.sup is None:
+            return None
+        try:
+            return self.sup.capabilities()
+        except Exception:  # noqa: BLE001 - status line only
+            return None
+
+    def shutdown(self) -> None:
+        if self.sup is not None:
+            try:
+                self.sup.shutdown()
+            except Exception:  # noqa: BLE001
+                log.exception("supervisor shutdown failed")

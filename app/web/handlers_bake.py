@@ -1,0 +1,175 @@
+"""The "Bake a model" tab's handlers: Bake (checked at once, then run in Gradio's job queue),
+the outcome shown when it ends, and Cancel. Each is ``handler(page, ctx, caller, *inputs) ->
+{component: value}`` over the tab's ``app.web.page.BakeTab`` (generators yield such dicts).
+
+A tab runs one job at a time, whichever tab of the page started it (``ctx.active`` is keyed by
+the page's session). The job belongs to the browser like any other: it is listed in the
+history, its GLB downloads as ``<mesh name>-<n>.glb``, and it goes on when the page closes
+until ``app.orphan_grace_s`` passes unfollowed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator, Optional
+
+import gradio as gr
+
+from app.web import history, jobs, statusview, usertext
+from app.web.bakeform import bake_request
+from app.web.context import AppContext
+from app.web.handlers_job import BUSY
+from app.web.outcome import Outcome, job_outcome, not_started
+from app.web.page import BAKE_PROGRESS_ID, Page, Updates
+from app.web.requestinfo import Caller, refusal
+
+
+def _progress(st=None, note: str = "") -> str:
+    return statusview.progress_html(st, note=note, dom_id=BAKE_PROGRESS_ID)
+
+
+def idle_buttons(page: Page) -> Updates:
+    t = page.baking
+    return {t.generate: gr.update(value="Bake", interactive=True), t.cancel: gr.update(interactive=False)}
+
+
+def running_buttons(page: Page) -> Updates:
+    t = page.baking
+    return {t.generate: gr.update(value="Baking…", interactive=False), t.cancel: gr.update(interactive=True)}
+
+
+def _request(ctx: AppContext, session: str, mesh, splat, photo, mask, reuse, source, camera, focal, frame,
+             fit, uvs, texture, simplify):
+    """The tab's values as a checked bake (``app.web.bakeform``); a simplify ratio of 0 is none."""
+    values = {"texture_size": texture, "simplify_ratio": simplify if simplify else None}
+    return bake_request(ctx, session, mesh, splat, photo, mask, camera, focal or None, None, frame, fit,
+                        source, uvs, reuse, values)
+
+
+def on_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
+            photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
+            focal, frame: str, fit: bool, uvs: str, texture, simplify: float) -> Updates:
+    """Read and check the files at once (a ``gr.Error`` says what is wrong with which file),
+    before the job waits for a worker slot; show what was read and clear the last result."""
+    session = caller.session
+    if ctx.active.busy(session):
+        raise refusal(BUSY)
+    if ctx.sup_error:
+        raise refusal(usertext.public_text(ctx.sup_error))
+    try:
+        checked, _ = _request(ctx, session, mesh, splat, photo, mask, reuse, source, camera, focal, frame,
+                              fit, uvs, texture, simplify)
+    except usertext.UIError as e:
+        raise refusal(usertext.public_text(str(e))) from None
+    if not ctx.active.press(session):
+        raise refusal(BUSY)
+    t = page.baking
+    notes = "\n".join(f"- {usertext.public_text(n)}" for n in checked.notes)
+    return {t.progress: _progress(note="Starting…"), t.notes: notes, t.model: None,
+            t.download: gr.update(visible=False), **running_buttons(page)}
+
+
+def run_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
+             photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
+             focal, frame: str, fit: bool, uvs: str, texture, simplify: float) -> Iterator[Updates]:
+    """The Bake ``on_bake`` let through, once Gradio's job queue gives it a slot: submit the
+    job and stream its progress bar; its end goes to the active-jobs record for
+    ``show_bake_outcome``."""
+    session = caller.session
+    t = page.baking
+    last, shown, note = None, None, ""
+    pressed = ctx.active.pending_since(session)
+    try:
+        checked, settings = _request(ctx, session, mesh, splat, photo, mask, reuse, source, camera, focal,
+                                     frame, fit, uvs, texture, simplify)
+        info = history.JobInfo(checked.request.names.get("mesh", "model"))
+        for note, last in jobs.follow_bake(ctx, session, checked, settings, info=info, pressed_at=pressed):
+            if last is None:
+                yield {t.progress: _progress(note=note)}
+            elif last.terminal or last.seq == shown:
+                yield {t.progress: gr.skip()}     # a beat: lets Gradio notice a page that went away
+            else:
+                shown = last.seq
+                yield {t.progress: _progress(last)}
+    except usertext.UIError as e:   # a file changed between the check and the slot
+        note = f"Cannot start: {usertext.public_text(str(e))}"
+    finally:
+        ctx.active.end_pending(session)
+    if last is None:
+        ctx.active.keep_outcome(session, not_started(note, kind="bake"))
+    else:
+        waited = max(0.0, (last.created or 0.0) - (pressed or last.created or time.time()))
+        ctx.active.keep_outcome(session, job_outcome(ctx, session, last, waited))
+    yield {t.progress: gr.skip()}
+
+
+def bake_outcome_view(page: Page, out: Optional[Outcome]) -> Updates:
+    """A bake's outcome on its tab: the progress bar, the model in the viewer, the download,
+    the browser's history (shared with the first tab), Bake enabled again."""
+    t = page.baking
+    if out is None:
+        return idle_buttons(page)
+    shown = {t.progress: out.progress_html(BAKE_PROGRESS_ID),
+             t.download: gr.update(value=out.glb, visible=True) if out.glb else gr.update(visible=False),
+             **idle_buttons(page)}
+    if out.glb:
+        shown[t.model] = out.glb
+    warnings = out.status.stats.pipeline.warnings if out.status is not None and out.status.stats.pipeline else ()
+    if warnings:
+        shown[t.notes] = "\n".join(f"- **{usertext.public_text(w)}**" for w in warnings)
+    if out.history is not None:
+        shown.update({page.history: out.history.html, page.history_files: out.history.file_list()})
+    return shown
+
+
+def show_bake_outcome(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """After ``run_bake``: the tab's outcome, taken from the record."""
+    return bake_outcome_view(page, ctx.active.take_outcome(caller.session, "bake"))
+
+
+def follow_bake_on_load(page: Page, ctx: AppContext, caller: Caller) -> Iterator[Updates]:
+    """A page just loaded: if its browser's newest bake job is queued or running, follow it on
+    this tab (Cancel works on it; the result lands here); if it ended, leave its outcome for
+    ``show_followed_bake``, so the tab looks as it did before the reload. The first tab's
+    Generate or follower keeps the tab's one job when it has one."""
+    session = caller.session
+    t = page.baking
+    while not ctx.sup_ready.is_set():
+        yield {t.progress: gr.skip()}
+        ctx.sup_ready.wait(1.0)
+    statuses = [st for st in jobs.browser_jobs(ctx, session) if st.kind == "bake"] if ctx.sup else []
+    live = jobs.live_job(statuses)
+    if not statuses or ctx.active.busy(session):
+        yield {t.progress: gr.skip()}
+        return
+    if live is None:
+        ctx.active.keep_outcome(session, job_outcome(ctx, session, statuses[-1]))
+        yield {t.progress: gr.skip()}
+        return
+    yield {t.progress: _progress(live), **running_buttons(page)}
+    last, seen = live, live.seq
+    for _, last in jobs.follow_existing(ctx, session, live.id):
+        if last.terminal or last.seq == seen:
+            yield {t.progress: gr.skip()}
+        else:
+            seen = last.seq
+            yield {t.progress: _progress(last)}
+    if last.terminal:
+        ctx.active.keep_outcome(session, job_outcome(ctx, session, last))
+    yield {t.progress: gr.skip()}
+
+
+def show_followed_bake(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """After ``follow_bake_on_load``: the bake outcome it left, if any (nothing else changes)."""
+    out = ctx.active.take_outcome(caller.session, "bake")
+    return bake_outcome_view(page, out) if out is not None else {page.baking.progress: gr.skip()}
+
+
+def on_bake_cancel(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """Cancel the tab's job (its worker is killed and replaced), or its Bake still waiting
+    in Gradio's queue (which ``cancels=`` in the wiring drops)."""
+    st = jobs.cancel_jobs(ctx, caller.session)
+    if st is not None:
+        return {page.baking.progress: _progress(st), **idle_buttons(page)}
+    note = "Cancelled before it started." if ctx.active.take_pending(caller.session) else "Nothing to cancel."
+    return {page.baking.progress: _progress(note=note), **idle_buttons(page)}

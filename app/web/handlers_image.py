@@ -1,0 +1,143 @@
+"""The page's handlers for a tab's image and its selection: upload, clicks, box, undo and
+clear, transparency as the mask, a mask file, and the image a loaded page takes over.
+
+Each is ``handler(page, ctx, caller, *inputs) -> {component: value}`` (``app.web.wiring``
+connects them): the tab's state is read and saved in ``ctx.sessions`` under
+``caller.session``, the name the server derived from the browser cookie and the tab, never
+kept in a ``gr.State`` (Gradio keys those by a session hash the client chooses, so another
+client could read or change them). A component a handler leaves out stays as it is; a
+handler that changes nothing says so for one component (``gr.skip()``), never with ``{}``,
+which Gradio would take for a value.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Callable, Optional
+
+import gradio as gr
+
+from app.web import usertext, selection, statusview, uploads
+from app.web.context import AppContext
+from app.web.page import Page, Updates
+from app.web.requestinfo import Caller
+
+
+def selection_view(page: Page, st: uploads.SessionState) -> Updates:
+    """The image with its selection drawn on it, the mask info, and the transparency box
+    (offered only for an image that has transparency)."""
+    return {page.canvas: selection.render_overlay(st), page.mask_info: selection.mask_summary(st),
+            page.use_alpha: gr.update(visible=bool(st.image and st.image.has_alpha), value=st.use_alpha)}
+
+
+def edit_selection(page: Page, ctx: AppContext, caller: Caller,
+                   change: Callable[[uploads.SessionState], uploads.SessionState]) -> Updates:
+    """Apply ``change(state) -> state`` to the tab's state and show the result; a change
+    refused with a ``UIError`` leaves the state as it was and says why in a pop-up."""
+    with ctx.sessions.edit(caller.session, caller.client) as (st, save):
+        try:
+            st = change(st)
+            save(st)
+        except usertext.UIError as e:
+            gr.Warning(usertext.public_text(str(e)))
+    return selection_view(page, st)
+
+
+def on_upload(page: Page, ctx: AppContext, caller: Caller, path: Optional[str]) -> Updates:
+    """A file dropped in the upload box (or an example picked). A refused file is taken out
+    of the box, so the drop zone is back, and its reason stays under the image. A new image
+    clears the last job's text (unless this tab's job still runs) and the mask file."""
+    fresh = {} if ctx.active.busy(caller.session) else {page.progress: statusview.progress_html()}
+    with ctx.sessions.edit(caller.session, caller.client) as (_, save):
+        if not path:
+            save(uploads.SessionState())
+            return {**selection_view(page, uploads.SessionState()), **fresh, page.mask_file: None}
+        try:
+            ctx.sessions.admit(caller.session, caller.client, Path(path).stat().st_size)
+            with ctx.decodes:   # a 40 MP decode takes ~160 MB for a moment
+                st = uploads.load_upload(path, ctx.settings.app, name=Path(path).name)
+            save(st)
+        except (usertext.UIError, OSError) as e:
+            text = usertext.public_text(str(e))
+            gr.Warning(text)
+            save(uploads.SessionState())
+            return {page.canvas: None, page.mask_info: f"**Cannot use this file:** {html.escape(text)}",
+                    page.use_alpha: gr.update(visible=False, value=False), page.upload: None,
+                    **fresh, page.mask_file: None}
+    selection.prepare_segmenter(st, ctx.segmenter)
+    return {**selection_view(page, st), **fresh, page.mask_file: None}
+
+
+def on_upload_cleared(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """The person removed the image: it is freed, and not brought back by a reload."""
+    ctx.sessions.drop(caller.session)
+    return selection_view(page, uploads.SessionState())
+
+
+def on_click(page: Page, ctx: AppContext, caller: Caller, background: bool, evt: gr.SelectData) -> Updates:
+    """A click on the image (``evt.index``: [x, y] in the shown image's pixels) adds an
+    object click, or a background click when "Background clicks" is on."""
+    x, y = float(evt.index[0]), float(evt.index[1])
+    return edit_selection(page, ctx, caller,
+                          lambda st: selection.add_click(st, x, y, bool(background), ctx.segmenter))
+
+
+def on_undo(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    return edit_selection(page, ctx, caller, lambda st: selection.undo_click(st, ctx.segmenter))
+
+
+def on_clear(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    return edit_selection(page, ctx, caller, selection.clear_clicks)
+
+
+def on_alpha(page: Page, ctx: AppContext, caller: Caller, on: bool) -> Updates:
+    return edit_selection(page, ctx, caller, lambda st: uploads.set_use_alpha(st, bool(on)))
+
+
+def on_show_mask(page: Page, ctx: AppContext, caller: Caller, on: bool) -> Updates:
+    return edit_selection(page, ctx, caller, lambda st: uploads.set_show_mask(st, bool(on)))
+
+
+def on_box(page: Page, ctx: AppContext, caller: Caller, text: str) -> Updates:
+    """A box dragged on the image: "x0,y0,x1,y1" from the drag script (``BOX_JS``);
+    anything else changes nothing."""
+    try:
+        x0, y0, x1, y1 = (float(v) for v in str(text).split(","))
+    except ValueError:
+        return {page.canvas: gr.skip()}
+    return edit_selection(page, ctx, caller, lambda st: selection.set_box(st, x0, y0, x1, y1, ctx.segmenter))
+
+
+def on_mask_file(page: Page, ctx: AppContext, caller: Caller, path: Optional[str]) -> Updates:
+    """A mask file given (or removed: back to clicks). A refused file leaves the box empty
+    and says why under the image."""
+    if not path:
+        return edit_selection(page, ctx, caller, selection.clear_clicks)
+    with ctx.sessions.edit(caller.session, caller.client) as (st, save):
+        try:
+            with ctx.decodes:   # the mask file is decoded at full size
+                st = uploads.set_mask_file(st, path, ctx.settings.app, name=Path(path).name)
+            save(st)
+        except usertext.UIError as e:
+            text = usertext.public_text(str(e))
+            gr.Warning(text)
+            return {**selection_view(page, st),
+                    page.mask_info: f"**Cannot use this mask:** {html.escape(text)}", page.mask_file: None}
+    return selection_view(page, st)
+
+
+def on_restore(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """A page loaded: a reload (or a new tab) takes over the browser's newest image, clicks
+    and mask (``SessionStore.adopt``)."""
+    st = ctx.sessions.adopt(caller.session, caller.client)
+    if st.image is None:
+        return {page.canvas: gr.skip()}
+    return {**selection_view(page, st), page.show_mask: gr.update(value=st.show_mask)}
+
+
+def prepare_restored(ctx: AppContext, caller: Caller) -> None:
+    """After ``on_restore``: start the segmenter's work on the image taken over (SAM2
+    computes its embedding), so the first click is quick."""
+    selection.prepare_segmenter(ctx.sessions.get(caller.session), ctx.segmenter)
+

@@ -1,0 +1,54 @@
+"""The page's handlers around the image and the job: the status line, what a loaded page
+shows first, the settings boxes that depend on baking, and a closed tab.
+
+Like the others (``app.web.handlers_image``, ``app.web.handlers_job``) each returns
+``{component: value}``; those that act for a tab take its ``Caller``."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from app.web import usertext, statusview
+from app.web.context import AppContext
+from app.web.gpuqueue import gpu_queue_counts
+from app.web.outcome import browser_history
+from app.web.page import Page, Updates
+from app.web.requestinfo import Caller
+
+
+def status_line(page: Page, ctx: AppContext) -> str:
+    """The status line: device and backends once the workers are up, segmenter, jobs
+    running and waiting (the CLI's jobs on the same pool too)."""
+    running, waiting = gpu_queue_counts(page.demo)
+    if ctx.sup is not None:
+        try:
+            waiting += ctx.sup.queue_length()   # jobs from other clients (CLI) too
+        except Exception:  # noqa: BLE001 - status line only
+            pass
+    note = ctx.sup_error or ("" if ctx.sup_ready.is_set() else "workers starting…")
+    return usertext.public_text(statusview.status_line(ctx.capabilities(), ctx.segmenter_text, running, waiting,
+                                                       note))
+
+
+def on_status(page: Page, ctx: AppContext) -> Updates:
+    """The timer's tick: the status line again."""
+    return {page.status: status_line(page, ctx)}
+
+
+def on_load(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """A page loaded: the status line and its browser's history at once."""
+    hist = browser_history(ctx, caller.session)
+    return {page.status: status_line(page, ctx), page.history: hist.html, page.history_files: hist.file_list()}
+
+
+def on_bake(page: Page, on: bool) -> Updates:
+    """Texture size and bake mode mean nothing without baking."""
+    return {page.texture: gr.update(interactive=bool(on)), page.mode: gr.update(interactive=bool(on))}
+
+
+def on_unload(ctx: AppContext, caller: Caller) -> None:
+    """The tab closed (its heartbeat ended): park its image for the browser's next page (a
+    reload) and forget its record (its outcome not shown included); its job goes on for
+    the browser's next page until ``app.orphan_grace_s`` passes unfollowed."""
+    ctx.sessions.park(caller.session)
+    ctx.active.drop_session(caller.session)

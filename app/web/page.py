@@ -1,0 +1,260 @@
+"""The page as data: ``layout(settings, examples) -> Page`` builds every component in one
+place and hands them back by name. It connects no events (``app.web.wiring`` does), so the
+handlers (``app.handlers_*``) can name their outputs by these fields and their tests can
+build a page without serving it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import gradio as gr
+
+from kiln.settings import Settings, allowed_range, allowed_values
+
+from app.web import history, selection, statusview, uploads
+from app.web.example_images import EXAMPLES
+
+# What a handler answers: {component of the Page: its new value or a gr.update(...)}
+Updates = dict
+
+
+BAKE_PROGRESS_ID = "kiln-bake-progress"
+
+
+@dataclass(frozen=True, eq=False)
+class BakeTab:
+    """The "Bake a model" tab: a mesh someone made, with what to colour it from.
+    ``form`` lists its inputs in ``app.web.handlers_bake``'s parameter order."""
+
+    mesh: gr.File
+    splat: gr.File
+    photo: gr.File
+    mask: gr.File
+    reuse: gr.Checkbox
+    source: gr.Dropdown
+    camera: gr.File
+    focal: gr.Number
+    frame: gr.Radio
+    fit: gr.Checkbox
+    uvs: gr.Radio
+    texture: gr.Dropdown
+    simplify: gr.Slider
+    generate: gr.Button
+    cancel: gr.Button
+    progress: gr.HTML
+    notes: gr.Markdown
+    model: gr.Model3D
+    download: gr.DownloadButton
+
+    @property
+    def form(self) -> list:
+        return [self.mesh, self.splat, self.photo, self.mask, self.reuse, self.source, self.camera,
+                self.focal, self.frame, self.fit, self.uvs, self.texture, self.simplify]
+
+
+@dataclass(frozen=True, eq=False)
+class Page:
+    """The page's components. ``form`` lists the settings boxes in ``form.ui_overrides``'
+    order; ``selection_view`` what shows the tab's image and selection; ``examples`` is
+    None when the page has none."""
+
+    demo: gr.Blocks
+    status: gr.Markdown
+    # the image and its selection (left column)
+    upload: gr.File
+    canvas: gr.Image
+    mask_info: gr.Markdown
+    background: gr.Checkbox
+    show_mask: gr.Checkbox
+    use_alpha: gr.Checkbox
+    undo: gr.Button
+    clear: gr.Button
+    mask_file: gr.File
+    box_input: gr.Textbox
+    box_button: gr.Button
+    examples: Optional[gr.helpers.Examples]
+    # the settings (right column)
+    bake: gr.Checkbox
+    ply: gr.Checkbox
+    texture: gr.Dropdown
+    mode: gr.Radio
+    views: gr.Slider
+    simplify: gr.Slider
+    seed: gr.Number
+    # the job and its result
+    generate: gr.Button
+    cancel: gr.Button
+    progress: gr.HTML
+    model: gr.Model3D
+    glb_download: gr.DownloadButton
+    ply_download: gr.DownloadButton
+    history: gr.HTML
+    history_files: gr.File
+    timer: gr.Timer
+    baking: BakeTab
+
+    @property
+    def form(self) -> list:
+        return [self.bake, self.simplify, self.texture, self.views, self.mode, self.seed, self.ply]
+
+    @property
+    def selection_view(self) -> list:
+        return [self.canvas, self.mask_info, self.use_alpha]
+
+
+def layout(settings: Settings, examples: Optional[list[Path]] = None) -> Page:
+    """Build the page's components inside a new ``gr.Blocks`` (``Page.demo``); widget
+    limits and defaults come from ``settings`` and the settings' own ranges."""
+    from kiln.imageio import describe_limits, upload_limit_bytes
+
+    s = settings
+    upload_limits = describe_limits(s.app.max_pixels, upload_limit_bytes(s.app.max_pixels, s.app.max_upload_mb))
+    c: dict = {}
+    # every click writes an overlay JPEG into Gradio's folder: sweep hourly, keep a day
+    with gr.Blocks(title="Kiln — photo to 3D", delete_cache=(3600, 86400)) as demo:
+        gr.Markdown("# Kiln\nUpload a photo, click the object, press **Generate** to get a textured 3D model (GLB).")
+        c["status"] = gr.Markdown(elem_id="kiln-status")
+        with gr.Tabs():
+            with gr.Tab("Photo to 3D", elem_id="kiln-tab-photo"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=1):
+                        _image_column(c, upload_limits, examples)
+                    with gr.Column(scale=1):
+                        _settings_and_result_column(c, s)
+            with gr.Tab("Bake a model", elem_id="kiln-tab-bake"):
+                c["baking"] = _bake_tab(s)
+        c["timer"] = gr.Timer(2.0)
+    return Page(demo=demo, **c)
+
+
+def _image_column(c: dict, upload_limits: str, examples: Optional[list[Path]]) -> None:
+    c["upload"] = gr.File(label=f"Image (PNG, JPEG, WebP, TIFF…; {upload_limits})", file_types=["image"],
+                          file_count="single", type="filepath", elem_id="kiln-upload", height=110)
+    c["canvas"] = gr.Image(label="Click the object or drag a box around it (green = object, red = background)",
+                           interactive=False, type="numpy", format="jpeg", elem_id="kiln-canvas",
+                           buttons=["fullscreen"], height=460)
+    c["mask_info"] = gr.Markdown(selection.mask_summary(uploads.SessionState()), elem_id="kiln-mask-info")
+    with gr.Row():
+        c["background"] = gr.Checkbox(label="Background clicks", value=False, elem_id="kiln-bg")
+        c["show_mask"] = gr.Checkbox(label="Show selection", value=True, elem_id="kiln-show-mask",
+                                     info="off: the photo alone")
+        c["use_alpha"] = gr.Checkbox(label="Use transparency as mask", value=False, visible=False,
+                                     elem_id="kiln-alpha")
+    with gr.Row():
+        c["undo"] = gr.Button("Undo", size="sm", elem_id="kiln-undo")
+        c["clear"] = gr.Button("Clear selection", size="sm", elem_id="kiln-clear")
+    c["mask_file"] = gr.File(label="Or a mask file (same size as the image; alpha or white = object)",
+                             file_types=["image"], file_count="single", type="filepath",
+                             elem_id="kiln-mask-file", height=90)
+    # the drag-a-box script (pageassets.BOX_JS) writes "x0,y0,x1,y1" here and presses the button
+    c["box_input"] = gr.Textbox(elem_id="kiln-box-input", elem_classes=["kiln-hidden"],
+                                show_label=False, container=False)
+    c["box_button"] = gr.Button("box", elem_id="kiln-box-btn", elem_classes=["kiln-hidden"])
+    # made here, shown in the right column (.render() there): an example's upload resets it
+    c["progress"] = gr.HTML(statusview.progress_html(), elem_id="kiln-progress-box", render=False)
+    c["examples"] = None
+    if examples:
+        captions = dict(EXAMPLES)
+        # the upload handler runs after an example fills the upload box (app.web.wiring)
+        c["examples"] = gr.Examples(
+            examples=[[str(p)] for p in examples], inputs=[c["upload"]], cache_examples=False,
+            example_labels=[f"{p.name}: {captions[p.name]}" if p.name in captions else p.name
+                            for p in examples],
+            label="Examples (generated by Kiln)")
+
+
+def _settings_and_result_column(c: dict, s: Settings) -> None:
+    with gr.Accordion("Settings", open=True):
+        with gr.Row():
+            c["bake"] = gr.Checkbox(label="Bake texture", value=s.bake.enabled, elem_id="kiln-bake",
+                                    info="off: vertex colours, faster")
+            c["ply"] = gr.Checkbox(label="Also export Gaussians (.ply)", value=s.export.gaussians_ply,
+                                   elem_id="kiln-ply")
+        with gr.Row():
+            # widget limits come from the settings' own ranges (one source)
+            c["texture"] = gr.Dropdown(label="Texture size", choices=["auto"] + list(allowed_values("bake.texture_size")),
+                                       value=s.bake.texture_size, elem_id="kiln-texture",
+                                       interactive=s.bake.enabled)
+            c["mode"] = gr.Radio(label="Bake mode", choices=list(allowed_values("bake.mode")),
+                                 value=s.bake.mode, elem_id="kiln-mode",
+                                 info="fast: back-projection; opt: optimised", interactive=s.bake.enabled)
+        views_lo, views_hi = allowed_range("views.count")
+        c["views"] = gr.Slider(label="Bake views", minimum=views_lo, maximum=views_hi, step=1,
+                               value=s.views.count, elem_id="kiln-views")
+        ratio_lo, ratio_hi = allowed_range("mesh.simplify_ratio")
+        c["simplify"] = gr.Slider(label="Simplify ratio (fraction of faces removed)", minimum=ratio_lo,
+                                  maximum=ratio_hi, step=0.005, value=s.mesh.simplify_ratio,
+                                  elem_id="kiln-simplify")
+        # no minimum here: Gradio's own refusal would not name the box; form.job_settings does
+        c["seed"] = gr.Number(label="Seed", value=s.seed, precision=0, elem_id="kiln-seed")
+    with gr.Row():
+        c["generate"] = gr.Button("Generate", variant="primary", elem_id="kiln-generate")
+        c["cancel"] = gr.Button("Cancel", variant="stop", elem_id="kiln-cancel", interactive=False)
+    c["progress"].render()
+    c["model"] = gr.Model3D(label="Result", elem_id="kiln-model", height=420, clear_color=(0.93, 0.93, 0.95, 1.0))
+    with gr.Row():
+        c["glb_download"] = gr.DownloadButton("Download GLB", visible=False, elem_id="kiln-dl-glb")
+        c["ply_download"] = gr.DownloadButton("Download Gaussians (.ply)", visible=False, elem_id="kiln-dl-ply")
+    with gr.Accordion("History (this browser)", open=False):
+        c["history"] = gr.HTML(history.history_html([]), elem_id="kiln-history")
+        c["history_files"] = gr.File(label="Earlier results", file_count="multiple", interactive=False,
+                                     elem_id="kiln-history-files")
+
+
+def _bake_tab(s: Settings) -> BakeTab:
+    """A mesh from SAM 3D, TRELLIS, 3DGS or Kiln, textured from its splat, its photo or its own
+    colours (``kiln bake`` on the page)."""
+    from kiln.bakerequest import CAMERA_FRAMES, SOURCES
+
+    c: dict = {}
+    gr.Markdown("Texture a mesh you already have. Each texel takes its colour from the photo (where its "
+                "camera sees the surface inside the mask), else the splat, else the mesh's own colours.")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1):
+            c["mesh"] = gr.File(label="Mesh (GLB, glTF, OBJ, PLY, STL)", file_count="single", type="filepath",
+                                file_types=[".glb", ".gltf", ".obj", ".ply", ".stl"], elem_id="kiln-bake-mesh",
+                                height=90)
+            c["splat"] = gr.File(label="Its splat (3DGS .ply), optional", file_count="single", type="filepath",
+                                 file_types=[".ply"], elem_id="kiln-bake-splat", height=90)
+            c["source"] = gr.Dropdown(label="The splat comes from", choices=list(SOURCES), value="auto",
+                                      elem_id="kiln-bake-source",
+                                      info="auto: found from where the splat lies on the mesh")
+            with gr.Accordion("The photo (optional)", open=True):
+                c["reuse"] = gr.Checkbox(label="Use the photo and selection of the first tab", value=False,
+                                         elem_id="kiln-bake-reuse")
+                with gr.Row():
+                    c["photo"] = gr.File(label="Or a photo", file_count="single", type="filepath",
+                                         file_types=["image"], elem_id="kiln-bake-photo", height=90)
+                    c["mask"] = gr.File(label="and its mask (white = object; default: its transparency)",
+                                        file_count="single", type="filepath", file_types=["image"],
+                                        elem_id="kiln-bake-mask", height=90)
+                c["camera"] = gr.File(label="Its camera (JSON: the source_camera of kiln run --report)",
+                                      file_count="single", type="filepath", file_types=[".json"],
+                                      elem_id="kiln-bake-camera", height=90)
+                with gr.Row():
+                    c["focal"] = gr.Number(label="Or its focal length in pixels (0: none)", value=0,
+                                           minimum=0, elem_id="kiln-bake-focal")
+                    c["frame"] = gr.Radio(label="Mesh in the camera frame of", choices=list(CAMERA_FRAMES),
+                                          value="opengl", elem_id="kiln-bake-frame")
+                c["fit"] = gr.Checkbox(label="Fit the camera to the photo (also when no camera is given)",
+                                       value=False, elem_id="kiln-bake-fit")
+        with gr.Column(scale=1):
+            with gr.Row():
+                c["uvs"] = gr.Radio(label="UVs", choices=["auto", "keep", "new"], value="auto",
+                                    elem_id="kiln-bake-uvs", info="keep: the mesh's own; auto: its own when usable")
+                c["texture"] = gr.Dropdown(label="Texture size", choices=list(allowed_values("bake.texture_size")),
+                                           value=1024, elem_id="kiln-bake-texture")
+            ratio_lo, ratio_hi = allowed_range("mesh.simplify_ratio")
+            c["simplify"] = gr.Slider(label="Simplify ratio (new UVs; 0 keeps every face)", minimum=ratio_lo,
+                                      maximum=ratio_hi, step=0.005, value=0.0, elem_id="kiln-bake-simplify")
+            with gr.Row():
+                c["generate"] = gr.Button("Bake", variant="primary", elem_id="kiln-bake-generate")
+                c["cancel"] = gr.Button("Cancel", variant="stop", elem_id="kiln-bake-cancel", interactive=False)
+            c["progress"] = gr.HTML(statusview.progress_html(dom_id=BAKE_PROGRESS_ID), elem_id="kiln-bake-progress-box")
+            c["notes"] = gr.Markdown("", elem_id="kiln-bake-notes")
+            c["model"] = gr.Model3D(label="Result", elem_id="kiln-bake-model", height=420,
+                                    clear_color=(0.93, 0.93, 0.95, 1.0))
+            c["download"] = gr.DownloadButton("Download GLB", visible=False, elem_id="kiln-bake-dl")
+    return BakeTab(**c)

@@ -1,0 +1,82 @@
+"""What a Gradio request says about its caller: the tab's session, the client's address; the
+error a caller is shown for something they can fix; and the Gradio event function made
+from a handler of plain values (``event_fn``), which hands the handler the caller the
+server derived from the request, never anything the client names."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import gradio as gr
+
+from app.web import browser
+
+
+def session_of(request: gr.Request | None) -> str:
+    """This browser tab's session name (see ``browser.session_name``)."""
+    cookies = getattr(request, "cookies", None) if request is not None else None
+    token = cookies.get(browser.BROWSER_COOKIE) if cookies is not None else None
+    return browser.session_name(token, getattr(request, "session_hash", None))
+
+
+def client_of(request: gr.Request | None) -> str:
+    """The client's network address: what the per-client limits count."""
+    client = getattr(request, "client", None) if request is not None else None
+    return str(getattr(client, "host", None) or "unknown")
+
+
+def refusal(message: str) -> gr.Error:
+    """A gr.Error for something the person can fix: shown, but no traceback in the log."""
+    return gr.Error(message, print_exception=False)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who an event comes from: the session (``browser.session_name``: cookie + tab), which
+    keys its state, jobs and results, and the client's address, which the limits count."""
+
+    session: str
+    client: str = "unknown"
+
+
+def caller_of(request: gr.Request | None) -> Caller:
+    return Caller(session_of(request), client_of(request))
+
+
+def event_fn(handler: Callable, *bound: Any) -> Callable:
+    """``handler(*bound, caller, *inputs)`` as a function Gradio calls with the event's
+    inputs and its request: the handler gets ``caller_of(request)``.
+
+    Gradio finds the request (and ``gr.SelectData``, ``gr.Progress``) by the function's
+    annotations and defaults, which ``functools.partial`` hides from it; so this function
+    carries the handler's own parameters after ``caller``, with their annotations and
+    defaults (what a script's client sees), and the request before the first parameter
+    with a default. A generator handler gives a generator function. ``fn.handler`` is the
+    handler (the tests read the wiring by it)."""
+    sig = inspect.signature(handler)
+    params = list(sig.parameters.values())[len(bound) + 1:]
+    hints = typing.get_type_hints(handler)
+    at = next((i for i, p in enumerate(params) if p.default is not p.empty), len(params))
+    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
+
+    def call(args: tuple):
+        items = list(args)
+        caller = caller_of(items.pop(at))
+        return handler(*bound, caller, *items)
+
+    if inspect.isgeneratorfunction(handler):
+        def fn(*args):
+            yield from call(args)
+    else:
+        def fn(*args):
+            return call(args)
+    setattr(fn, "__signature__", sig.replace(parameters=[*params[:at], request, *params[at:]]))
+    fn.__annotations__ = {**{p.name: hints[p.name] for p in params if p.name in hints}, "request": gr.Request}
+    fn.__name__ = fn.__qualname__ = handler.__name__
+    fn.__doc__ = handler.__doc__
+    fn.__module__ = handler.__module__
+    setattr(fn, "handler", handler)
+    return fn

@@ -1,0 +1,109 @@
+"""What the page says about work in progress: a job's progress bar and the status line."""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Optional
+
+from kiln.records import Capabilities
+
+from app.web.usertext import public_text
+
+STAGE_LABELS = {"read": "Reading the files", "reconstruct": "Reconstructing", "render_views": "Rendering views",
+                "mesh": "Simplifying mesh", "uv": "Unwrapping UVs", "bake": "Baking texture",
+                "export": "Exporting GLB"}
+
+
+def stage_label(stage: Optional[str]) -> str:
+    """A stage name as the progress bar shows it; 'Starting' before the first stage."""
+    if not stage:
+        return "Starting"
+    return STAGE_LABELS.get(stage, stage.replace("_", " ").capitalize())
+
+
+def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id: str = "kiln-progress") -> str:
+    """A progress bar for a job status (``worker.jobstore.JobStatus``) or a note.
+    ``waited_s``: how long the press waited in the page's queue before the job was
+    submitted; "Done in" counts it (the person waited for it too).
+
+    The outer element (id ``dom_id``: one per tab) carries data-state / data-stage so
+    scripts and tests can read it.
+    """
+    if st is None:
+        body = html.escape(public_text(note)) if note else "No job yet."
+        return f'<div id="{dom_id}" data-state="idle"><div class="kiln-note">{body}</div></div>'
+    pct = max(0.0, min(1.0, float(st.progress or 0.0))) * 100
+    state = st.state
+    if state == "queued":
+        # "queued (2 ahead)", or why a retry was queued after a crash
+        text = note or st.message or "queued"
+        text = text[:1].upper() + text[1:]
+    elif state == "running":
+        text = f"{stage_label(st.stage)} — {pct:.0f}%"
+        # the worker prefixes its messages with the stage name, which the label already says
+        detail = (st.message or "").removeprefix(f"{st.stage}: ") if st.stage else st.message
+        if detail:
+            text += f" — {detail}"
+    elif state == "done":
+        pct = 100.0
+        timings = st.timings or {}
+        total = timings.get("total_s")
+        if isinstance(total, (int, float)):
+            queued = float(timings.get("queued_s") or 0.0) + max(0.0, waited_s)
+            text = f"Done in {total + max(0.0, waited_s):.1f} s"
+            if queued >= 0.5:
+                text += f" ({queued:.1f} s of it waiting for a worker)"
+        else:
+            text = "Done"
+        stats = st.stats.pipeline
+        reused = [what for what, cached in (("reconstruction", stats and stats.reconstruction_cached),
+                                            ("views", stats and stats.views_cached)) if cached]
+        if reused:
+            text += f" ({' and '.join(reused)} reused from cache)"
+        if note:
+            text += f"; {note}"
+    elif state == "cancelled":
+        # the supervisor says why: "cancelled by user", "cancelled before it started", …
+        why = (st.error or "").strip() or "cancelled"
+        text = why[:1].upper() + why[1:] if why.lower().startswith("cancel") else f"Cancelled: {why}"
+    else:
+        text = "Failed: " + (st.error or st.message or "unknown reason")
+    return (f'<div id="{dom_id}" data-state="{html.escape(state)}" '
+            f'data-stage="{html.escape(st.stage or "")}" data-job="{html.escape(st.id)}">'
+            f'<div class="kiln-bar"><div class="kiln-fill kiln-{html.escape(state)}" '
+            f'style="width:{pct:.1f}%"></div></div>'
+            f'<div class="kiln-note">{html.escape(public_text(text))}</div></div>')
+
+
+def status_line(caps: Optional[Capabilities], segmenter_text: str, running: int, waiting: int,
+                workers_note: str = "") -> str:
+    """The status line: one sentence in plain words (what to expect, what to do), with the
+    technical detail (device, backends, queue, segmenter and why) in a fold one click away."""
+    if not caps:
+        dev = workers_note or "workers starting…"
+        backends = "…"
+        plain = [workers_note[:1].upper() + workers_note[1:] if workers_note else "Workers starting…"]
+    else:
+        dev = "CPU" if caps.device == "cpu" else caps.device
+        names = [n for n in ("gsplat", "nvdiffrast", "moderngl") if caps.works(n)]
+        backends = ", ".join(names + ["cpu renderer"])
+        plain = ["CPU only: a model takes a minute or more" if dev == "CPU"
+                 else f"GPU ready ({dev}): a model takes seconds to a minute"]
+    if segmenter_text.startswith("SAM2"):
+        plain.append("selection by SAM2: a click or a box usually selects the whole object")
+    elif "loading" in segmenter_text:
+        plain.append("SAM2 is loading, GrabCut selects meanwhile: drag a box around the object")
+    elif "SAM2" in segmenter_text:
+        plain.append("SAM2 not available, using GrabCut: drag a box around the object, "
+                     "then click more points")
+    else:
+        plain.append("selection by GrabCut: drag a box around the object, then click more points")
+    if running or waiting:
+        plain.append(f"{running} job{'s' if running != 1 else ''} running, {waiting} waiting")
+    detail = (f"**Device:** {html.escape(str(dev))} · **Backends:** {html.escape(backends)} · "
+              f"**Jobs:** {running} running, {waiting} waiting · "
+              f"**Segmentation:** {html.escape(segmenter_text)}")
+    return (f'<span class="kiln-plain">{html.escape("; ".join(plain))}.</span>\n'
+            f'<details class="kiln-details"><summary>Details</summary>\n\n{detail}\n\n</details>')
+
+

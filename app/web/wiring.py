@@ -1,0 +1,135 @@
+"""The page's events: which component's event runs which handler, with which inputs, and
+which outputs it may set. A handler returns ``{component: value}`` for some of those
+outputs (Gradio raises on a component not declared here), so every output is named, never
+counted.
+
+Queues: Generate events of every tab share the concurrency group ``gpuqueue.GPU_GROUP``,
+whose limit is the number of workers, so Gradio's queue *is* the job queue. The check before
+it, the selection and a loaded page's follower each run in a group of their own, so people
+can segment and pages load while jobs run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from functools import partial
+
+from app.web import handlers_bake as baking
+from app.web import handlers_image as image
+from app.web import handlers_job as job
+from app.web import handlers_page as around
+from app.web.context import AppContext
+from app.web.gpuqueue import GPU_GROUP
+from app.web.page import Page
+from app.web.pageassets import BOX_JS
+from app.web.requestinfo import event_fn
+
+
+def wire(page: Page, ctx: AppContext) -> None:
+    """Connect every event of ``page`` to its handler for ``ctx``."""
+    with page.demo:
+        _wire_image(page, ctx)
+        page.demo.load(None, None, None, js=BOX_JS)
+        # texture size and bake mode mean nothing without baking
+        page.bake.change(partial(around.on_bake, page), [page.bake], [page.texture, page.mode],
+                         queue=False, show_progress="hidden")
+        _wire_job(page, ctx)
+        _wire_bake(page, ctx)
+        _wire_around(page, ctx)
+
+
+def upload_outputs(page: Page) -> list:
+    return [*page.selection_view, page.upload, page.progress, page.mask_file]
+
+
+def _wire_image(page: Page, ctx: AppContext) -> None:
+    def on(handler):
+        return event_fn(handler, page, ctx)
+
+    view = page.selection_view
+    seg: dict[str, Any] = dict(concurrency_id="segment", concurrency_limit=4, show_progress="minimal")
+    if page.examples is not None:
+        # an example fills the upload box, then runs the upload handler as a drop would
+        page.examples.load_input_event.then(on(image.on_upload), [page.upload], upload_outputs(page),
+                                            api_visibility="undocumented")
+    # .upload/.clear fire on what the person does only, not when a handler sets the box
+    page.upload.upload(on(image.on_upload), [page.upload], upload_outputs(page), **seg)
+    page.upload.clear(on(image.on_upload_cleared), None, view, **seg)
+    page.canvas.select(on(image.on_click), [page.background], view, **seg)
+    page.undo.click(on(image.on_undo), None, view, **seg)
+    page.clear.click(on(image.on_clear), None, view, **seg)
+    page.use_alpha.input(on(image.on_alpha), [page.use_alpha], view, **seg)
+    page.show_mask.input(on(image.on_show_mask), [page.show_mask], view, **seg)
+    page.box_button.click(on(image.on_box), [page.box_input], view, **seg)
+    page.mask_file.upload(on(image.on_mask_file), [page.mask_file], [*view, page.mask_file], **seg)
+    page.mask_file.clear(on(image.on_mask_file), [page.mask_file], [*view, page.mask_file], **seg)
+
+
+def result_outputs(page: Page) -> list:
+    """What an outcome sets (``handlers_job.outcome_view``)."""
+    return [page.progress, page.model, page.glb_download, page.ply_download, page.history,
+            page.history_files, page.generate, page.cancel]
+
+
+def _wire_job(page: Page, ctx: AppContext) -> None:
+    def on(handler):
+        return event_fn(handler, page, ctx)
+
+    gen_event = page.generate.click(
+        on(job.on_generate), page.form,
+        [page.progress, page.model, page.glb_download, page.ply_download, page.generate, page.cancel,
+         page.views, page.simplify, page.seed],
+        concurrency_id="check", concurrency_limit=None, show_progress="hidden",
+    ).success(
+        on(job.run_job), page.form, [page.progress],
+        concurrency_id=GPU_GROUP, concurrency_limit=ctx.workers, show_progress="hidden",
+    )
+    gen_event.then(on(job.show_outcome), None, result_outputs(page), queue=False, show_progress="hidden")
+    load_event = page.demo.load(
+        on(job.follow_on_load), None,
+        [page.progress, page.generate, page.cancel, page.history, page.history_files, *page.form],
+        concurrency_id="follow", concurrency_limit=None, show_progress="hidden")
+    load_event.then(on(job.show_followed_outcome), None, result_outputs(page), queue=False,
+                    show_progress="hidden")
+    page.cancel.click(on(job.on_cancel), None, [page.progress, page.generate, page.cancel],
+                      cancels=[gen_event, load_event], queue=False)
+
+
+def bake_result_outputs(page: Page) -> list:
+    """What a bake's outcome sets (``handlers_bake.bake_outcome_view``)."""
+    t = page.baking
+    return [t.progress, t.model, t.download, t.notes, t.generate, t.cancel, page.history, page.history_files]
+
+
+def _wire_bake(page: Page, ctx: AppContext) -> None:
+    def on(handler):
+        return event_fn(handler, page, ctx)
+
+    t = page.baking
+    bake_event = t.generate.click(
+        on(baking.on_bake), t.form, [t.progress, t.notes, t.model, t.download, t.generate, t.cancel],
+        concurrency_id="check", concurrency_limit=None, show_progress="hidden",
+    ).success(
+        on(baking.run_bake), t.form, [t.progress],
+        concurrency_id=GPU_GROUP, concurrency_limit=ctx.workers, show_progress="hidden",
+    )
+    bake_event.then(on(baking.show_bake_outcome), None, bake_result_outputs(page), queue=False,
+                    show_progress="hidden")
+    load_event = page.demo.load(on(baking.follow_bake_on_load), None, [t.progress, t.generate, t.cancel],
+                                concurrency_id="follow", concurrency_limit=None, show_progress="hidden")
+    load_event.then(on(baking.show_followed_bake), None, bake_result_outputs(page), queue=False,
+                    show_progress="hidden")
+    t.cancel.click(on(baking.on_bake_cancel), None, [t.progress, t.generate, t.cancel],
+                   cancels=[bake_event, load_event], queue=False)
+
+
+def _wire_around(page: Page, ctx: AppContext) -> None:
+    page.timer.tick(partial(around.on_status, page, ctx), None, [page.status], show_progress="hidden",
+                    queue=False)
+    page.demo.load(event_fn(around.on_load, page, ctx), None, [page.status, page.history, page.history_files],
+                   queue=False)
+    seg: dict[str, Any] = dict(concurrency_id="segment", concurrency_limit=4, show_progress="hidden")
+    page.demo.load(event_fn(image.on_restore, page, ctx), None, [*page.selection_view, page.show_mask],
+                   queue=False).then(event_fn(image.prepare_restored, ctx), None, None, **seg)
+    page.demo.unload(event_fn(around.on_unload, ctx))

@@ -1,0 +1,1 @@
+"""Cameras: view rigs around an object, rotations, and fitting the photo's camera to a mask."""

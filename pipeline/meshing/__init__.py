@@ -1,0 +1,1 @@
+"""Stage 3, mesh: cleaning and simplifying the mesh."""

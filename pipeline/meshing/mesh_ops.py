@@ -1,0 +1,206 @@
+"""Mesh stage: clean up a reconstructed mesh and simplify it to a target face count.
+
+Simplification matters beyond file size: UV unwrapping and rasterization time
+grow with faces (xatlas: 20k faces ~4 s, 100k ~40 s), and oversized meshes
+going straight into rasterization is what crashed earlier tools.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.limits import MAX_FACES
+
+from pipeline.types import Mesh
+from pipeline.validate import StageInputError
+
+MERGE_TOLERANCE = 1e-7        # of the bounding-box diagonal: vertices closer than this are one
+MIN_TARGET_FACES = 4
+TARGET_TOLERANCE = 0.05       # simplify_mesh aims to land within 5 % of the target face count
+
+
+def _validate(mesh: Mesh) -> None:
+    if isinstance(getattr(mesh, "faces", None), np.ndarray) and len(mesh.faces) > MAX_FACES:
+        raise StageInputError(f"mesh has {len(mesh.faces)} faces, more than the limit {MAX_FACES} "
+                              "the mesh stage handles; lower reconstruct.resolution")
+    mesh.validate("mesh")
+
+
+# --------------------------------------------------------------------------- cleaning
+
+def clean_mesh(mesh: Mesh, min_component_fraction: float, fill_holes: bool) -> Mesh:
+    """Merge duplicate vertices, drop degenerate and duplicate faces and small parts.
+
+    mesh: vertices (V, 3) float32, faces (F, 3) int32, optional vertex_colors (V, 3)
+    float32 and uvs (V, 2) float32 (vertices with different UVs are kept apart, so
+    UV seams survive). Connected parts with fewer faces than ``min_component_fraction``
+    times the largest part's are dropped. ``fill_holes`` closes boundary loops with
+    triangle fans (trimesh), adding faces but no vertices.
+    Returns a new Mesh with the same attributes, unreferenced vertices removed.
+    """
+    _validate(mesh)
+    # the fraction's domain, for any caller; mesh.min_component_fraction's narrower range is
+    # checked once, when settings are built (kiln.settings)
+    if not 0.0 <= min_component_fraction <= 1.0:
+        raise StageInputError(f"min_component_fraction must be in [0, 1], got {min_component_fraction}")
+
+    verts, faces, colors, uvs = _merge_vertices(mesh)
+    faces = _drop_degenerate(verts, faces)
+    faces = _drop_duplicate_faces(faces)
+    if len(faces) == 0:
+        raise StageInputError("mesh has no faces left after removing degenerate and duplicate faces")
+    faces = _drop_small_components(len(verts), faces, min_component_fraction)
+    if fill_holes:
+        faces = _fill_holes(verts, faces)
+    return _compact(verts, faces, colors, uvs).validate("cleaned mesh")
+
+
+def _merge_vertices(mesh: Mesh):
+    v = mesh.vertices.astype(np.float64)
+    diag = float(np.linalg.norm(v.max(axis=0) - v.min(axis=0))) or 1.0
+    key = np.round(v / (diag * MERGE_TOLERANCE)).astype(np.int64)
+    if mesh.uvs is not None:
+        key = np.concatenate([key, np.round(mesh.uvs.astype(np.float64) / MERGE_TOLERANCE)
+                              .astype(np.int64)], axis=1)
+    _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    # number merged vertices in order of first appearance, so a clean mesh comes back unchanged
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    inverse = rank[inverse.ravel()]
+    first = first[order]
+    colors = None
+    if mesh.vertex_colors is not None:
+        # average the colours that land on one vertex
+        counts = np.bincount(inverse, minlength=len(first)).astype(np.float64)
+        colors = np.stack([np.bincount(inverse, weights=mesh.vertex_colors[:, k], minlength=len(first))
+                           for k in range(3)], axis=1) / counts[:, None]
+        colors = colors.astype(np.float32)
+    uvs = mesh.uvs[first] if mesh.uvs is not None else None
+    return mesh.vertices[first], inverse[mesh.faces].astype(np.int64), colors, uvs
+
+
+def _drop_degenerate(verts: np.ndarray, faces: np.ndarray) -> np.ndarray:
+    """Faces with a repeated vertex or (numerically) zero area."""
+    distinct = ((faces[:, 0] != faces[:, 1]) & (faces[:, 1] != faces[:, 2])
+                & (faces[:, 0] != faces[:, 2]))
+    v = verts.astype(np.float64)
+    cross = np.cross(v[faces[:, 1]] - v[faces[:, 0]], v[faces[:, 2]] - v[faces[:, 0]])
+    diag = float(np.linalg.norm(v.max(axis=0) - v.min(axis=0))) or 1.0
+    area_ok = np.linalg.norm(cross, axis=1) > (diag * MERGE_TOLERANCE) ** 2
+    return faces[distinct & area_ok]
+
+
+def _drop_duplicate_faces(faces: np.ndarray) -> np.ndarray:
+    """Faces over the same three vertices (either winding); the first one stays."""
+    _, first = np.unique(np.sort(faces, axis=1), axis=0, return_index=True)
+    return faces[np.sort(first)]
+
+
+def _face_components(num_vertices: int, faces: np.ndarray) -> np.ndarray:
+    """(F,) int component label of each face; faces sharing a vertex are connected."""
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import connected_components
+
+    a = np.concatenate([faces[:, 0], faces[:, 1]])
+    b = np.concatenate([faces[:, 1], faces[:, 2]])
+    graph = sp.coo_matrix((np.ones(a.size, np.int8), (a, b)), shape=(num_vertices, num_vertices))
+    _, labels = connected_components(graph, directed=False)
+    return labels[faces[:, 0]]
+
+
+def _drop_small_components(num_vertices: int, faces: np.ndarray, fraction: float) -> np.ndarray:
+    labels = _face_components(num_vertices, faces)
+    sizes = np.bincount(labels)
+    keep = sizes[labels] >= fraction * sizes.max()
+    return faces[keep]
+
+
+def _fill_holes(verts: np.ndarray, faces: np.ndarray) -> np.ndarray:
+    import trimesh
+
+    tm = trimesh.Trimesh(vertices=verts, faces=faces, process=False, validate=False)
+    trimesh.repair.fill_holes(tm, use_fan=True)
+    return np.asarray(tm.faces, dtype=np.int64)
+
+
+def _compact(verts, faces, colors, uvs) -> Mesh:
+    used = np.zeros(len(verts), bool)
+    used[faces.ravel()] = True
+    remap = np.cumsum(used) - 1
+    return Mesh(
+        vertices=np.ascontiguousarray(verts[used], dtype=np.float32),
+        faces=np.ascontiguousarray(remap[faces], dtype=np.int32),
+        vertex_colors=None if colors is None else np.ascontiguousarray(colors[used], np.float32),
+        uvs=None if uvs is None else np.ascontiguousarray(uvs[used], np.float32),
+    )
+
+
+# --------------------------------------------------------------------------- simplification
+
+def simplify_mesh(mesh: Mesh, ratio: float) -> Mesh:
+    """Quadric decimation (pyfqmr) removing ``ratio`` of the faces.
+
+    The target is round(F * (1 - ratio)) faces; the result lands within 5 % of it
+    (fqmr overshoots or stops short now and then, so it is retried with other
+    settings and the closest result kept). ratio 0 returns ``mesh`` itself.
+    Vertex colours are carried over from the nearest original vertex; UVs are
+    dropped (unwrap after simplifying).
+    mesh: vertices (V, 3) float32, faces (F, 3) int32. Returns a new Mesh.
+    """
+    _validate(mesh)
+    try:
+        ratio = float(ratio)
+    except (TypeError, ValueError):
+        ratio = float("nan")
+    # the ratio's domain (1 would remove every face), for any caller; mesh.simplify_ratio's
+    # range is checked once, when settings are built (kiln.settings)
+    if not 0.0 <= ratio < 1.0:
+        raise StageInputError(f"simplify ratio must be in [0, 1) (the fraction of faces removed), "
+                              f"got {ratio!r}")
+    if ratio == 0.0:
+        return mesh
+    target = int(round(mesh.num_faces * (1.0 - ratio)))
+    if target < MIN_TARGET_FACES:
+        raise StageInputError(f"simplify ratio {ratio} would leave {target} of the mesh's "
+                              f"{mesh.num_faces} faces; lower mesh.simplify_ratio")
+
+    verts, faces = _decimate(mesh.vertices, mesh.faces, target)
+    colors = None
+    if mesh.vertex_colors is not None:
+        from scipy.spatial import cKDTree
+
+        _, nearest = cKDTree(mesh.vertices).query(verts)
+        colors = mesh.vertex_colors[nearest]
+    return _compact(verts, faces, colors, None).validate("simplified mesh")
+
+
+def _decimate(vertices: np.ndarray, faces: np.ndarray, target: int):
+    """Run fqmr until within TARGET_TOLERANCE of ``target`` faces; keep the closest try."""
+    import pyfqmr
+
+    def run(v, f, aggressiveness, preserve_border, max_iterations=100):
+        s = pyfqmr.Simplify()
+        s.setMesh(np.asarray(v, np.float64), np.asarray(f, np.int32))
+        s.simplify_mesh(target_count=target, aggressiveness=aggressiveness,
+                        preserve_border=preserve_border, max_iterations=max_iterations,
+                        verbose=False)
+        v2, f2, _ = s.getMesh()
+        return np.asarray(v2, np.float64), np.asarray(f2, np.int64)
+
+    def miss(f):
+        return abs(len(f) - target) / target
+
+    best = run(vertices, faces, 7.0, True)
+    # Too many faces left: the error threshold grew too slowly (or borders are locked);
+    # continue from the result. Too few: restart gentler, removing fewer faces per pass.
+    attempts = [(9.0, True, 200), (11.0, False, 400)] if len(best[1]) > target else \
+               [(5.0, True, 200), (3.0, True, 400)]
+    for aggressiveness, border, iterations in attempts:
+        if miss(best[1]) <= TARGET_TOLERANCE:
+            break
+        start = best if len(best[1]) > target else (vertices, faces)
+        trial = run(start[0], start[1], aggressiveness, border, iterations)
+        if miss(trial[1]) < miss(best[1]):
+            best = trial
+    return best

@@ -1,0 +1,1 @@
+"""Rasterizers with explicit contexts (moderngl, nvdiffrast) and how their answers are compared."""

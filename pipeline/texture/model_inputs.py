@@ -1,0 +1,198 @@
+"""From a ``kiln.bakerequest.BakeRequest`` to the ``ModelInputs`` a model bake works from.
+
+Two steps, so that a front end can refuse bad files in seconds and the slow part runs in
+the worker:
+
+* ``read_model``: read and check every file (the mesh, the splat, the camera) and how they
+  go together (a camera needs its photo, kept UVs need usable UVs, the mesh in front of the
+  camera). Seconds even for a 227k-face mesh; ``worker.bakeinputs`` runs it before a job
+  is queued, the worker again on the copies in the job's folder.
+* ``place_model``: the "read" stage's slow half: the splat's source frame found from its
+  centres against the mesh surface (``pipeline.io.frames``), and the photo's camera fitted
+  to the mask when none was given (``pipeline.camera.camera_fit``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+import numpy as np
+
+from kiln.bakerequest import BakeRequest
+
+from pipeline.io.camera_file import at_photo_size, camera_from_focal, read_camera
+from pipeline.io.mesh_file import MeshFile, read_mesh
+from pipeline.io.splat_ply import SplatFile, read_splat
+from pipeline.texture.model_bake import ModelInputs, uv_problems
+from pipeline.types import ImageInput, SourceCamera
+from pipeline.validate import StageInputError
+
+if TYPE_CHECKING:
+    from pipeline.backends import Backends
+    from pipeline.raster.rasterize import RasterContext
+
+Progress = Callable[[float, str], None]
+# share of the mesh's vertices that must lie in front of a given camera
+MIN_IN_FRONT = 0.5
+# a mesh whose vertices all lie in front of an OpenGL camera at the origin (z < 0) by this
+# share is taken as placed in the photo's camera frame when the camera is fitted
+POSED_SHARE = 0.99
+
+
+@dataclass(frozen=True)
+class ReadModel:
+    """Every file of a bake, read and checked, nothing placed yet.
+
+    model: the mesh file; splat: the splat file (its own frame) or None; photo: rgb + mask,
+    or None; camera: the given camera at the photo's size (None: none given, or to be fitted);
+    camera_how: "file" | "focal" | None; keep_uvs: bake into the mesh's own UVs;
+    notes: what a person should know about how the files were read.
+    """
+
+    model: MeshFile
+    splat: Optional[SplatFile]
+    photo: Optional[ImageInput]
+    camera: Optional[SourceCamera]
+    camera_how: Optional[str]
+    keep_uvs: bool
+    notes: tuple[str, ...]
+
+
+def _name(req: BakeRequest, key: str, file: str) -> str:
+    return req.names.get(key, file)
+
+
+def read_model(req: BakeRequest, folder: Path, photo: Optional[ImageInput],
+               simplify_asked: bool = False) -> ReadModel:
+    """Read the files ``req`` names in ``folder``; ``photo`` is the job's photo and mask (None
+    when it has none). ``simplify_asked``: the person set a simplify ratio (refused with
+    kept UVs). StageInputError names the file and what is wrong."""
+    folder = Path(folder)
+    notes: list[str] = []
+    try:
+        model = read_mesh(folder / req.mesh)
+    except StageInputError as e:
+        raise StageInputError(_renamed(str(e), req.mesh, _name(req, "mesh", req.mesh))) from None
+    m = model.mesh
+    notes.append(f"mesh {_name(req, 'mesh', req.mesh)}: {model.format.upper()}, {m.num_faces} faces, "
+                 f"{'UVs' if m.uvs is not None else 'no UVs'}"
+                 + (", vertex colours" if m.vertex_colors is not None else "")
+                 + (", a texture" if model.texture is not None else ""))
+    notes += list(model.notes)
+    splat = None
+    if req.splat is not None:
+        try:
+            splat = read_splat(folder / req.splat)
+        except StageInputError as e:
+            raise StageInputError(_renamed(str(e), req.splat, _name(req, "splat", req.splat))) from None
+        notes.append(f"splat {_name(req, 'splat', req.splat)}: {splat.note}")
+    keep = _keep_uvs(req, model, simplify_asked)
+    camera, how = _given_camera(req, folder, photo)
+    if camera is not None:
+        _check_in_front(m.vertices, camera, how, req)
+    elif req.photo and photo is not None:
+        notes.append("camera: none given; it is fitted to the mask" if not req.fit_camera
+                     else "camera: fitted to the mask")
+    return ReadModel(model=model, splat=splat, photo=photo, camera=camera, camera_how=how,
+                     keep_uvs=keep, notes=tuple(notes))
+
+
+def _renamed(message: str, file: str, name: str) -> str:
+    """A reader's message names the copy in the job's folder; say the person's name for it."""
+    return message.replace(file, name) if file != name else message
+
+
+def _keep_uvs(req: BakeRequest, model: MeshFile, simplify_asked: bool) -> bool:
+    problem, _ = uv_problems(model.mesh)
+    if req.uvs == "new":
+        return False
+    if req.uvs == "keep":
+        if problem is not None:
+            raise StageInputError(f"--keep-uvs: cannot bake into the mesh's own UVs: {problem}")
+        if simplify_asked:
+            raise StageInputError("--keep-uvs bakes into the mesh's own layout, which simplifying "
+                                  "would destroy; drop --simplify-ratio or use --new-uvs")
+        return True
+    return problem is None and not simplify_asked
+
+
+def _given_camera(req: BakeRequest, folder: Path, photo: Optional[ImageInput]
+                  ) -> tuple[Optional[SourceCamera], Optional[str]]:
+    if not req.camera_given:
+        return None, None
+    if req.fit_camera:
+        raise StageInputError("give a camera (--camera or --focal) or ask for it to be fitted "
+                              "(--fit-camera), not both")
+    if photo is None:
+        raise StageInputError("a camera is only used to project the photo: give the photo too (--image)")
+    h, w = photo.mask.shape
+    if req.camera is not None:
+        try:
+            cam = read_camera(folder / req.camera)
+        except StageInputError as e:
+            raise StageInputError(_renamed(str(e), req.camera, _name(req, "camera", req.camera))) from None
+        return at_photo_size(cam, w, h), "file"
+    assert req.focal is not None
+    return camera_from_focal(req.focal, w, h, req.principal, req.camera_frame), "focal"
+
+
+def _check_in_front(vertices: np.ndarray, camera: SourceCamera, how: Optional[str], req: BakeRequest) -> None:
+    """A camera that has the mesh behind it is the wrong camera (or the wrong frame)."""
+    _, z = camera.project(vertices)
+    share = float((z > 0).mean())
+    if share < MIN_IN_FRONT:
+        hint = (f" (is the mesh in the {'opencv' if req.camera_frame == 'opengl' else 'opengl'} frame? "
+                "see --camera-frame)") if how == "focal" else " (is it the camera of this mesh?)"
+        raise StageInputError(f"the mesh lies behind the camera: only {100 * share:.0f} % of its vertices "
+                              f"are in front of it{hint}")
+
+
+def place_model(read: ReadModel, req: BakeRequest, raster_ctx: "RasterContext", backends: "Backends",
+                seed: int = 0, progress: Optional[Progress] = None) -> ModelInputs:
+    """The splat turned into the mesh's frame, the camera fitted when none was given."""
+    from pipeline.io.frames import fit_frame, transform_gaussians
+
+    say = progress or (lambda f, m: None)
+    notes = list(read.notes)
+    splat = frame = None
+    if read.splat is not None:
+        say(0.05, "finding the splat's frame")
+        frame = fit_frame(read.model.mesh, read.splat.gaussians, req.source)
+        splat = transform_gaussians(read.splat.gaussians, _rotation(frame.source))
+        notes.append(frame.note)
+    camera, how, fit = read.camera, read.camera_how, None
+    if read.photo is not None and camera is None:
+        from pipeline.camera.camera_fit import fit_camera
+
+        vertices = read.model.mesh.vertices
+        posed = float((vertices[:, 2] < 0).mean()) >= POSED_SHARE
+        say(0.2, f"fitting the camera to the mask ({'mesh in the camera frame' if posed else 'canonical mesh'})")
+        render = _splat_render(splat, backends) if splat is not None else None
+        fit = fit_camera(raster_ctx, read.model.mesh, read.photo.mask, posed=posed, render=render,
+                         photo=read.photo.rgb, seed=seed)
+        camera, how = fit.camera, "fitted"
+        notes.append(f"camera fitted to the mask in {fit.seconds:.1f} s: silhouette IoU {fit.iou:.2f}, "
+                     f"covers {100 * fit.coverage:.0f} % of the mask")
+    say(1.0, "; ".join(notes[-2:]) if notes else "read")
+    return ModelInputs(model=read.model, splat=splat, frame=frame, photo=read.photo, camera=camera,
+                       camera_fit=fit, keep_uvs=read.keep_uvs, camera_how=how)
+
+
+def _rotation(source: str) -> np.ndarray:
+    from pipeline.io.frames import SPLAT_TO_MESH
+
+    return SPLAT_TO_MESH[source].rotation
+
+
+def _splat_render(splat, backends: "Backends"):
+    """The camera fit's tie-break renderer: the splat's colours from a camera."""
+    from pipeline.views.render_views import render_gaussians
+
+    def render(cam: SourceCamera):
+        out = render_gaussians(splat, cam.as_cameras(), backend=backends.render, device=backends.device)
+        return np.asarray(out.rgb[0], np.float32), np.asarray(out.alpha[0]) > 0.5
+
+    return render
+
