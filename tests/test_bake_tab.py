@@ -48,16 +48,16 @@ def _checked(app, handler, out: dict) -> dict:
     for outputs in app.outputs[handler]:
         undeclared = [c for c in out if all(c is not o for o in outputs)]
         assert not undeclared, f"{handler.__name__} sets outputs its event does not declare: {undeclared}"
-    names = _names(app.web.page)
+    names = _names(app.page)
     return {names[id(c)]: v for c, v in out.items()}
 
 
 def answer(app, handler, *inputs) -> dict:
-    return _checked(app, handler, handler(app.web.page, app.ctx, A1, *inputs))
+    return _checked(app, handler, handler(app.page, app.ctx, A1, *inputs))
 
 
 def stream(app, handler, *inputs) -> list[dict]:
-    return [_checked(app, handler, out) for out in handler(app.web.page, app.ctx, A1, *inputs)]
+    return [_checked(app, handler, out) for out in handler(app.page, app.ctx, A1, *inputs)]
 
 
 def _is_update(update, **props) -> bool:
@@ -82,7 +82,7 @@ def _ball(path: Path) -> str:
 
 def _refused(app, *inputs) -> str:
     with pytest.raises(gr.Error) as e:
-        baking.on_bake(app.web.page, app.ctx, A1, *inputs)
+        baking.on_bake(app.page, app.ctx, A1, *inputs)
     return e.value.message
 
 
@@ -118,10 +118,10 @@ def test_a_bake_runs_and_its_outcome_shows_the_model_and_the_download(app):
 def test_the_first_tab_s_photo_and_selection_can_be_the_photo(app):
     rgb, mask = make_object_image(160, "blob", seed=1)
     cutout = png_file(app.tmp, "cutout.png", np.dstack([rgb, mask.astype(np.uint8) * 255]))
-    image.on_upload(app.web.page, app.ctx, A1, cutout)
+    image.on_upload(app.page, app.ctx, A1, cutout)
     values = form(_ball(app.tmp / "ball.ply"), reuse=True, focal=300)
     answer(app, baking.on_bake, *values)
-    list(baking.run_bake(app.web.page, app.ctx, A1, *values))
+    list(baking.run_bake(app.page, app.ctx, A1, *values))
     (_, checked), = app.sup.bakes.items()
     assert checked.request.photo and checked.request.camera_given and checked.mask.shape == (160, 160)
 
@@ -132,8 +132,8 @@ def test_cancel_stops_the_tabs_bake(app):
     app.sup.hold = True
     values = form(_ball(app.tmp / "ball.ply"))
     answer(app, baking.on_bake, *values)
-    steps = baking.run_bake(app.web.page, app.ctx, A1, *values)
-    while 'data-state="running"' not in str(next(steps).get(app.web.page.baking.progress)):
+    steps = baking.run_bake(app.page, app.ctx, A1, *values)
+    while 'data-state="running"' not in str(next(steps).get(app.page.baking.progress)):
         pass
     out = answer(app, baking.on_bake_cancel)
     assert 'data-state="cancelled"' in out["progress"] and _is_update(out["generate"], value="Bake")
@@ -147,22 +147,22 @@ def test_a_reloaded_page_follows_its_bake_on_this_tab_and_the_image_tab_leaves_i
     app.sup.hold = True
     values = form(_ball(app.tmp / "ball.ply"))
     answer(app, baking.on_bake, *values)
-    steps = baking.run_bake(app.web.page, app.ctx, A1, *values)
-    while 'data-state="running"' not in str(next(steps).get(app.web.page.baking.progress)):
+    steps = baking.run_bake(app.page, app.ctx, A1, *values)
+    while 'data-state="running"' not in str(next(steps).get(app.page.baking.progress)):
         pass
     steps.close()                       # the page went away; its job goes on
     app.ctx.active.drop_session(A1.session)
     A2 = caller(ALICE, "tab2")          # the reloaded page: same browser, new tab session
-    first = _checked(app, job.follow_on_load, next(job.follow_on_load(app.web.page, app.ctx, A2)))
+    first = _checked(app, job.follow_on_load, next(job.follow_on_load(app.page, app.ctx, A2)))
     assert "progress" not in first and "history" in first, "the image tab does not follow a bake"
-    follow = baking.follow_bake_on_load(app.web.page, app.ctx, A2)
+    follow = baking.follow_bake_on_load(app.page, app.ctx, A2)
     out = _checked(app, baking.follow_bake_on_load, next(follow))
     assert 'data-state="running"' in out["progress"] and _is_update(out["cancel"], interactive=True)
     app.sup.hold = False
     for step in follow:
         _checked(app, baking.follow_bake_on_load, step)
     assert app.ctx.active.take_outcome(A2.session) is None, "no image outcome for a bake"
-    out = _checked(app, baking.show_followed_bake, baking.show_followed_bake(app.web.page, app.ctx, A2))
+    out = _checked(app, baking.show_followed_bake, baking.show_followed_bake(app.page, app.ctx, A2))
     assert out["model"].endswith("ball-1.glb") and 'data-state="done"' in out["progress"]
 
 

@@ -108,3 +108,26 @@ def test_the_scan_sees_each_kind_of_import(tmp_path, source, where, expected):
     (tmp_path / where).write_text(source)
     got = layer_violations(tmp_path)
     assert [g.split(" (")[0] for g in got] == expected
+
+
+MAX_FUNCTION_LINES = 150   # issue 25: a function longer than this is several ideas
+
+
+def test_no_function_is_longer_than_150_lines():
+    too_long = []
+    for layer in LAYERS:
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert too_long == []
+
+
+def test_each_layer_has_its_folders():
+    """The folders the architecture names (docs/architecture.md, "Layers") are there."""
+    for folder in ("app/web", "app/cli", "app/segment", "worker/checks", "pipeline/recon", "pipeline/views",
+                   "pipeline/meshing", "pipeline/unwrap", "pipeline/texture", "pipeline/camera",
+                   "pipeline/raster", "pipeline/io"):
+        assert (ROOT / folder / "__init__.py").is_file(), folder

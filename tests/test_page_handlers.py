@@ -53,17 +53,17 @@ def _checked(app, handler, out: dict) -> dict:
     for outputs in app.outputs[handler]:
         undeclared = [c for c in out if all(c is not o for o in outputs)]
         assert not undeclared, f"{handler.__name__} sets outputs its event does not declare: {undeclared}"
-    return named(out, app.web.page)
+    return named(out, app.page)
 
 
 def answer(app, handler, who: Caller, *inputs) -> dict:
     """``handler``'s answer to ``who`` as {Page field: value}."""
-    return _checked(app, handler, handler(app.web.page, app.ctx, who, *inputs))
+    return _checked(app, handler, handler(app.page, app.ctx, who, *inputs))
 
 
 def stream(app, handler, who: Caller, *inputs) -> list[dict]:
     """Every answer a generator handler yields, as ``answer`` reads them."""
-    return [_checked(app, handler, out) for out in handler(app.web.page, app.ctx, who, *inputs)]
+    return [_checked(app, handler, out) for out in handler(app.page, app.ctx, who, *inputs)]
 
 
 def _select(x, y):
@@ -186,29 +186,29 @@ def test_a_cleared_upload_is_dropped_and_a_loaded_page_takes_over_the_browsers_i
 
 def test_generate_refuses_what_cannot_run_and_says_why(app, blob, monkeypatch):
     with pytest.raises(gr.Error, match="Upload an image first"):
-        job.on_generate(app.web.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, *FORM)
     answer(app, image.on_upload, A1, png_file(app.tmp, "blob.png", blob[0]))
     with pytest.raises(gr.Error, match="select the object first"):
-        job.on_generate(app.web.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, *FORM)
     answer(app, image.on_click, A1, False, _select(128, 128))
     bad_seed = (*FORM[:5], -3, FORM[6])
     with pytest.raises(gr.Error, match=r"Seed: -3 is out of range"):
-        job.on_generate(app.web.page, app.ctx, A1, *bad_seed)
+        job.on_generate(app.page, app.ctx, A1, *bad_seed)
     app.ctx.sup_error = "worker pool failed to start: see /srv/kiln/var/workers/worker-0.log"
     with pytest.raises(gr.Error) as e:
-        job.on_generate(app.web.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, *FORM)
     assert "worker-0.log" in str(e.value) and "/srv" not in str(e.value)
     app.ctx.sup_error = None
     limit = app.ctx.settings.worker.max_queue
     monkeypatch.setattr(job, "gpu_queue_counts", lambda demo: (1, limit))
     with pytest.raises(gr.Error, match=rf"The job queue is full \({limit} waiting\)"):
-        job.on_generate(app.web.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, *FORM)
     assert not app.ctx.active.busy(A1.session), "a refused press must not leave the tab waiting"
     monkeypatch.setattr(job, "gpu_queue_counts", lambda demo: (1, 2))
     out = answer(app, job.on_generate, A1, *FORM)
     assert "Waiting for a free worker (2 other jobs waiting)…" in out["progress"]
     with pytest.raises(gr.Error, match="still running; wait for it or press Cancel"):
-        job.on_generate(app.web.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, *FORM)
 
 
 def test_generate_runs_the_job_and_the_outcome_shows_its_result(app, blob):
@@ -276,8 +276,8 @@ def test_cancel_stops_the_tabs_job_or_its_waiting_press(app, blob):
     _ready(app, blob)
     app.sup.hold = True
     answer(app, job.on_generate, A1, *FORM)
-    steps = job.run_job(app.web.page, app.ctx, A1, *FORM)
-    while 'data-state="running"' not in str(next(steps).get(app.web.page.progress)):
+    steps = job.run_job(app.page, app.ctx, A1, *FORM)
+    while 'data-state="running"' not in str(next(steps).get(app.page.progress)):
         pass
     out = answer(app, job.on_cancel, A1)
     assert 'data-state="cancelled"' in out["progress"] and "Cancelled by user" in out["progress"]
@@ -291,14 +291,14 @@ def test_a_loaded_page_follows_its_browsers_job_and_then_shows_how_it_ended(app,
     form = (True, 0.9, 1024, 12, "opt", 7, False)
     app.sup.hold = True
     answer(app, job.on_generate, A1, *form)
-    steps = job.run_job(app.web.page, app.ctx, A1, *form)
-    while 'data-state="running"' not in str(next(steps).get(app.web.page.progress)):
+    steps = job.run_job(app.page, app.ctx, A1, *form)
+    while 'data-state="running"' not in str(next(steps).get(app.page.progress)):
         pass
     steps.close()                      # the page went away (a reload) ...
     around.on_unload(app.ctx, A1)
     assert app.sup.cancelled == [] and app.sup.jobs()[0].state == "running"    # ... the job did not
 
-    follow = job.follow_on_load(app.web.page, app.ctx, A2)
+    follow = job.follow_on_load(app.page, app.ctx, A2)
     first = _checked(app, job.follow_on_load, next(follow))
     assert 'data-state="running"' in first["progress"] and 'data-job="job0"' in first["progress"]
     assert _is_update(first["generate"], value="Running…", interactive=False) and _is_update(first["cancel"], interactive=True)
@@ -324,11 +324,11 @@ def test_a_loaded_page_follows_its_browsers_job_and_then_shows_how_it_ended(app,
 
 def test_a_loaded_page_waits_for_the_pool_and_leaves_a_busy_tab_to_its_own_generate(app, blob, tmp_path):
     starting = make_context(tmp_path / "starting", Settings(), start=False)
-    follow = job.follow_on_load(app.web.page, starting, A1)
-    assert next(follow) == {app.web.page.progress: gr.skip()}   # a beat while the workers start
+    follow = job.follow_on_load(app.page, starting, A1)
+    assert next(follow) == {app.page.progress: gr.skip()}   # a beat while the workers start
     starting.sup_error = "worker pool failed to start: RuntimeError: no worker"
     starting.sup_ready.set()
-    assert list(follow) == [{app.web.page.progress: gr.skip()}]     # no pool: nothing to follow
+    assert list(follow) == [{app.page.progress: gr.skip()}]     # no pool: nothing to follow
     # its own Generate shows this tab's job: the page does not follow or fill the form
     _ready(app, blob)
     answer(app, job.on_generate, A1, *FORM)
@@ -344,16 +344,16 @@ def test_a_loaded_page_waits_for_the_pool_and_leaves_a_busy_tab_to_its_own_gener
 
 def test_status_line_history_on_load_and_the_settings_baking_enables(app, blob, tmp_path):
     assert answer(app, around.on_load, A1)["history_files"] is None
-    out = around.on_status(app.web.page, app.ctx)
-    assert set(out) == {app.web.page.status} and "CPU only" in out[app.web.page.status]
-    on, off = around.on_bake(app.web.page, True), around.on_bake(app.web.page, False)
-    assert all(_is_update(on[c], interactive=True) for c in (app.web.page.texture, app.web.page.mode))
-    assert all(_is_update(off[c], interactive=False) for c in (app.web.page.texture, app.web.page.mode))
+    out = around.on_status(app.page, app.ctx)
+    assert set(out) == {app.page.status} and "CPU only" in out[app.page.status]
+    on, off = around.on_bake(app.page, True), around.on_bake(app.page, False)
+    assert all(_is_update(on[c], interactive=True) for c in (app.page.texture, app.page.mode))
+    assert all(_is_update(off[c], interactive=False) for c in (app.page.texture, app.page.mode))
     # while the workers start (or after they failed to): the status says so, the history is empty
     starting = make_context(tmp_path / "starting", Settings(), start=False)
-    out = around.on_load(app.web.page, starting, A1)
-    assert "workers starting" in out[app.web.page.status] and out[app.web.page.history_files] is None
-    assert "No results yet" in out[app.web.page.history]
+    out = around.on_load(app.page, starting, A1)
+    assert "workers starting" in out[app.page.status] and out[app.page.history_files] is None
+    assert "No results yet" in out[app.page.history]
 
 
 def test_a_closed_tab_is_forgotten_but_its_image_parked(app, blob):
@@ -375,7 +375,7 @@ def test_every_handler_is_wired_and_events_call_it_with_the_caller_from_the_requ
     missing = [h.__name__ for h in handlers if h not in app.outputs]
     assert missing == [], f"handlers the wiring never connects: {missing}"
     # no event of the page runs an anonymous function
-    for block_fn in app.web.page.demo.fns.values():
+    for block_fn in app.page.demo.fns.values():
         assert getattr(block_fn.fn, "__name__", "") != "<lambda>", block_fn.name
 
 
@@ -397,7 +397,7 @@ def test_event_fn_hands_the_handler_the_caller_the_server_derives(app, blob):
         seen.append((who, background, evt.index))
         return {page.canvas: gr.skip()}
 
-    fn = event_fn(handler, app.web.page, app.ctx)
+    fn = event_fn(handler, app.page, app.ctx)
     assert str(inspect.signature(fn)).startswith("(background: 'bool', evt: 'gr.SelectData', request:")
     assert utils.get_function_params(fn) == [("background", False, None, bool)]
     # the same tab hash from two browsers: two sessions
@@ -408,5 +408,5 @@ def test_event_fn_hands_the_handler_the_caller_the_server_derives(app, blob):
     assert [w for w, _, _ in seen] == [caller_of(request(ALICE, "tab1")), caller_of(request(BOB, "tab1"))]
     assert seen[0][0] == A1 and seen[1][0] == B1 and seen[0][1:] == (True, [5, 6])
     # a generator stays one (Gradio streams it)
-    follow = event_fn(job.follow_on_load, app.web.page, app.ctx)
+    follow = event_fn(job.follow_on_load, app.page, app.ctx)
     assert inspect.isgeneratorfunction(follow) and follow.handler is job.follow_on_load
