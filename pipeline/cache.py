@@ -41,26 +41,23 @@ _LIBRARIES = ("numpy", "scipy", "scikit-image", "trimesh", "torch")
 
 
 def _local_imports(source: str) -> set[str]:
-    """Names of ``pipeline`` modules imported anywhere in ``source`` (lazy imports too)."""
+    """Dotted names under ``pipeline`` ("recon.builtin", "types") of the modules imported
+    anywhere in ``source`` (lazy imports too; the pipeline imports its own modules absolutely).
+    ``from pipeline.x import y`` names both ``x`` and ``x.y``: whichever is a module counts."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 1:
-                if node.module:
-                    names.add(node.module.split(".")[0])
-                else:
-                    names.update(a.name.split(".")[0] for a in node.names)
-            elif node.level == 0 and node.module and node.module.split(".")[0] == "pipeline":
-                parts = node.module.split(".")
-                if len(parts) > 1:
-                    names.add(parts[1])
-                else:
-                    names.update(a.name.split(".")[0] for a in node.names)
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[0] == "pipeline":
+                base = ".".join(parts[1:])
+                if base:
+                    names.add(base)
+                names.update(f"{base}.{a.name}" if base else a.name for a in node.names)
         elif isinstance(node, ast.Import):
             for a in node.names:
                 parts = a.name.split(".")
                 if parts[0] == "pipeline" and len(parts) > 1:
-                    names.add(parts[1])
+                    names.add(".".join(parts[1:]))
     return names
 
 
@@ -73,12 +70,9 @@ def _module_closure(*roots: str) -> list[Path]:
         name = todo.pop()
         if name in seen:
             continue
-        path = _PIPELINE_DIR / f"{name}.py"
+        path = _PIPELINE_DIR / f"{name.replace('.', '/')}.py"
         if not path.is_file():
-            pkg = _PIPELINE_DIR / name / "__init__.py"
-            if not pkg.is_file():
-                continue
-            path = pkg
+            continue   # a package, or a name imported from a module
         seen[name] = path
         try:
             todo.extend(_local_imports(path.read_text()))
@@ -90,7 +84,7 @@ def _module_closure(*roots: str) -> list[Path]:
 @lru_cache(maxsize=8)
 def code_version(backend: str = "builtin") -> str:
     """Hash of the reconstruction code (``pipeline/recon/reconstruct.py``, the backend's own
-    module ``pipeline/<backend>.py`` when it has one, and the pipeline modules they
+    module ``pipeline/recon/<backend>.py`` when it has one, and the pipeline modules they
     import), the package version and the numerics libraries' versions.
 
     The backend module is named explicitly because reconstruct.py loads it with
@@ -104,9 +98,9 @@ def code_version(backend: str = "builtin") -> str:
             h.update(f"{dist}={metadata.version(dist)};".encode())
         except metadata.PackageNotFoundError:
             h.update(f"{dist}=none;".encode())
-    roots = ("reconstruct", backend) if backend.isidentifier() else ("reconstruct",)
+    roots = ("recon.reconstruct", f"recon.{backend}") if backend.isidentifier() else ("recon.reconstruct",)
     for path in _module_closure(*roots):
-        h.update(path.name.encode())
+        h.update(path.relative_to(_PIPELINE_DIR).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 

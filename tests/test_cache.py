@@ -57,9 +57,11 @@ def test_key_depends_on_inputs_reconstruct_settings_and_seed_only():
 
 
 def test_code_version_covers_reconstruct_and_what_it_imports():
-    files = {p.name for p in cache._module_closure("reconstruct")}
-    assert {"reconstruct.py", "types.py", "validate.py"} <= files
-    assert "bake.py" not in files and "export.py" not in files
+    files = {p.relative_to(cache._PIPELINE_DIR).as_posix() for p in cache._module_closure("recon.reconstruct")}
+    assert {"recon/reconstruct.py", "types.py", "validate.py"} <= files
+    assert "texture/bake.py" not in files and "io/export.py" not in files
+    builtin = {p.relative_to(cache._PIPELINE_DIR).as_posix() for p in cache._module_closure("recon.builtin")}
+    assert "recon/builtin.py" in builtin and len(builtin) > 3
 
 
 def test_code_version_changes_with_the_reconstruction_source(monkeypatch, tmp_path):
@@ -68,13 +70,15 @@ def test_code_version_changes_with_the_reconstruction_source(monkeypatch, tmp_pa
     fake.mkdir()
     # code_version() hashes reconstruct.py, the default backend's own module (loaded
     # with importlib, which the import scan cannot see) and what they import.
-    for p in cache._module_closure("reconstruct", "builtin"):
-        (fake / p.name).write_bytes(p.read_bytes())
+    for p in cache._module_closure("recon.reconstruct", "recon.builtin"):
+        dst = fake / p.relative_to(cache._PIPELINE_DIR)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(p.read_bytes())
     monkeypatch.setattr(cache, "_PIPELINE_DIR", fake)
     cache.code_version.cache_clear()
     try:
         assert cache.code_version() == base  # same sources, same version
-        with open(fake / "reconstruct.py", "a") as f:
+        with open(fake / "recon" / "reconstruct.py", "a") as f:
             f.write("\n# a change\n")
         cache.code_version.cache_clear()
         assert cache.code_version() != base
@@ -87,13 +91,15 @@ def test_key_follows_the_backend_module_reconstruct_loads_dynamically(monkeypatc
     builtin, sam3d = small_settings(), small_settings().override({"reconstruct.backend": "sam3d"})
     fake = tmp_path / "pipeline"
     fake.mkdir()
-    for p in cache._PIPELINE_DIR.glob("*.py"):
-        (fake / p.name).write_bytes(p.read_bytes())
+    for p in cache._PIPELINE_DIR.rglob("*.py"):
+        dst = fake / p.relative_to(cache._PIPELINE_DIR)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(p.read_bytes())
     monkeypatch.setattr(cache, "_PIPELINE_DIR", fake)
     cache.code_version.cache_clear()
     try:
         before = cache.reconstruction_key(img, builtin), cache.reconstruction_key(img, sam3d)
-        with open(fake / "sam3d.py", "a") as f:
+        with open(fake / "recon" / "sam3d.py", "a") as f:
             f.write("\n# a change to the SAM 3D conversion\n")
         cache.code_version.cache_clear()
         assert cache.reconstruction_key(img, sam3d) != before[1]
