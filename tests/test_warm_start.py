@@ -15,7 +15,7 @@ def test_moderngl_rasterization_does_not_import_torch_dynamo():
     code = (
         "import sys, numpy as np, trimesh\n"
         "from pipeline.types import Mesh\n"
-        "from pipeline import rasterize\n"
+        "from pipeline.raster import rasterize\n"
         "m = trimesh.creation.icosphere(2)\n"
         "uv = (m.vertices[:, :2] * 0.5 + 0.5).clip(0, 1).astype(np.float32)\n"
         "r = rasterize.rasterize_uv(rasterize.raster_context(), Mesh(m.vertices.astype(np.float32), m.faces.astype(np.int32), uvs=uv), 32)\n"
