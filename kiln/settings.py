@@ -169,6 +169,21 @@ class Settings:
         return from_dict(data)
 
 
+# The settings a person chooses per job, by the one name the page's form (in this order), the
+# API's /generate and `kiln run`'s flags (``--bake``, ``--simplify-ratio``, ...) give them.
+JOB_SETTINGS = {"bake": "bake.enabled", "simplify_ratio": "mesh.simplify_ratio",
+                "texture_size": "bake.texture_size", "views": "views.count", "bake_mode": "bake.mode",
+                "seed": "seed", "gaussians_ply": "export.gaussians_ply"}
+
+
+def setting_value(settings: Settings, dotted: str) -> Any:
+    """The value of the setting ``dotted`` ("bake.mode") in ``settings``."""
+    node: Any = settings
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
 def parse_set(items) -> dict[str, str]:
     """``--set KEY=VALUE`` arguments (any iterable of strings, or None) as an overrides dict
     for ``load``; values stay text, ``load`` converts and checks them by the key's type."""

@@ -7,17 +7,11 @@ from kiln import settings as settings_mod
 
 from app.cli.clirunner import CliError
 
-# flag (argparse dest) -> setting; a flag's value None means "not given"
-FLAG_SETTINGS = {
-    "bake": "bake.enabled",
-    "simplify_ratio": "mesh.simplify_ratio",
-    "texture_size": "bake.texture_size",
-    "views": "views.count",
-    "bake_mode": "bake.mode",
-    "seed": "seed",
-    "ply": "export.gaussians_ply",
-    "device": "worker.device",
-}
+# flag (argparse dest) -> setting; a flag's value None means "not given". The job's own
+# settings under their one name (--ply is gaussians_ply's flag), and the worker's device.
+FLAG_SETTINGS = {**{("ply" if name == "gaussians_ply" else name): key
+                    for name, key in settings_mod.JOB_SETTINGS.items()},
+                 "device": "worker.device"}
 
 
 def settings_from_args(args) -> settings_mod.Settings:

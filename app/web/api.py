@@ -22,16 +22,14 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 import gradio as gr
 
-from kiln.settings import Settings, SettingsError
+from kiln.settings import JOB_SETTINGS, Settings, SettingsError
 
 from app.web import form, history, jobs, usertext, selection, statusview, uploads
 from app.web.context import AppContext
 from app.web.requestinfo import Caller, refusal
 
 # generate's parameters -> the setting each sets (kiln.settings checks ranges and names it)
-SETTING_OF = {"bake": "bake.enabled", "simplify_ratio": "mesh.simplify_ratio",
-              "texture_size": "bake.texture_size", "views": "views.count", "bake_mode": "bake.mode",
-              "seed": "seed", "gaussians_ply": "export.gaussians_ply"}
+SETTING_OF = JOB_SETTINGS
 PARAM_OF = {key: name for name, key in SETTING_OF.items()}
 
 

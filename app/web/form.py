@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from kiln.settings import Settings, SettingsError
+from kiln.settings import JOB_SETTINGS, Settings, SettingsError, from_dict, setting_value
 from worker.inputs import InputProblem, check_reconstructable
 
 from app.web.usertext import UIError
@@ -18,32 +18,33 @@ from app.web.uploads import SessionState, require_image
 
 def ui_overrides(bake: bool, simplify_ratio: float, texture_size: Any, views: Any, bake_mode: str,
                  seed: Any, gaussians_ply: bool) -> dict:
-    """The web form's values as dotted setting keys (checked later by kiln.settings)."""
-    return {
-        "bake.enabled": bool(bake),
-        "mesh.simplify_ratio": simplify_ratio,
-        "bake.texture_size": (texture_size if str(texture_size) == "auto" else int(texture_size))
-        if texture_size not in (None, "") else None,
-        "views.count": views,
-        "bake.mode": bake_mode,
-        "seed": seed,
-        "export.gaussians_ply": bool(gaussians_ply),
-    }
+    """The web form's values (``kiln.settings.JOB_SETTINGS``, in its order) as dotted setting
+    keys (checked later by kiln.settings)."""
+    texture = (texture_size if str(texture_size) == "auto" else int(texture_size)) \
+        if texture_size not in (None, "") else None
+    values = (bool(bake), simplify_ratio, texture, views, bake_mode, seed, bool(gaussians_ply))
+    return dict(zip(JOB_SETTINGS.values(), values))
 
 
 def form_values(settings: Optional[dict]) -> Optional[tuple]:
     """The web form's boxes (``ui_overrides``' arguments, in order) showing a job's
     settings (``Settings.to_dict()``), so a reloaded page shows what its last job used;
     None when ``settings`` is not such a dict."""
-    if settings is None:
+    if not isinstance(settings, dict) or not all(_has(settings, key) for key in JOB_SETTINGS.values()):
         return None
     try:
-        b, m = settings["bake"], settings["mesh"]
-        return (bool(b["enabled"]), float(m["simplify_ratio"]), b["texture_size"],
-                int(settings["views"]["count"]), str(b["mode"]), int(settings["seed"]),
-                bool(settings["export"]["gaussians_ply"]))
-    except (KeyError, TypeError, ValueError):
+        job = from_dict(settings)
+    except (SettingsError, KeyError, TypeError, ValueError):
         return None
+    return tuple(setting_value(job, key) for key in JOB_SETTINGS.values())
+
+
+def _has(data: dict, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
 
 
 # the form's labels for the setting keys it sets, so an error names the box to fix
