@@ -89,8 +89,11 @@ def test_upload_shows_the_image_and_a_refused_file_says_why(app, blob):
     out = answer(app, image.on_upload, A1, png_file(app.tmp, "blob.png", rgb))
     assert out["canvas"].shape == (256, 256, 3) and np.abs(out["canvas"].astype(int) - rgb).mean() < 1
     assert "blob.png" in out["mask_info"] and _is_update(out["use_alpha"], visible=False)
-    # a new image clears the last job's text and the mask file; the upload box keeps the file
+    # a new image clears the last job's result (text, model, downloads) and the mask file; the
+    # upload box keeps the file
     assert out["progress"] == statusview.progress_html() and out["mask_file"] is None and "upload" not in out
+    assert out["model"] is None and _is_update(out["glb_download"], visible=False)
+    assert _is_update(out["ply_download"], visible=False)
     assert app.ctx.sessions.get(A1.session).image.name == "blob.png"
 
     bad = Path(app.tmp) / "broken.png"
@@ -105,7 +108,7 @@ def test_upload_shows_the_image_and_a_refused_file_says_why(app, blob):
     # while the tab's job runs, a new image leaves its progress bar alone
     assert app.ctx.active.press(A1.session)
     out = answer(app, image.on_upload, A1, png_file(app.tmp, "blob.png", rgb))
-    assert "progress" not in out and out["canvas"] is not None
+    assert "progress" not in out and "model" not in out and out["canvas"] is not None
     # no file: the tab's image is gone
     out = answer(app, image.on_upload, A1, None)
     assert out["canvas"] is None and "Upload an image" in out["mask_info"]
@@ -179,6 +182,7 @@ def test_a_cleared_upload_is_dropped_and_a_loaded_page_takes_over_the_browsers_i
     assert answer(app, image.on_restore, B1) == {"canvas": gr.skip()}
     out = answer(app, image.on_upload_cleared, A2)
     assert out["canvas"] is None and app.ctx.sessions.get(A2.session).image is None
+    assert out["model"] is None and _is_update(out["glb_download"], visible=False)   # the old image's result goes
     assert answer(app, image.on_restore, A3) == {"canvas": gr.skip()}, "a removed image must not come back"
 
 

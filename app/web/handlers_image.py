@@ -47,8 +47,10 @@ def edit_selection(page: Page, ctx: AppContext, caller: Caller,
 def on_upload(page: Page, ctx: AppContext, caller: Caller, path: Optional[str]) -> Updates:
     """A file dropped in the upload box (or an example picked). A refused file is taken out
     of the box, so the drop zone is back, and its reason stays under the image. A new image
-    clears the last job's text (unless this tab's job still runs) and the mask file."""
-    fresh = {} if ctx.active.busy(caller.session) else {page.progress: statusview.progress_html()}
+    clears the last job's result (its text, the model in the viewer, the downloads: they
+    belong to the old image; the history keeps them) unless this tab's job still runs, and
+    the mask file."""
+    fresh = cleared_result(page, ctx, caller)
     with ctx.sessions.edit(caller.session, caller.client) as (_, save):
         if not path:
             save(uploads.SessionState())
@@ -69,10 +71,19 @@ def on_upload(page: Page, ctx: AppContext, caller: Caller, path: Optional[str]) 
     return {**selection_view(page, st), **fresh, page.mask_file: None}
 
 
+def cleared_result(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """The last job's result taken off the page (none while the tab's job runs: it lands here)."""
+    if ctx.active.busy(caller.session):
+        return {}
+    return {page.progress: statusview.progress_html(), page.model: None,
+            page.glb_download: gr.update(visible=False), page.ply_download: gr.update(visible=False)}
+
+
 def on_upload_cleared(page: Page, ctx: AppContext, caller: Caller) -> Updates:
-    """The person removed the image: it is freed, and not brought back by a reload."""
+    """The person removed the image: it is freed, and not brought back by a reload; the last
+    result, which was of that image, goes from the page too."""
     ctx.sessions.drop(caller.session)
-    return selection_view(page, uploads.SessionState())
+    return {**selection_view(page, uploads.SessionState()), **cleared_result(page, ctx, caller)}
 
 
 def on_click(page: Page, ctx: AppContext, caller: Caller, background: bool, evt: gr.SelectData) -> Updates:

@@ -40,7 +40,12 @@ def wire(page: Page, ctx: AppContext) -> None:
 
 
 def upload_outputs(page: Page) -> list:
-    return [*page.selection_view, page.upload, page.progress, page.mask_file]
+    return [*page.selection_view, page.upload, page.mask_file, *result_view(page)]
+
+
+def result_view(page: Page) -> list:
+    """What shows the last job's result: a new image takes it off the page."""
+    return [page.progress, page.model, page.glb_download, page.ply_download]
 
 
 def _wire_image(page: Page, ctx: AppContext) -> None:
@@ -55,7 +60,7 @@ def _wire_image(page: Page, ctx: AppContext) -> None:
                                             api_visibility="undocumented")
     # .upload/.clear fire on what the person does only, not when a handler sets the box
     page.upload.upload(on(image.on_upload), [page.upload], upload_outputs(page), **seg)
-    page.upload.clear(on(image.on_upload_cleared), None, view, **seg)
+    page.upload.clear(on(image.on_upload_cleared), None, [*view, *result_view(page)], **seg)
     page.canvas.select(on(image.on_click), [page.background], view, **seg)
     page.undo.click(on(image.on_undo), None, view, **seg)
     page.clear.click(on(image.on_clear), None, view, **seg)
