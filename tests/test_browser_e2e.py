@@ -407,6 +407,15 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         assert "object_a.png" in a.inner_text("#kiln-history")
         assert a.locator("#kiln-history img.kiln-thumb").count() >= 2
         assert "object_a-2.glb" in a.inner_text("#kiln-history")
+
+        # -- clear the image, upload another: the old result leaves the page (the history keeps it)
+        a.locator("#kiln-upload button[aria-label='Clear']").first.click()
+        a.wait_for_selector("#kiln-dl-glb", state="hidden", timeout=5000)
+        _upload(a, img_b)
+        assert _progress(a)[0] == "idle"
+        assert a.locator("#kiln-model canvas").count() == 0, "the old model is still in the viewer"
+        assert "object_a-2.glb" in _file_list(a)
+        a.screenshot(path=str(ARTIFACTS / "a4_new_image.png"), full_page=True)
     finally:
         for c in (ctx_a, ctx_b):
             c.close()
