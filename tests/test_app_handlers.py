@@ -580,6 +580,9 @@ def test_status_line():
     plain, detail = line.split("<details", 1)
     assert "CPU only" in plain and "using GrabCut: drag a box" in plain and "moderngl" not in plain
     assert "Backends" in detail
+    # what a model takes is said as measured here, never guessed
+    assert "no model timed on this server yet" in plain
+    assert "a model took about 12 s here lately" in statusview.status_line(caps, "GrabCut", 0, 0, typical_s=11.6)
 
 
 def test_active_jobs_per_session():

@@ -349,7 +349,11 @@ def test_a_loaded_page_waits_for_the_pool_and_leaves_a_busy_tab_to_its_own_gener
 def test_status_line_history_on_load_and_the_settings_baking_enables(app, blob, tmp_path):
     assert answer(app, around.on_load, A1)["history_files"] is None
     out = around.on_status(app.page, app.ctx)
-    assert set(out) == {app.page.status} and "CPU only" in out[app.page.status]
+    assert set(out) == {app.page.status} and "CPU only: no model timed on this server yet" in out[app.page.status]
+    _ready(app, blob)
+    list(job.run_job(app.page, app.ctx, A1, *FORM))
+    app.ctx.typical_job_s = None        # what the last 30 s kept
+    assert "a model took about 2 s here lately" in around.on_status(app.page, app.ctx)[app.page.status]
     on, off = around.on_bake(app.page, True), around.on_bake(app.page, False)
     assert all(_is_update(on[c], interactive=True) for c in (app.page.texture, app.page.mode))
     assert all(_is_update(off[c], interactive=False) for c in (app.page.texture, app.page.mode))

@@ -11,6 +11,7 @@ import gradio as gr
 from app.web import usertext, statusview
 from app.web.context import AppContext
 from app.web.gpuqueue import gpu_queue_counts
+from app.web.jobs import typical_job_seconds
 from app.web.outcome import browser_history
 from app.web.page import Page, Updates
 from app.web.requestinfo import Caller
@@ -27,7 +28,7 @@ def status_line(page: Page, ctx: AppContext) -> str:
             pass
     note = ctx.sup_error or ("" if ctx.sup_ready.is_set() else "workers starting…")
     return usertext.public_text(statusview.status_line(ctx.capabilities(), ctx.segmenter_text, running, waiting,
-                                                       note))
+                                                       note, typical_job_seconds(ctx)))
 
 
 def on_status(page: Page, ctx: AppContext) -> Updates:

@@ -168,6 +168,29 @@ def browser_jobs(ctx, session: str) -> list:
     return [st for st in ctx.sup.jobs() if same_browser(session, st.session)]
 
 
+# how many recent done jobs the status line's estimate takes, and how long it keeps one
+TYPICAL_OF_LAST = 10
+TYPICAL_KEEP_S = 30.0
+
+
+def typical_job_seconds(ctx) -> Optional[float]:
+    """The median time of the last done jobs that made a model from a photo (submit to
+    end), over every client; None before any. Worked out at most every ``TYPICAL_KEEP_S``:
+    the status line asks every few seconds per open page."""
+    now = time.monotonic()
+    kept = ctx.typical_job_s
+    if kept is not None and now - kept[0] < TYPICAL_KEEP_S:
+        return kept[1]
+    value = None
+    if ctx.sup is not None:
+        times = [st.timings.get("total_s") for st in ctx.sup.jobs()
+                 if st.state == "done" and st.kind == "image"]
+        times = [float(t) for t in times if isinstance(t, (int, float))][-TYPICAL_OF_LAST:]
+        value = float(np.median(times)) if times else None
+    ctx.typical_job_s = (now, value)
+    return value
+
+
 def live_job(statuses) -> Optional[Any]:
     """The newest of ``statuses`` that is still queued or running, else None."""
     return next((st for st in reversed(list(statuses)) if not st.terminal), None)

@@ -76,9 +76,11 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id:
 
 
 def status_line(caps: Optional[Capabilities], segmenter_text: str, running: int, waiting: int,
-                workers_note: str = "") -> str:
+                workers_note: str = "", typical_s: Optional[float] = None) -> str:
     """The status line: one sentence in plain words (what to expect, what to do), with the
-    technical detail (device, backends, queue, segmenter and why) in a fold one click away."""
+    technical detail (device, backends, queue, segmenter and why) in a fold one click away.
+    ``typical_s``: what a model from a photo took on this server lately (None: none yet),
+    said instead of a guess."""
     if not caps:
         dev = workers_note or "workers starting…"
         backends = "…"
@@ -87,8 +89,9 @@ def status_line(caps: Optional[Capabilities], segmenter_text: str, running: int,
         dev = "CPU" if caps.device == "cpu" else caps.device
         names = [n for n in ("gsplat", "nvdiffrast", "moderngl") if caps.works(n)]
         backends = ", ".join(names + ["cpu renderer"])
-        plain = ["CPU only: a model takes a minute or more" if dev == "CPU"
-                 else f"GPU ready ({dev}): a model takes seconds to a minute"]
+        took = (f"a model took about {typical_s:.0f} s here lately" if typical_s is not None
+                else "no model timed on this server yet")
+        plain = [f"CPU only: {took}" if dev == "CPU" else f"GPU ready ({dev}): {took}"]
     if segmenter_text.startswith("SAM2"):
         plain.append("selection by SAM2: a click or a box usually selects the whole object")
     elif "loading" in segmenter_text:
