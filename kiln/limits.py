@@ -66,3 +66,17 @@ MAX_FACES = 10_000_000
 MIN_TEXTURE_SIZE = 16
 # The largest mesh or splat file Kiln reads (a 30 MB TRELLIS splat, a scan of a few hundred MB).
 MAX_MODEL_FILE_BYTES = 1 << 30
+
+
+def model_file_problem(path, kind: str) -> Optional[str]:
+    """Why a ``kind`` ("model", "splat") file cannot be read (missing, too big), or None."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        return f"{path} does not exist"
+    size = path.stat().st_size
+    if size > MAX_MODEL_FILE_BYTES:
+        return (f"{path.name} is {size / 2 ** 30:.1f} GiB; Kiln reads {kind} files of at most "
+                f"{MAX_MODEL_FILE_BYTES / 2 ** 30:.0f} GiB")
+    return None

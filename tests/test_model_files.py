@@ -162,7 +162,9 @@ def test_bad_meshes_are_refused_with_a_reason(tmp_path, monkeypatch):
     with pytest.raises(StageInputError, match="cannot be read"):
         mesh_file.read_mesh(tmp_path / "junk.glb")
     trimesh.creation.box().export(tmp_path / "big.stl")
-    monkeypatch.setattr(mesh_file, "MAX_MODEL_FILE_BYTES", 100)
+    from kiln import limits
+
+    monkeypatch.setattr(limits, "MAX_MODEL_FILE_BYTES", 100)   # the one limit both readers check
     with pytest.raises(StageInputError, match="GiB"):
         mesh_file.read_mesh(tmp_path / "big.stl")
 

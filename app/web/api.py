@@ -184,7 +184,6 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
         raise refusal(usertext.public_text(ctx.sup_error))
     if not ctx.active.press(session):
         raise refusal("this session already has a job running; wait for it or call /cancel")
-    last = None
     try:
         try:
             with ctx.decodes:
@@ -197,17 +196,25 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
         del st
         steps = jobs.follow_job(ctx, session, rgb, mask, settings, info=info)
         del rgb, mask
-        for note, last in steps:
-            if last is None:
-                if note != jobs.WAITING_FOR_POOL:
-                    raise refusal(usertext.public_text(note))
-                progress(0.0, desc=note)
-                continue
-            progress(float(last.progress or 0.0), desc=statusview.stage_label(last.stage))
-            if not last.terminal:
-                yield JobAnswer(describe_job(last))
+        yield from stream_job(ctx, session, steps, progress)
     finally:
         ctx.active.end_pending(session)
+
+
+def stream_job(ctx: AppContext, session: str, steps, progress) -> Iterator[JobAnswer]:
+    """A followed job (``jobs.follow_job`` / ``follow_bake``'s steps) as an endpoint yields it:
+    an answer per change, Gradio's progress bar, the published files once done; a job that
+    could not start, failed or was cancelled raises its reason."""
+    last = None
+    for note, last in steps:
+        if last is None:
+            if note != jobs.WAITING_FOR_POOL:
+                raise refusal(usertext.public_text(note))
+            progress(0.0, desc=note)
+            continue
+        progress(float(last.progress or 0.0), desc=statusview.stage_label(last.stage))
+        if not last.terminal:
+            yield JobAnswer(describe_job(last))
     if last is None or last.state != "done":
         state = last.state if last is not None else "not started"
         why = usertext.public_text(last.error or "") if last is not None else ""

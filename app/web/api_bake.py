@@ -9,8 +9,8 @@ from typing import Any, Iterator, Optional
 
 import gradio as gr
 
-from app.web import history, jobs, usertext, statusview
-from app.web.api import JobAnswer, describe_job, publish
+from app.web import history, jobs, usertext
+from app.web.api import JobAnswer, stream_job
 from app.web.bakeform import bake_request
 from app.web.context import AppContext
 from app.web.requestinfo import Caller, refusal
@@ -40,23 +40,8 @@ def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None
         raise refusal(usertext.public_text(str(e))) from None
     if not ctx.active.press(session):
         raise refusal("this session already has a job running; wait for it or call /cancel")
-    last = None
     try:
         info = history.JobInfo(checked.request.names.get("mesh", "model"))
-        for note, last in jobs.follow_bake(ctx, session, checked, settings, info=info):
-            if last is None:
-                if note != jobs.WAITING_FOR_POOL:
-                    raise refusal(usertext.public_text(note))
-                progress(0.0, desc=note)
-                continue
-            progress(float(last.progress or 0.0), desc=statusview.stage_label(last.stage))
-            if not last.terminal:
-                yield JobAnswer(describe_job(last))
+        yield from stream_job(ctx, session, jobs.follow_bake(ctx, session, checked, settings, info=info), progress)
     finally:
         ctx.active.end_pending(session)
-    if last is None or last.state != "done":
-        state = last.state if last is not None else "not started"
-        why = usertext.public_text(last.error or "") if last is not None else ""
-        raise refusal(f"job {last.id if last else ''} {state}" + (f": {why}" if why else ""))
-    files = publish(ctx, session, last)
-    yield JobAnswer(describe_job(last), files.get("glb"), None)

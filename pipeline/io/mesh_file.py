@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from kiln.limits import MAX_FACES, MAX_MODEL_FILE_BYTES
+from kiln.limits import MAX_FACES, model_file_problem
 
 from pipeline.types import Mesh
 from pipeline.validate import StageInputError
@@ -56,12 +56,9 @@ def read_mesh(path) -> MeshFile:
 
     path = Path(path)
     fmt = mesh_format(path)
-    if not path.is_file():
-        raise StageInputError(f"{path} does not exist")
-    size = path.stat().st_size
-    if size > MAX_MODEL_FILE_BYTES:
-        raise StageInputError(f"{path.name} is {size / 2 ** 30:.1f} GiB; Kiln reads model files of at "
-                              f"most {MAX_MODEL_FILE_BYTES / 2 ** 30:.0f} GiB")
+    problem = model_file_problem(path, "model")
+    if problem:
+        raise StageInputError(problem)
     try:
         loaded = trimesh.load(path, process=False, maintain_order=True)
     except Exception as e:   # trimesh raises many types on corrupt input

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.limits import MAX_MODEL_FILE_BYTES
+from kiln.limits import model_file_problem
 
 from pipeline.views.gaussian_math import SH_C0
 from pipeline.types import Gaussians
@@ -89,12 +89,9 @@ def _header(data: bytes, path: Path) -> tuple[int, int, list[tuple[str, str]]]:
 def read_splat(path) -> SplatFile:
     """Read an INRIA-layout splat PLY. StageInputError names what is missing or wrong."""
     path = Path(path)
-    if not path.is_file():
-        raise StageInputError(f"{path} does not exist")
-    size = path.stat().st_size
-    if size > MAX_MODEL_FILE_BYTES:
-        raise StageInputError(f"{path.name} is {size / 2 ** 30:.1f} GiB; Kiln reads splat files of at "
-                              f"most {MAX_MODEL_FILE_BYTES / 2 ** 30:.0f} GiB")
+    problem = model_file_problem(path, "splat")
+    if problem:
+        raise StageInputError(problem)
     data = path.read_bytes()
     offset, count, props = _header(data, path)
     names = [p for p, _ in props]
