@@ -428,11 +428,13 @@ def test_import_creates_no_context_and_loads_no_gl():
 # ----------------------------------------------------------------------------- nvdiffrast
 
 
-def _compare(candidate, reference, depth=True):
-    """The selftest's judgement (pipeline.raster.raster_agreement), plus enough pixels to judge."""
+def _compare(candidate, reference, depth=True, min_interior=50):
+    """The selftest's judgement (pipeline.raster.raster_agreement), plus enough pixels to judge.
+    Triangles of a pixel or two leave no interior pixel (min_interior=0): there only the
+    covered-pixel, barycentric-offset and depth checks judge."""
     agreement = raster_agreement.compare(candidate, reference, depth=depth)
     assert agreement.ok, agreement.failures()
-    assert agreement.interior > 50 and agreement.same > 500, agreement
+    assert agreement.interior >= min_interior and agreement.same > 500, agreement
 
 
 def test_nvdiffrast_wrapper_conventions_with_a_reference_rasterizer(reference_nvdiffrast):
@@ -483,12 +485,13 @@ def _nvdiffrast_skip_reason() -> str | None:
 def test_nvdiffrast_matches_moderngl_on_cuda():
     import trimesh
 
-    tm = trimesh.creation.icosphere(subdivisions=4, radius=0.45)
-    mesh = to_mesh(tm)
+    coarse, fine = (to_mesh(trimesh.creation.icosphere(subdivisions=s, radius=0.45)) for s in (2, 4))
     nv = R.raster_context("nvdiffrast", "cuda")
     for res in (96, 100, 512):
         cams = sphere_cameras(8, 2.4, 40.0, res)
-        _compare(R.rasterize_views(nv, mesh, cams), R.rasterize_views(gl_context(), mesh, cams))
+        for mesh, min_interior in ((coarse, 50), (fine, 50 if res >= 512 else 0)):
+            _compare(R.rasterize_views(nv, mesh, cams), R.rasterize_views(gl_context(), mesh, cams),
+                     min_interior=min_interior)
     uvm = grid_uv_mesh(2000)
     for size in (256, 1000, 2500):
         _compare(R.rasterize_uv(nv, uvm, size), R.rasterize_uv(gl_context(), uvm, size), depth=False)

@@ -284,3 +284,21 @@ def test_box_prompt_reaches_sam2_and_bounds_the_mask(tiny_ckpt, monkeypatch):
     np.testing.assert_array_equal(np.asarray(kw["point_coords"], float), [[30.0, 20.0], [5.0, 5.0]])
     np.testing.assert_array_equal(np.asarray(kw["point_labels"]), [1, 0])
     assert not mask[outside].any()
+
+
+def test_selftest_twin_segments_through_the_loader_on_cpu(tiny_ckpt):
+    """The selftest's SAM2 twin runs the same code on both devices; on CPU here. (Its first
+    version set the predictor's device, which sam2 1.1.0 has no setter for: it failed on the
+    first GPU machine.)"""
+    from app.segment.sam2_selftest import segment_click
+    from kiln.examples import draw_object
+
+    path, _ = tiny_ckpt
+    rgb, mask = draw_object(256, kind="toy", seed=1)
+    ys, xs = np.nonzero(mask)
+    click = np.array([[xs[len(xs) // 2], ys[len(ys) // 2]]], np.float32)
+    info = resolve_checkpoint(AppSettings(), folder=path.parent)
+    a, _ = segment_click(info, rgb, click, "cpu")
+    b, _ = segment_click(info, rgb, click, "cpu")
+    assert a.shape == mask.shape and a.dtype == bool and a.any()
+    assert (a == b).all()

@@ -15,14 +15,29 @@ from worker.checks.selftest import TwinCheck
 SAM2_IOU_MIN = 0.98
 
 
-def twin_sam2(settings) -> dict:
-    """Runs in the spawned child: mask IoU between the CUDA and the CPU predictor."""
+def segment_click(info, rgb, click, device: str):
+    """One click segmented by a freshly loaded predictor on ``device``: ((H, W) bool mask,
+    seconds). The predictor's device follows its model's (sam2 gives it no setter)."""
     import time
 
     import numpy as np
     import torch
 
     from app.segment.sam2_model import load_predictor
+
+    t0 = time.perf_counter()
+    pred = load_predictor(info)
+    pred.model.to(device)
+    with torch.inference_mode():
+        pred.set_image(rgb)
+        masks, _, _ = pred.predict(point_coords=click, point_labels=np.array([1]), multimask_output=False)
+    return masks[0] > 0.5, round(time.perf_counter() - t0, 3)
+
+
+def twin_sam2(settings) -> dict:
+    """Runs in the spawned child: mask IoU between the CUDA and the CPU predictor."""
+    import numpy as np
+
     from kiln.checkpoints import resolve_checkpoint
     from kiln.examples import draw_object
 
@@ -32,20 +47,8 @@ def twin_sam2(settings) -> dict:
     rgb, mask = draw_object(256, kind="toy", seed=1)
     ys, xs = np.nonzero(mask)
     click = np.array([[xs[len(xs) // 2], ys[len(ys) // 2]]], np.float32)
-
-    def segment(device):
-        t0 = time.perf_counter()
-        pred = load_predictor(info)
-        pred.model.to(device)
-        pred.device = torch.device(device)
-        with torch.inference_mode():
-            pred.set_image(rgb)
-            masks, _, _ = pred.predict(point_coords=click, point_labels=np.array([1]),
-                                       multimask_output=False)
-        return masks[0] > 0.5, round(time.perf_counter() - t0, 3)
-
-    gpu, gpu_s = segment("cuda")
-    cpu, cpu_s = segment("cpu")
+    gpu, gpu_s = segment_click(info, rgb, click, "cuda")
+    cpu, cpu_s = segment_click(info, rgb, click, "cpu")
     iou = float((gpu & cpu).sum() / max(1, (gpu | cpu).sum()))
     return {"ok": iou >= SAM2_IOU_MIN, "max_diff": 1.0 - iou, "gpu_s": gpu_s, "cpu_s": cpu_s,
             "note": f"{Path(info.path).name}: mask IoU {iou:.4f} (>= {SAM2_IOU_MIN}); max diff = 1 - IoU"}
