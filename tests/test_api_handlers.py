@@ -9,16 +9,18 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import gradio as gr
 import numpy as np
 import pytest
 
-from app.web import api, api_endpoints
-from app.web.requestinfo import event_fn
-from app.web.ui import build_ui
-from kiln.settings import Settings
-from page_helpers import ALICE, BOB, FakeSup, caller, make_context, png_file
-from synthetic import make_object_image
+# a required dependency; absent only on the offline GPU image, which runs `pytest -m gpu`
+gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
+
+from app.web import api, api_endpoints  # noqa: E402
+from app.web.requestinfo import event_fn  # noqa: E402
+from app.web.ui import build_ui  # noqa: E402
+from kiln.settings import Settings  # noqa: E402
+from page_helpers import ALICE, BOB, FakeSup, caller, make_context, png_file  # noqa: E402
+from synthetic import make_object_image  # noqa: E402
 
 A, B = caller(ALICE, "script-a"), caller(BOB, "script-b")
 

@@ -9,17 +9,19 @@ import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
-import gradio as gr
 import numpy as np
 import pytest
 
-from app.web import handlers_bake as baking
-from app.web import handlers_image as image
-from app.web.page import layout
-from app.web.wiring import wire
-from kiln.settings import Settings
-from page_helpers import ALICE, FakeSup, caller, make_context, png_file, wired_outputs
-from synthetic import make_object_image
+# a required dependency; absent only on the offline GPU image, which runs `pytest -m gpu`
+gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
+
+from app.web import handlers_bake as baking  # noqa: E402
+from app.web import handlers_image as image  # noqa: E402
+from app.web.page import layout  # noqa: E402
+from app.web.wiring import wire  # noqa: E402
+from kiln.settings import Settings  # noqa: E402
+from page_helpers import ALICE, FakeSup, caller, make_context, png_file, wired_outputs  # noqa: E402
+from synthetic import make_object_image  # noqa: E402
 
 A1 = caller(ALICE, "tab1")
 

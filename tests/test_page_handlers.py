@@ -9,21 +9,23 @@ import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
-import gradio as gr
 import numpy as np
 import pytest
 
-from app.web import handlers_image as image
-from app.web import handlers_job as job
-from app.web import handlers_page as around
-from app.web import statusview
-from app.web.outcome import not_started
-from app.web.page import layout
-from app.web.requestinfo import Caller, caller_of, event_fn
-from app.web.wiring import wire
-from kiln.settings import Settings
-from page_helpers import ALICE, BOB, FakeSup, caller, make_context, named, png_file, request, wired_outputs
-from synthetic import make_object_image
+# a required dependency; absent only on the offline GPU image, which runs `pytest -m gpu`
+gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
+
+from app.web import handlers_image as image  # noqa: E402
+from app.web import handlers_job as job  # noqa: E402
+from app.web import handlers_page as around  # noqa: E402
+from app.web import statusview  # noqa: E402
+from app.web.outcome import not_started  # noqa: E402
+from app.web.page import layout  # noqa: E402
+from app.web.requestinfo import Caller, caller_of, event_fn  # noqa: E402
+from app.web.wiring import wire  # noqa: E402
+from kiln.settings import Settings  # noqa: E402
+from page_helpers import ALICE, BOB, FakeSup, caller, make_context, named, png_file, request, wired_outputs  # noqa: E402
+from synthetic import make_object_image  # noqa: E402
 
 # the form's values in ui_overrides' order: bake, simplify, texture, views, mode, seed, ply
 FORM = (False, 0.95, 512, 8, "fast", 0, False)

@@ -602,25 +602,35 @@ def _nvdiffrast_rasterize(rctx, device: str, job: _RasterJob) -> Raster:
                     # float64 transform, then the contiguous float32 nvdiffrast requires
                     clip = torch.matmul(pos_h[None], mvp.transpose(1, 2)).float().contiguous()
                     rast, _ = dr.rasterize(rctx, clip, tri, resolution=[th, tw], grad_db=False)
-                    rast = rast[:, :rows, :cols].cpu().numpy()
-                    for k, i in enumerate(idx):
-                        r = rast[k]
-                        if not job.depth_test:
-                            depth = np.zeros(r.shape[:2])
-                        elif job.orthographic:
-                            near, far = job.near_far[i]
-                            depth = near + (r[..., 2].astype(np.float64) + 1.0) * 0.5 * (far - near)
-                        else:
-                            depth = _camera_z_from_ndc(r[..., 2], *job.near_far[i])
-                        _store(out, i, slice(y0, y0 + rows), slice(x0, x0 + cols), r[..., 3],
-                               r[..., 0], r[..., 1], depth)
+                    block = _nv_block(rast[:, :rows, :cols], job, idx)
+                    at = (np.asarray(idx), slice(y0, y0 + rows), slice(x0, x0 + cols))
+                    out.tri_id[at], out.bary[at], out.depth[at] = block
     return out
 
 
-def _camera_z_from_ndc(z_ndc: np.ndarray, near: float, far: float) -> np.ndarray:
-    """Invert the projection's z_ndc = A - B / z (see ``_view_projection``) to camera z.
-    Pixels without a face get garbage here; ``_store`` zeroes them."""
-    a = (far + near) / (far - near)
-    b = 2.0 * far * near / (far - near)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return b / (a - z_ndc.astype(np.float64))
+def _nv_block(rast, job: _RasterJob, idx: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """nvdiffrast's output for views ``idx`` (B, h, w, 4) (u, v, z_ndc, face id + 1), turned
+    into Raster arrays on its own device, so only the finished block crosses to the host:
+    tri_id (B, h, w) int32, bary (B, h, w, 3) float32, depth (B, h, w) float32 camera z, each
+    zeroed (tri_id -1) where no face is. The same rules as ``_store``, which the GL path uses."""
+    import torch
+
+    tri = torch.round(rast[..., 3]).to(torch.int32) - 1
+    cov = tri >= 0
+    b = torch.stack([rast[..., 0], rast[..., 1], 1.0 - rast[..., 0] - rast[..., 1]], dim=-1)
+    # float round-off (and nvdiffrast's unclamped u + v > 1) can leave tiny negatives
+    b = b.clamp_(0.0, 1.0)
+    b = b / b.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+    b = torch.where(cov[..., None], b, torch.zeros((), dtype=b.dtype, device=b.device))
+    if not job.depth_test:
+        depth = torch.zeros_like(rast[..., 2])
+    else:
+        z = rast[..., 2].double()
+        nf = torch.as_tensor(job.near_far[idx], dtype=torch.float64, device=rast.device)
+        near, far = nf[:, 0, None, None], nf[:, 1, None, None]
+        if job.orthographic:
+            depth = near + (z + 1.0) * 0.5 * (far - near)
+        else:   # invert z_ndc = A - B / z (see ``_view_projection``)
+            depth = (2.0 * far * near / (far - near)) / ((far + near) / (far - near) - z)
+        depth = torch.where(cov, depth, torch.zeros((), dtype=depth.dtype, device=depth.device)).float()
+    return tri.cpu().numpy(), b.cpu().numpy(), depth.cpu().numpy()

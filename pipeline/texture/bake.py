@@ -213,9 +213,13 @@ def _texels(raster_ctx: "RasterContext", mesh: Mesh, size: int) -> _Texels:
                               "its uvs are degenerate")
     face_ids = np.ascontiguousarray(np.asarray(uv_raster.tri_id[0])[chart], np.int32)
     bary = np.ascontiguousarray(np.asarray(uv_raster.bary[0])[chart], np.float32)
-    positions = np.asarray(rz.interpolate(uv_raster, mesh, mesh.vertices), np.float32)[0][chart]
-    # welded across UV seams, so view weights (and the photo's) do not jump at a seam
-    normals = rz.interpolate(uv_raster, mesh, vertex_normals(mesh.vertices, mesh.faces))[0][chart]
+    # positions and normals (welded across UV seams, so view weights, and the photo's, do not
+    # jump at a seam) interpolated at the chart texels only, in one pass
+    corners = mesh.faces[face_ids]                                             # (N, 3)
+    attrs = np.concatenate([mesh.vertices, vertex_normals(mesh.vertices, mesh.faces)], axis=1)
+    both = np.einsum("nk,nkd->nd", bary, attrs[corners]).astype(np.float32)   # (N, 6)
+    positions = np.ascontiguousarray(both[:, :3])
+    normals = both[:, 3:]
     normals = (normals / np.maximum(np.linalg.norm(normals, axis=1, keepdims=True), 1e-12)).astype(np.float32)
     return _Texels(chart, face_ids, bary, positions, normals)
 
@@ -249,7 +253,6 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
     assert mesh.uvs is not None   # _validate_mesh refuses a mesh without
     t0 = time.perf_counter()
     view_raster = rz.rasterize_views(raster_ctx, mesh, views.cameras)
-    pix_uv = np.asarray(rz.interpolate(view_raster, mesh, mesh.uvs), np.float32)  # (C, H, W, 2)
     if views.on_device:
         # views the renderer left on its device are read there: only the covered-pixel mask
         # (one byte a pixel) crosses to the host, to pick the pixels' uvs; the stack is not
@@ -276,7 +279,10 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
         raise StageInputError("no texel is visible in any view; the cameras do not see the mesh")
     timings["fast"] = time.perf_counter() - t0
 
-    pixel_uv = pix_uv[target_mask]                                            # (M, 2)
+    # the target pixels' uvs, interpolated there only
+    corners = mesh.faces[np.asarray(view_raster.tri_id)[target_mask]]         # (M, 3)
+    pixel_uv = np.einsum("mk,mkd->md", np.asarray(view_raster.bary)[target_mask],
+                         mesh.uvs[corners]).astype(np.float32)                # (M, 2)
     # (M, 3); on the device a tensor (Views are typed as numpy, and hold tensors there)
     target = views.rgb[target_t].to(dev) if views.on_device else views.rgb[target_mask]  # type: ignore[attr-defined]
     if settings.mode == "opt":
@@ -707,11 +713,20 @@ def _sampling_matrices(idx, w, n_texels: int):
 # --------------------------------------------------------------------------- helpers
 
 def _nearest_index(known: np.ndarray):
-    """Index arrays mapping every texel to its nearest ``known`` texel (S, S) bool."""
-    from scipy import ndimage
+    """Index arrays (rows, cols) mapping every texel to its nearest ``known`` texel, ``known``
+    (S, S) bool with at least one True.
 
-    _, (rows, cols) = ndimage.distance_transform_edt(~known, return_indices=True)
-    return rows, cols
+    OpenCV's labelled distance transform (its Voronoi labels number the known texels in raster
+    order) runs 5-6x faster than scipy's exact one at 1024^2, which made this a fifth of the
+    bake on a GPU; its chamfer metric picks a texel at most a few pixels farther than the
+    nearest (0.4 px on average on a test layout), which a fill colour does not show."""
+    import cv2
+
+    _, labels = cv2.distanceTransformWithLabels((~known).astype(np.uint8), cv2.DIST_L2, 5,
+                                                labelType=cv2.DIST_LABEL_PIXEL)
+    rows, cols = np.nonzero(known)
+    pick = labels - 1
+    return rows[pick], cols[pick]
 
 
 def _nearest_fill(image: np.ndarray, known: np.ndarray) -> np.ndarray:
