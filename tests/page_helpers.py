@@ -69,6 +69,9 @@ class FakeSup:
         self.hold = False
         self.lock = threading.Lock()
         self.queued = 0
+        # waiting: submitted jobs stay queued; ahead: other clients' jobs queued before them
+        self.waiting = False
+        self.ahead = 0
         self.ply: dict[str, bool] = {}     # job id -> a .ply was asked for
         self.bakes: dict = {}              # job id -> the CheckedBake of a bake job
 
@@ -86,6 +89,16 @@ class FakeSup:
 
     def queue_length(self) -> int:
         return self.queued
+
+    def load(self) -> tuple[int, int]:
+        with self.lock:
+            states = [st.state for st in self.statuses.values()]
+        return states.count("running"), self.queued + self.ahead + states.count("queued")
+
+    def queue_place(self, job_id: str):
+        with self.lock:
+            queued = [i for i, st in self.statuses.items() if st.state == "queued"]
+        return self.ahead + queued.index(job_id) + 1 if job_id in queued else None
 
     # jobs
     def submit(self, rgb, mask, settings, session):
@@ -132,7 +145,7 @@ class FakeSup:
     def status(self, job_id: str) -> JobStatus:
         with self.lock:
             st = self.statuses[job_id]
-            if st.terminal:
+            if st.terminal or (self.waiting and st.state == "queued"):
                 return st
             n = self.calls[job_id] = self.calls.get(job_id, 0) + 1
             if n <= self.steps or self.hold:

@@ -529,7 +529,7 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
     rgb, _ = make_object_image(288, "blob", seed=11)
     img = _write_png(tmp_path / "teapot.png", rgb)
     ctx, page = _open(browser, url)
-    other_ctx = None
+    other_ctx = wait_ctx = None
     try:
         page.wait_for_function("() => document.querySelector('#kiln-status').innerText.includes('CPU only')")
         _upload(page, img)
@@ -566,6 +566,30 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         assert "teapot.png" in page.inner_text("#kiln-history")
         page.screenshot(path=str(ARTIFACTS / "r2_reconnected.png"), full_page=True)
 
+        # -- a second browser's Generate while the only worker is held: its job exists at
+        # once, waits in line, and a reload finds it waiting with its settings -------------
+        wait_ctx, waiter = _open(browser, url)
+        # another image: the crash count that stops retries is kept per input
+        _upload(waiter, _write_png(tmp_path / "pot.png", make_object_image(288, "blob", seed=12)[0]))
+        _click_image(waiter, 0.5, 0.5, "Mask:")
+        waiter.locator("#kiln-seed input").fill("5")
+        waiter.locator("#kiln-seed input").press("Tab")
+        waiter.click("#kiln-generate")
+        waiter.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
+                                 " return e && e.dataset.state === 'queued' && e.dataset.job; }")
+        _, waiting_job, waiting_text = _progress(waiter)
+        assert waiting_job != job and "Waiting for a free worker: 1st in line" in waiting_text, waiting_text
+        waiter.screenshot(path=str(ARTIFACTS / "r2b_waiting.png"), full_page=True)
+        waiter.reload()
+        waiter.wait_for_selector("#kiln-upload input[type=file]", state="attached")
+        waiter.wait_for_function("(j) => { const e = document.querySelector('#kiln-progress');"
+                                 " return e && e.dataset.job === j && e.dataset.state === 'queued'; }",
+                                 arg=waiting_job, timeout=30_000)
+        assert "1st in line" in _progress(waiter)[2]
+        waiter.wait_for_function("() => document.querySelector('#kiln-seed input').value === '5'")
+        assert "Running" in waiter.inner_text("#kiln-generate") and waiter.locator("#kiln-cancel").is_enabled()
+        waiter.screenshot(path=str(ARTIFACTS / "r2c_waiting_after_reload.png"), full_page=True)
+
         # release the hold: the worker dies, the retry runs without the fault; the reloaded
         # page's progress moves on and the result lands here
         pids = _worker_pids(proc.pid)
@@ -586,6 +610,19 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         assert page.locator("#kiln-generate").is_enabled() and page.locator("#kiln-cancel").is_disabled()
         _assert_viewer_draws(page)
         page.screenshot(path=str(ARTIFACTS / "r3_done_after_reload.png"), full_page=True)
+
+        # the waiting job got the worker (its first attempt is held too): it runs on the
+        # reloaded page; released the same way, it ends there
+        waiter.wait_for_function("(j) => { const e = document.querySelector('#kiln-progress');"
+                                 " return e && e.dataset.job === j && e.dataset.stage === 'mesh'; }",
+                                 arg=waiting_job, timeout=120_000)
+        assert "s so far" in _progress(waiter)[2]
+        pids = _worker_pids(proc.pid)
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGKILL)
+        waited = _wait_state(waiter, ("done", "failed", "cancelled"))
+        assert waited[0] == "done" and waited[1] == waiting_job, waited
+        wait_ctx.close()
 
         # -- reload after: the browser's history, with name, thumbnail, download name ---
         page.reload()
@@ -619,7 +656,7 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         assert other.request.get(result_url).status == 403
         assert page.request.get(result_url).status == 200
     finally:
-        for c in (ctx, other_ctx):
+        for c in (ctx, other_ctx, wait_ctx):
             if c is not None:
                 c.close()
         if log_path.exists():

@@ -6,6 +6,7 @@ declares for that handler: a handler names its outputs, and may name only those.
 from __future__ import annotations
 
 import inspect
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -206,11 +207,11 @@ def test_generate_refuses_what_cannot_run_and_says_why(app, blob, monkeypatch):
     assert "worker-0.log" in str(e.value) and "/srv" not in str(e.value)
     app.ctx.sup_error = None
     limit = app.ctx.settings.worker.max_queue
-    monkeypatch.setattr(job, "gpu_queue_counts", lambda demo: (1, limit))
+    monkeypatch.setattr(job.jobs, "queue_load", lambda ctx: (1, limit))
     with pytest.raises(gr.Error, match=rf"The job queue is full \({limit} waiting\)"):
         job.on_generate(app.page, app.ctx, A1, *FORM)
     assert not app.ctx.active.busy(A1.session), "a refused press must not leave the tab waiting"
-    monkeypatch.setattr(job, "gpu_queue_counts", lambda demo: (1, 2))
+    monkeypatch.setattr(job.jobs, "queue_load", lambda ctx: (1, 2))
     out = answer(app, job.on_generate, A1, *FORM)
     assert "Waiting for a free worker (2 other jobs waiting)…" in out["progress"]
     with pytest.raises(gr.Error, match="still running; wait for it or press Cancel"):
@@ -348,13 +349,61 @@ def test_a_loaded_page_waits_for_the_pool_and_leaves_a_busy_tab_to_its_own_gener
 
 # -- around them ---------------------------------------------------------------------------
 
+def test_a_waiting_job_exists_shows_its_place_and_a_reload_finds_it(app, blob):
+    """Generate with the workers busy: the job is submitted at once and waits in the
+    supervisor's queue, the bar says its place and the wait to expect; the page reloads and
+    the next page follows the same job, place and settings included, until it is done."""
+    _ready(app, blob)
+    app.ctx.typical_job_s["image"] = (time.monotonic(), 10.0)   # jobs took 10 s here lately
+    app.sup.waiting, app.sup.ahead = True, 1
+    form = (True, 0.9, 1024, 12, "opt", 7, False)
+    assert "Waiting for a free worker (1 other job waiting)…" in answer(app, job.on_generate, A1, *form)["progress"]
+    steps = job.run_job(app.page, app.ctx, A1, *form)
+    bar = ""
+    while 'data-state="queued"' not in bar:
+        bar = str(next(steps).get(app.page.progress))
+    assert "Waiting for a free worker: 2nd in line, about 20 s" in bar and 'data-job="job0"' in bar
+    steps.close()                      # a reload: the press's follower goes away ...
+    around.on_unload(app.ctx, A1)
+    assert [st.state for st in app.sup.jobs()] == ["queued"] and app.sup.cancelled == []   # ... the job stays
+
+    follow = job.follow_on_load(app.page, app.ctx, A2)
+    first = _checked(app, job.follow_on_load, next(follow))
+    assert 'data-state="queued"' in first["progress"] and "2nd in line" in first["progress"]
+    assert _is_update(first["generate"], value="Running…", interactive=False) and _is_update(first["cancel"], interactive=True)
+    assert [first[k] for k in ("bake", "simplify", "texture", "views", "mode", "seed", "ply")] == list(form)
+    app.sup.ahead = 0                  # the job ahead got a worker: this one is next
+    assert "1st in line, about 10 s" in _checked(app, job.follow_on_load, next(follow))["progress"]
+    app.sup.waiting = False
+    rest = [_checked(app, job.follow_on_load, u) for u in follow]
+    assert any('data-state="running"' in str(u.get("progress")) for u in rest)
+    assert 'data-state="done"' in answer(app, job.show_followed_outcome, A2)["progress"]
+
+
+def test_progress_says_place_elapsed_and_what_is_left():
+    from worker.jobstore import JobStatus
+
+    queued = JobStatus(id="j", session="s", state="queued", message="queued (3 ahead)")
+    assert "Waiting for a free worker: 4th in line, about 20 s" in statusview.progress_html(
+        queued, place=4, workers=2, typical_s=10.0)
+    assert "Waiting for a free worker: 11th in line<" in statusview.progress_html(queued, place=11)
+    assert "Queued (3 ahead)" in statusview.progress_html(queued)      # no place known: the supervisor's words
+    running = JobStatus(id="j", session="s", state="running", stage="bake", progress=0.6, started=1000.0)
+    html_ = statusview.progress_html(running, typical_s=12.0, now=1008.4)
+    assert "Baking texture — 60% — 8 s so far, about 4 s left" in html_ and 'data-state="running"' in html_
+    assert "— 20 s so far<" in statusview.progress_html(running, typical_s=12.0, now=1020.0)   # over the typical
+    assert [statusview.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == \
+        ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st"]
+    assert statusview.about(0.2) == "about 1 s" and statusview.about(150) == "about 2 min"
+
+
 def test_status_line_history_on_load_and_the_settings_baking_enables(app, blob, tmp_path):
     assert answer(app, around.on_load, A1)["history_files"] is None
     out = around.on_status(app.page, app.ctx)
     assert set(out) == {app.page.status} and "CPU only: no model timed on this server yet" in out[app.page.status]
     _ready(app, blob)
     list(job.run_job(app.page, app.ctx, A1, *FORM))
-    app.ctx.typical_job_s = None        # what the last 30 s kept
+    app.ctx.typical_job_s.clear()       # what the last 30 s kept
     assert "a model took about 2 s here lately" in around.on_status(app.page, app.ctx)[app.page.status]
     on, off = around.on_bake(app.page, True), around.on_bake(app.page, False)
     assert all(_is_update(on[c], interactive=True) for c in (app.page.texture, app.page.mode))

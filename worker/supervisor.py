@@ -238,3 +238,16 @@ class Supervisor:
         d = self._dispatcher
         with d.lock:
             return len(d.queue)
+
+    def load(self) -> tuple[int, int]:
+        """(jobs running on a worker, jobs waiting for one), as of now."""
+        d = self._dispatcher
+        with d.lock:
+            return sum(1 for s in d.slots if s.job is not None), len(d.queue)
+
+    def queue_place(self, job_id: str) -> Optional[int]:
+        """The job's place in the queue (1: next to get a worker); None when it is not
+        waiting (running, ended, or unknown)."""
+        d = self._dispatcher
+        with d.lock:
+            return next((i + 1 for i, j in enumerate(d.queue) if j.status.id == job_id), None)

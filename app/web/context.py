@@ -62,8 +62,8 @@ class AppContext:
         # per tab: its jobs not yet ended, a Generate waiting, its last job's Outcome
         self.active = ActiveJobs()
         self.summaries: dict[str, str] = {}
-        # (monotonic time, seconds or None): the status line's recent job time (jobs.typical_job_seconds)
-        self.typical_job_s: Optional[tuple[float, Optional[float]]] = None
+        # job kind -> (monotonic time, seconds or None): what jobs took lately (jobs.typical_job_seconds)
+        self.typical_job_s: dict[str, tuple[float, Optional[float]]] = {}
         self._supervisor_factory = supervisor_factory or self._default_supervisor
         self._segmenter_loader = segmenter_loader
         self.sup: Optional[Supervisor] = None

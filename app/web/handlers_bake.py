@@ -1,4 +1,4 @@
-"""The "Bake a model" tab's handlers: Bake (checked at once, then run in Gradio's job queue),
+"""The "Bake a model" tab's handlers: Bake (checked at once, then submitted to the job queue),
 the outcome shown when it ends, and Cancel. Each is ``handler(page, ctx, caller, *inputs) ->
 {component: value}`` over the tab's ``app.web.page.BakeTab`` (generators yield such dicts).
 
@@ -72,25 +72,20 @@ def on_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], sp
 def run_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
              photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
              focal, frame: str, fit: bool, uvs: str, texture, simplify: float) -> Iterator[Updates]:
-    """The Bake ``on_bake`` let through, once Gradio's job queue gives it a slot: submit the
-    job and stream its progress bar; its end goes to the active-jobs record for
-    ``show_bake_outcome``."""
+    """The Bake ``on_bake`` let through: submit the job at once (the supervisor's queue holds
+    it until a worker is free) and stream its progress bar; its end goes to the active-jobs
+    record for ``show_bake_outcome``."""
     session = caller.session
     t = page.baking
-    last, shown, note = None, None, ""
+    last, note = None, ""
     pressed = ctx.active.pending_since(session)
     try:
         checked, settings = _request(ctx, session, mesh, splat, photo, mask, reuse, source, camera, focal,
                                      frame, fit, uvs, texture, simplify)
         info = history.JobInfo(checked.request.names.get("mesh", "model"))
-        for note, last in jobs.follow_bake(ctx, session, checked, settings, info=info, pressed_at=pressed):
-            if last is None:
-                yield {t.progress: _progress(note=note)}
-            elif last.terminal or last.seq == shown:
-                yield {t.progress: gr.skip()}     # a beat: lets Gradio notice a page that went away
-            else:
-                shown = last.seq
-                yield {t.progress: _progress(last)}
+        steps = jobs.follow_bake(ctx, session, checked, settings, info=info, pressed_at=pressed)
+        for note, last, view in jobs.progress_views(ctx, steps, dom_id=BAKE_PROGRESS_ID):
+            yield {t.progress: view}
     except usertext.UIError as e:   # a file changed between the check and the slot
         note = f"Cannot start: {usertext.public_text(str(e))}"
     finally:
@@ -146,14 +141,12 @@ def follow_bake_on_load(page: Page, ctx: AppContext, caller: Caller) -> Iterator
         ctx.active.keep_outcome(session, job_outcome(ctx, session, statuses[-1]))
         yield {t.progress: gr.skip()}
         return
-    yield {t.progress: _progress(live), **running_buttons(page)}
-    last, seen = live, live.seq
-    for _, last in jobs.follow_existing(ctx, session, live.id):
-        if last.terminal or last.seq == seen:
-            yield {t.progress: gr.skip()}
-        else:
-            seen = last.seq
-            yield {t.progress: _progress(last)}
+    first = jobs.progress_view(ctx, live, BAKE_PROGRESS_ID)
+    yield {t.progress: first, **running_buttons(page)}
+    last = live
+    for _, last, view in jobs.progress_views(ctx, jobs.follow_existing(ctx, session, live.id),
+                                             dom_id=BAKE_PROGRESS_ID, shown=first):
+        yield {t.progress: view}
     if last.terminal:
         ctx.active.keep_outcome(session, job_outcome(ctx, session, last))
     yield {t.progress: gr.skip()}
@@ -166,8 +159,8 @@ def show_followed_bake(page: Page, ctx: AppContext, caller: Caller) -> Updates:
 
 
 def on_bake_cancel(page: Page, ctx: AppContext, caller: Caller) -> Updates:
-    """Cancel the tab's job (its worker is killed and replaced), or its Bake still waiting
-    in Gradio's queue (which ``cancels=`` in the wiring drops)."""
+    """Cancel the tab's job (its worker is killed and replaced, or it leaves the queue), or
+    its Bake not yet submitted (which ``cancels=`` in the wiring drops)."""
     st = jobs.cancel_jobs(ctx, caller.session)
     if st is not None:
         return {page.baking.progress: _progress(st), **idle_buttons(page)}

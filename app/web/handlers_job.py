@@ -1,4 +1,4 @@
-"""The page's handlers for a job: Generate (checked at once, then run in Gradio's job queue),
+"""The page's handlers for a job: Generate (checked at once, then submitted to the supervisor's queue),
 the outcome shown when it ends, Cancel, and a loaded page following its browser's job.
 
 Each is ``handler(page, ctx, caller, *inputs) -> {component: value}`` (generators yield
@@ -20,7 +20,6 @@ import gradio as gr
 
 from app.web import form, history, jobs, usertext, statusview
 from app.web.context import AppContext
-from app.web.gpuqueue import gpu_queue_counts
 from app.web.outcome import Outcome, browser_history, job_outcome, not_started
 from app.web.page import Page, Updates
 from app.web.requestinfo import Caller, refusal
@@ -56,14 +55,15 @@ def on_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplif
         raise refusal(usertext.public_text(str(e))) from None
     if ctx.sup_error:
         raise refusal(usertext.public_text(ctx.sup_error))
-    running, waiting = gpu_queue_counts(page.demo)
+    running, waiting = jobs.queue_load(ctx)
     if waiting >= s.worker.max_queue:
         raise refusal(f"The job queue is full ({waiting} waiting); try again in a few minutes.")
     if not ctx.active.press(session):     # another press of this tab got in first
         raise refusal(BUSY)
     note = "Starting…"
     if running + waiting >= ctx.workers:
-        note = "Waiting for a free worker" + (f" ({waiting} other jobs waiting)…" if waiting else "…")
+        note = "Waiting for a free worker" + (f" ({waiting} other job{'s' if waiting != 1 else ''} waiting)…"
+                                             if waiting else "…")
     return {page.progress: statusview.progress_html(note=note), page.model: None,
             page.glb_download: gr.update(visible=False), page.ply_download: gr.update(visible=False),
             **running_buttons(page),
@@ -72,11 +72,12 @@ def on_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplif
 
 def run_job(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: float, texture,
             views, mode: str, seed, ply: bool) -> Iterator[Updates]:
-    """The Generate ``on_generate`` let through, once Gradio's job queue gives it a slot:
-    submit the job and stream its progress bar; its end goes to the active-jobs record as
-    an ``Outcome`` for ``show_outcome``."""
+    """The Generate ``on_generate`` let through: submit the job at once (the supervisor's
+    queue holds it until a worker is free, so a reload finds it waiting) and stream its
+    progress bar; its end goes to the active-jobs record as an ``Outcome`` for
+    ``show_outcome``."""
     session = caller.session
-    last, shown, note = None, None, ""
+    last, note = None, ""
     pressed = ctx.active.pending_since(session)
     try:
         # pending (for Cancel) until follow_job submits the job, e.g. while the pool starts
@@ -90,14 +91,8 @@ def run_job(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: f
         # follow_job lets go of the full-size arrays once the job store has them
         steps = jobs.follow_job(ctx, session, *request_, info=info, pressed_at=pressed)
         del request_
-        for note, last in steps:
-            if last is None:
-                yield {page.progress: statusview.progress_html(note=note)}
-            elif last.terminal or last.seq == shown:
-                yield {page.progress: gr.skip()}     # a beat: lets Gradio notice a page that went away
-            else:
-                shown = last.seq
-                yield {page.progress: statusview.progress_html(last)}
+        for note, last, view in jobs.progress_views(ctx, steps):
+            yield {page.progress: view}
     except usertext.UIError as e:
         note = f"Cannot start: {usertext.public_text(str(e))}"
     finally:
@@ -141,8 +136,8 @@ def show_followed_outcome(page: Page, ctx: AppContext, caller: Caller) -> Update
 
 
 def on_cancel(page: Page, ctx: AppContext, caller: Caller) -> Updates:
-    """Cancel the tab's job (its worker is killed and replaced), or its Generate still
-    waiting in Gradio's queue (which ``cancels=`` in the wiring drops)."""
+    """Cancel the tab's job (its worker is killed and replaced, or it leaves the queue), or
+    its Generate not yet submitted (which ``cancels=`` in the wiring drops)."""
     st = jobs.cancel_jobs(ctx, caller.session)
     if st is not None:
         return {page.progress: statusview.progress_html(st), **idle_buttons(page)}
@@ -178,14 +173,11 @@ def follow_on_load(page: Page, ctx: AppContext, caller: Caller) -> Iterator[Upda
             ctx.active.keep_outcome(session, job_outcome(ctx, session, newest, _waited(ctx, newest)))
         yield shown
         return
-    yield {page.progress: statusview.progress_html(live), **running_buttons(page), **shown}
-    last, seen = live, live.seq
-    for _, last in jobs.follow_existing(ctx, session, live.id):
-        if last.terminal or last.seq == seen:
-            yield {page.progress: gr.skip()}
-        else:
-            seen = last.seq
-            yield {page.progress: statusview.progress_html(last)}
+    first = jobs.progress_view(ctx, live)
+    yield {page.progress: first, **running_buttons(page), **shown}
+    last = live
+    for _, last, view in jobs.progress_views(ctx, jobs.follow_existing(ctx, session, live.id), shown=first):
+        yield {page.progress: view}
     if last.terminal:
         ctx.active.keep_outcome(session, job_outcome(ctx, session, last, _waited(ctx, live)))
     yield {page.progress: gr.skip()}

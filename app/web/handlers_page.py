@@ -10,8 +10,7 @@ import gradio as gr
 
 from app.web import usertext, statusview
 from app.web.context import AppContext
-from app.web.gpuqueue import gpu_queue_counts
-from app.web.jobs import typical_job_seconds
+from app.web.jobs import queue_load, typical_job_seconds
 from app.web.outcome import browser_history
 from app.web.page import Page, Updates
 from app.web.requestinfo import Caller
@@ -20,12 +19,7 @@ from app.web.requestinfo import Caller
 def status_line(page: Page, ctx: AppContext) -> str:
     """The status line: device and backends once the workers are up, segmenter, jobs
     running and waiting (the CLI's jobs on the same pool too)."""
-    running, waiting = gpu_queue_counts(page.demo)
-    if ctx.sup is not None:
-        try:
-            waiting += ctx.sup.queue_length()   # jobs from other clients (CLI) too
-        except Exception:  # noqa: BLE001 - status line only
-            pass
+    running, waiting = queue_load(ctx)
     note = ctx.sup_error or ("" if ctx.sup_ready.is_set() else "workers starting…")
     return usertext.public_text(statusview.status_line(ctx.capabilities(), ctx.segmenter_text, running, waiting,
                                                        note, typical_job_seconds(ctx)))

@@ -25,6 +25,7 @@ import numpy as np
 
 from kiln.settings import Settings
 
+from app.web import statusview
 from app.web.browser import browser_of, same_browser
 from app.web.history import JobInfo, load_info, save_info
 from app.web.usertext import public_text
@@ -173,22 +174,69 @@ TYPICAL_OF_LAST = 10
 TYPICAL_KEEP_S = 30.0
 
 
-def typical_job_seconds(ctx) -> Optional[float]:
-    """The median time of the last done jobs that made a model from a photo (submit to
-    end), over every client; None before any. Worked out at most every ``TYPICAL_KEEP_S``:
-    the status line asks every few seconds per open page."""
+def typical_job_seconds(ctx, kind: str = "image") -> Optional[float]:
+    """The median run time (a worker's start of the job to its end; the wait in the queue
+    left out) of the last done jobs of ``kind`` ("image": a model from a photo; "bake"),
+    over every client; None before any. Worked out at most every ``TYPICAL_KEEP_S``: the
+    status line and every followed job ask each second."""
     now = time.monotonic()
-    kept = ctx.typical_job_s
+    kept = ctx.typical_job_s.get(kind)
     if kept is not None and now - kept[0] < TYPICAL_KEEP_S:
         return kept[1]
     value = None
     if ctx.sup is not None:
-        times = [st.timings.get("total_s") for st in ctx.sup.jobs()
-                 if st.state == "done" and st.kind == "image"]
-        times = [float(t) for t in times if isinstance(t, (int, float))][-TYPICAL_OF_LAST:]
+        times = []
+        for st in ctx.sup.jobs():
+            total = st.timings.get("total_s")
+            if st.state == "done" and st.kind == kind and isinstance(total, (int, float)):
+                times.append(float(total) - float(st.timings.get("queued_s") or 0.0))
+        times = times[-TYPICAL_OF_LAST:]
         value = float(np.median(times)) if times else None
-    ctx.typical_job_s = (now, value)
+    ctx.typical_job_s[kind] = (now, value)
     return value
+
+
+def queue_load(ctx) -> tuple[int, int]:
+    """(jobs running, jobs waiting) on the worker pool, every client's (the page's, the
+    API's, a CLI's on the same pool); (0, 0) before the pool is up."""
+    if ctx.sup is None:
+        return 0, 0
+    try:
+        return ctx.sup.load()
+    except Exception:  # noqa: BLE001 - only said on the page; the pool may be shutting down
+        return 0, 0
+
+
+def progress_views(ctx, steps, dom_id: str = "kiln-progress", shown: Optional[str] = None
+                   ) -> Iterator[tuple[str, Any, Any]]:
+    """``(note, status, view)`` for each ``(note, status)`` of ``follow_job`` / ``follow_bake`` /
+    ``follow_existing``: ``view`` the progress bar's html when it changed (a note, the job's
+    status, its place in line, a second more of its elapsed time), else ``gr.skip()`` (a beat
+    that lets Gradio notice a page that went away). The end is ``gr.skip()`` too: the outcome
+    shows it (``app.web.outcome``). ``shown``: the html the page shows already."""
+    import gradio as gr
+
+    for note, st in steps:
+        if st is not None and st.terminal:
+            view = None
+        elif st is None:
+            view = statusview.progress_html(note=note, dom_id=dom_id)
+        else:
+            view = progress_view(ctx, st, dom_id)
+        if view is None or view == shown:
+            yield note, st, gr.skip()
+        else:
+            shown = view
+            yield note, st, view
+
+
+def progress_view(ctx, st, dom_id: str = "kiln-progress") -> str:
+    """The progress bar of a job in progress as a page shows it: a waiting job's place in
+    line and the wait to expect, a running one's elapsed time and what is left, both from
+    what jobs of its kind took here lately."""
+    place = ctx.sup.queue_place(st.id) if st.state == "queued" and ctx.sup is not None else None
+    return statusview.progress_html(st, dom_id=dom_id, place=place, workers=ctx.workers,
+                                    typical_s=typical_job_seconds(ctx, st.kind), now=time.time())
 
 
 def live_job(statuses) -> Optional[Any]:

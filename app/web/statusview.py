@@ -21,10 +21,28 @@ def stage_label(stage: Optional[str]) -> str:
     return STAGE_LABELS.get(stage, stage.replace("_", " ").capitalize())
 
 
-def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id: str = "kiln-progress") -> str:
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def about(seconds: float) -> str:
+    """'about 20 s', 'about 2 min': an estimate in the unit a person reads."""
+    if seconds < 90:
+        return f"about {max(1, round(seconds))} s"
+    return f"about {round(seconds / 60)} min"
+
+
+def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id: str = "kiln-progress",
+                  place: Optional[int] = None, workers: int = 1, typical_s: Optional[float] = None,
+                  now: Optional[float] = None) -> str:
     """A progress bar for a job status (``worker.jobstore.JobStatus``) or a note.
-    ``waited_s``: how long the press waited in the page's queue before the job was
-    submitted; "Done in" counts it (the person waited for it too).
+    ``waited_s``: how long the press waited before the job was submitted; "Done in" counts
+    it (the person waited for it too). For a job in progress: ``place`` in the queue
+    (1: next) of a waiting one, ``workers`` serving it, ``typical_s`` what a job has taken
+    lately (None: nothing to go by), ``now`` (Unix time) for a running job's elapsed time;
+    with them the bar says "2nd in line, about 20 s" / "8 s so far, about 4 s left".
 
     The outer element (id ``dom_id``: one per tab) carries data-state / data-stage so
     scripts and tests can read it.
@@ -35,11 +53,23 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id:
     pct = max(0.0, min(1.0, float(st.progress or 0.0))) * 100
     state = st.state
     if state == "queued":
-        # "queued (2 ahead)", or why a retry was queued after a crash
-        text = note or st.message or "queued"
-        text = text[:1].upper() + text[1:]
+        if place is not None:
+            text = f"Waiting for a free worker: {ordinal(place)} in line"
+            if typical_s:
+                # each worker takes one job of those ahead at a time
+                text += f", {about(-(-place // max(1, workers)) * typical_s)}"
+            if st.attempts:   # a retry after a crash: the supervisor's message says why
+                text += f" ({st.message})" if st.message else ""
+        else:
+            text = note or st.message or "queued"
+            text = text[:1].upper() + text[1:]
     elif state == "running":
         text = f"{stage_label(st.stage)} — {pct:.0f}%"
+        if now is not None and st.started:
+            elapsed = max(0.0, now - st.started)
+            text += f" — {elapsed:.0f} s so far"
+            if typical_s and typical_s > elapsed:
+                text += f", {about(typical_s - elapsed)} left"
         # the worker prefixes its messages with the stage name, which the label already says
         detail = (st.message or "").removeprefix(f"{st.stage}: ") if st.stage else st.message
         if detail:

@@ -3,10 +3,12 @@ which outputs it may set. A handler returns ``{component: value}`` for some of t
 outputs (Gradio raises on a component not declared here), so every output is named, never
 counted.
 
-Queues: Generate events of every tab share the concurrency group ``gpuqueue.GPU_GROUP``,
-whose limit is the number of workers, so Gradio's queue *is* the job queue. The check before
-it, the selection and a loaded page's follower each run in a group of their own, so people
-can segment and pages load while jobs run.
+Queues: the supervisor's queue is the job queue. A Generate (or Bake) that its check lets
+through is submitted at once and followed in the unlimited group ``JOBS``, so a job waiting
+for a worker exists in the job store from the first second, and a reload, another tab or the
+API finds it there, like a running one (the supervisor refuses past ``worker.max_queue``).
+The check, the selection and a loaded page's follower each run in a group of their own, so
+people can segment and pages load while jobs run.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from app.web import handlers_image as image
 from app.web import handlers_job as job
 from app.web import handlers_page as around
 from app.web.context import AppContext
-from app.web.gpuqueue import GPU_GROUP
 from app.web.page import Page
 from app.web.pageassets import BOX_JS
 from app.web.requestinfo import event_fn
+
+# follows submitted jobs: one event per job in progress, its wait in the supervisor's queue
+JOBS = "jobs"
 
 
 def wire(page: Page, ctx: AppContext) -> None:
@@ -88,7 +92,7 @@ def _wire_job(page: Page, ctx: AppContext) -> None:
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
     ).success(
         on(job.run_job), page.form, [page.progress],
-        concurrency_id=GPU_GROUP, concurrency_limit=ctx.workers, show_progress="hidden",
+        concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden",
     )
     gen_event.then(on(job.show_outcome), None, result_outputs(page), queue=False, show_progress="hidden")
     load_event = page.demo.load(
@@ -117,7 +121,7 @@ def _wire_bake(page: Page, ctx: AppContext) -> None:
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
     ).success(
         on(baking.run_bake), t.form, [t.progress],
-        concurrency_id=GPU_GROUP, concurrency_limit=ctx.workers, show_progress="hidden",
+        concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden",
     )
     bake_event.then(on(baking.show_bake_outcome), None, bake_result_outputs(page), queue=False,
                     show_progress="hidden")
