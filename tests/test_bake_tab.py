@@ -98,6 +98,12 @@ def test_bad_files_are_refused_at_once_saying_what_is_wrong(app):
     assert "a camera is only used to project the photo" in _refused(app, *form(str(bare), focal=300))
     assert "upload an image first" in _refused(app, *form(str(bare), reuse=True))
     assert app.sup.jobs() == [] and not app.ctx.active.busy(A1.session)
+    # the last refusal stays on the tab's progress line (the pop-up goes), once
+    out = _checked(app, baking.show_bake_refusal, baking.show_bake_refusal(app.page, app.ctx, A1))
+    assert 'data-state="refused"' in out["progress"] and "Not started:" in out["progress"]
+    assert "upload an image first" in out["progress"] and 'id="kiln-bake-progress"' in out["progress"]
+    again = baking.show_bake_refusal(app.page, app.ctx, A1)
+    assert again == {app.page.baking.progress: gr.skip()}
 
 
 def test_a_bake_runs_and_its_outcome_shows_the_model_and_the_download(app):
@@ -171,5 +177,5 @@ def test_a_reloaded_page_follows_its_bake_on_this_tab_and_the_image_tab_leaves_i
 def test_every_bake_handler_is_wired(app):
     handlers = [f for name, f in vars(baking).items() if inspect.isfunction(f) and f.__module__ == baking.__name__
                 and name.startswith(("on_", "show_", "run_", "follow_"))]
-    assert len(handlers) == 6
+    assert len(handlers) == 7
     assert [h.__name__ for h in handlers if h not in app.outputs] == []

@@ -267,6 +267,10 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         # -- A: Generate before an upload says why nothing happens ----------------
         a.click("#kiln-generate")
         _wait_toast(a, "Upload an image first")
+        # the refusal stays on the progress line after the pop-up (until the next action)
+        a.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
+                            " return e && e.dataset.state === 'refused'; }")
+        assert "Not started: Upload an image first." in _progress(a)[2]
 
         # -- A: upload, click, the overlay shows the mask ------------------------
         _upload(a, img_a)
@@ -463,6 +467,8 @@ def test_box_prompt_and_mask_file(server, browser, tmp_path):
         page.locator("#kiln-seed input").press("Tab")
         page.click("#kiln-generate")
         _wait_toast(page, "Seed:")
+        page.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
+                               " return e && e.dataset.state === 'refused' && e.innerText.includes('Seed:'); }")
         page.locator("#kiln-seed input").fill("0")
         page.locator("#kiln-seed input").press("Tab")
 
@@ -686,6 +692,8 @@ def test_bake_a_model_tab(server, browser, tmp_path):
         page.wait_for_function("() => document.querySelector('#kiln-bake-mesh').innerText.includes('cloud')")
         page.click("#kiln-bake-generate")
         _wait_toast(page, "cloud.ply has no faces")
+        page.wait_for_function("() => { const e = document.querySelector('#kiln-bake-progress');"
+                               " return e && e.dataset.state === 'refused' && e.innerText.includes('no faces'); }")
         page.screenshot(path=str(ARTIFACTS / "d0_bake_refused.png"), full_page=True)
         page.locator("#kiln-bake-mesh button[aria-label='Clear']").first.click()
         page.set_input_files("#kiln-bake-mesh input[type=file]", str(mesh))

@@ -218,6 +218,33 @@ def test_generate_refuses_what_cannot_run_and_says_why(app, blob, monkeypatch):
         job.on_generate(app.page, app.ctx, A1, *FORM)
 
 
+def test_a_refusal_stays_on_the_progress_line_until_the_next_action(app, blob):
+    """The pop-up goes after seconds; the progress line keeps why nothing started."""
+    assert answer(app, job.show_refusal, A1) == {"progress": gr.skip()}     # nothing refused
+    with pytest.raises(gr.Error, match="Upload an image first"):
+        job.on_generate(app.page, app.ctx, A1, *FORM)
+    bar = answer(app, job.show_refusal, A1)["progress"]
+    assert 'data-state="refused"' in bar and "Not started: Upload an image first." in bar
+    assert answer(app, job.show_refusal, A1) == {"progress": gr.skip()}     # shown once
+    answer(app, image.on_upload, A1, png_file(app.tmp, "blob.png", blob[0]))
+    with pytest.raises(gr.Error, match="select the object first"):
+        job.on_generate(app.page, app.ctx, A1, *FORM)
+    bar = answer(app, job.show_refusal, A1)["progress"]
+    assert "Not started:" in bar and "select the object first" in bar
+    # another tab's refusal is its own
+    with pytest.raises(gr.Error):
+        job.on_generate(app.page, app.ctx, A2, *FORM)
+    assert answer(app, job.show_refusal, A1) == {"progress": gr.skip()}
+    assert 'data-state="refused"' in answer(app, job.show_refusal, A2)["progress"]
+    # the tab's own job running: its bar stays, "still running" is not kept
+    _ready(app, blob)
+    app.sup.hold = True
+    answer(app, job.on_generate, A1, *FORM)
+    with pytest.raises(gr.Error, match="still running"):
+        job.on_generate(app.page, app.ctx, A1, *FORM)
+    assert answer(app, job.show_refusal, A1) == {"progress": gr.skip()}
+
+
 def test_generate_runs_the_job_and_the_outcome_shows_its_result(app, blob):
     _ready(app, blob)
     app.ctx.active.keep_outcome(A1.session, not_started("an old outcome"))

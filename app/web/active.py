@@ -1,6 +1,7 @@
 """The active-jobs record: for each tab (or API session), the jobs it shows that have not
-ended, a Generate still waiting in Gradio's queue and since when, a Cancel pressed since,
-and how its last job ended until the page has shown it (an ``Outcome``); for each job, when
+ended, a Generate pressed and not yet submitted and since when, a Cancel pressed since,
+how its last job ended until the page has shown it (an ``Outcome``), and why its last press
+was refused until the page has shown that; for each job, when
 a page last followed it (the orphan reaper in ``app.web.jobs`` reads that).
 
 One record under one lock, so that a check and the mark it guards happen together: a tab
@@ -22,15 +23,16 @@ if TYPE_CHECKING:
 
 @dataclass
 class TabJobs:
-    """One tab's entry. ``pressed_at``: when its Generate, still waiting for a worker slot in
-    Gradio's queue, was pressed (``time.time()``; None when none waits): "Done in" counts
-    that wait. ``cancelling``: Cancel was pressed since that Generate, so a job it submits
-    later is cancelled at once."""
+    """One tab's entry. ``pressed_at``: when its Generate, not yet submitted, was pressed
+    (``time.time()``; None when none is on its way): "Done in" counts that wait.
+    ``cancelling``: Cancel was pressed since that Generate, so a job it submits later is
+    cancelled at once. ``refusals``: job kind -> why its last press was refused, until shown."""
 
     jobs: set = field(default_factory=set)
     pressed_at: Optional[float] = None
     cancelling: bool = False
     outcomes: dict = field(default_factory=dict)   # job kind -> its last Outcome not yet shown
+    refusals: dict = field(default_factory=dict)   # job kind -> why its last press was refused
 
     @property
     def pending(self) -> bool:
@@ -38,7 +40,8 @@ class TabJobs:
 
     @property
     def empty(self) -> bool:
-        return not self.jobs and self.pressed_at is None and not self.cancelling and not self.outcomes
+        return (not self.jobs and self.pressed_at is None and not self.cancelling and not self.outcomes
+                and not self.refusals)
 
 
 @dataclass
@@ -177,3 +180,19 @@ class ActiveJobs:
             out = tab.outcomes.pop(kind, None)
             self._tidy(session)
             return out
+
+    # -- why the tab's last press was refused -----------------------------------------------
+    def keep_refusal(self, session: str, kind: str, text: str) -> None:
+        """Keep why the tab's press of ``kind`` ("image" | "bake") was refused, for the
+        page's progress line (the pop-up goes away; this stays until the next action)."""
+        with self.lock:
+            self._tab(session).refusals[kind] = text
+
+    def take_refusal(self, session: str, kind: str) -> Optional[str]:
+        with self.lock:
+            tab = self.tabs.get(session)
+            if tab is None:
+                return None
+            text = tab.refusals.pop(kind, None)
+            self._tidy(session)
+            return text

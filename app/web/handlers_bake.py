@@ -18,7 +18,7 @@ import gradio as gr
 from app.web import history, jobs, statusview, usertext
 from app.web.bakeform import bake_request
 from app.web.context import AppContext
-from app.web.handlers_job import BUSY
+from app.web.handlers_job import BUSY, kept_refusal
 from app.web.outcome import Outcome, job_outcome, not_started
 from app.web.page import BAKE_PROGRESS_ID, Page, Updates
 from app.web.requestinfo import Caller, refusal
@@ -49,8 +49,25 @@ def _request(ctx: AppContext, session: str, mesh, splat, photo, mask, reuse, sou
 def on_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
             photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
             focal, frame: str, fit: bool, uvs: str, texture, simplify: float) -> Updates:
-    """Read and check the files at once (a ``gr.Error`` says what is wrong with which file),
-    before the job waits for a worker slot; show what was read and clear the last result."""
+    """Read and check the files at once (a ``gr.Error`` says what is wrong with which file,
+    and stays on the progress line: ``show_bake_refusal``), before the job is submitted;
+    show what was read and clear the last result."""
+    return kept_refusal(ctx, caller, "bake", _check_bake, page, ctx, caller, mesh, splat, photo, mask, reuse,
+                        source, camera, focal, frame, fit, uvs, texture, simplify)
+
+
+def show_bake_refusal(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """After a refused Bake: why, on the tab's progress line, until the next action."""
+    text = ctx.active.take_refusal(caller.session, "bake")
+    if text is None:
+        return {page.baking.progress: gr.skip()}
+    return {page.baking.progress: statusview.progress_html(note=f"Not started: {text}", note_state="refused",
+                                                            dom_id=BAKE_PROGRESS_ID)}
+
+
+def _check_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
+                photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
+                focal, frame: str, fit: bool, uvs: str, texture, simplify: float) -> Updates:
     session = caller.session
     if ctx.active.busy(session):
         raise refusal(BUSY)

@@ -39,10 +39,37 @@ def running_buttons(page: Page) -> Updates:
 
 def on_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: float, texture,
                 views, mode: str, seed, ply: bool) -> Updates:
-    """Refuse at once what cannot run, before the job waits for a worker slot (raises a
-    ``gr.Error`` the page shows), and clear the previous result. Queued in a group of its
-    own so it runs at once: Gradio 6.31 shows no gr.Error raised by a queue=False event. The
-    setting boxes then show the values the job will use (e.g. the seed rounded)."""
+    """Refuse at once what cannot run, before the job is submitted (raises a ``gr.Error``
+    the page shows as a pop-up, and keeps why for ``show_refusal``, which leaves it on the
+    progress line), and clear the previous result. Queued in a group of its own so it runs
+    at once: Gradio 6.31 shows no gr.Error raised by a queue=False event. The setting boxes
+    then show the values the job will use (e.g. the seed rounded)."""
+    return kept_refusal(ctx, caller, "image", _check_generate, page, ctx, caller, bake, simplify,
+                        texture, views, mode, seed, ply)
+
+
+def kept_refusal(ctx: AppContext, caller: Caller, kind: str, check, *args):
+    """``check(*args)``, keeping why it refused (a ``gr.Error``) for the page's progress line;
+    not while the tab's own job runs, whose bar says more than "still running"."""
+    try:
+        return check(*args)
+    except gr.Error as e:
+        if not ctx.active.busy(caller.session):
+            ctx.active.keep_refusal(caller.session, kind, str(e.message))
+        raise
+
+
+def show_refusal(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """After a refused Generate: why, on the progress line, where it stays until the next
+    action (the pop-up goes after a few seconds)."""
+    text = ctx.active.take_refusal(caller.session, "image")
+    if text is None:
+        return {page.progress: gr.skip()}
+    return {page.progress: statusview.progress_html(note=f"Not started: {text}", note_state="refused")}
+
+
+def _check_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: float, texture,
+                    views, mode: str, seed, ply: bool) -> Updates:
     session, s = caller.session, ctx.settings
     st = ctx.sessions.get(session)
     if st.image is None:

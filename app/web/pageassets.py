@@ -7,6 +7,7 @@ CSS = """
 #kiln-progress .kiln-fill.kiln-done { background: #2e9d4e; }
 #kiln-progress .kiln-fill.kiln-failed, #kiln-progress .kiln-fill.kiln-cancelled { background: #c0392b; }
 #kiln-progress .kiln-note { margin-top: 4px; font-size: 0.95em; }
+#kiln-progress .kiln-note.kiln-refused, #kiln-bake-progress .kiln-note.kiln-refused { color: #a33; }
 #kiln-canvas img { cursor: crosshair; user-select: none; -webkit-user-drag: none; }
 .kiln-hidden { display: none !important; }
 #kiln-box-drag { position: fixed; border: 2px dashed #ffd200; outline: 1px solid #000;

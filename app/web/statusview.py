@@ -36,7 +36,7 @@ def about(seconds: float) -> str:
 
 def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id: str = "kiln-progress",
                   place: Optional[int] = None, workers: int = 1, typical_s: Optional[float] = None,
-                  now: Optional[float] = None) -> str:
+                  now: Optional[float] = None, note_state: str = "idle") -> str:
     """A progress bar for a job status (``worker.jobstore.JobStatus``) or a note.
     ``waited_s``: how long the press waited before the job was submitted; "Done in" counts
     it (the person waited for it too). For a job in progress: ``place`` in the queue
@@ -47,9 +47,10 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id:
     The outer element (id ``dom_id``: one per tab) carries data-state / data-stage so
     scripts and tests can read it.
     """
-    if st is None:
+    if st is None:   # a note alone: data-state ``note_state`` ("idle"; "refused" for a refusal)
         body = html.escape(public_text(note)) if note else "No job yet."
-        return f'<div id="{dom_id}" data-state="idle"><div class="kiln-note">{body}</div></div>'
+        return (f'<div id="{dom_id}" data-state="{html.escape(note_state)}">'
+                f'<div class="kiln-note kiln-{html.escape(note_state)}">{body}</div></div>')
     pct = max(0.0, min(1.0, float(st.progress or 0.0))) * 100
     state = st.state
     if state == "queued":

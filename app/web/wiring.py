@@ -85,12 +85,14 @@ def _wire_job(page: Page, ctx: AppContext) -> None:
     def on(handler):
         return event_fn(handler, page, ctx)
 
-    gen_event = page.generate.click(
+    check = page.generate.click(
         on(job.on_generate), page.form,
         [page.progress, page.model, page.glb_download, page.ply_download, page.generate, page.cancel,
          page.views, page.simplify, page.seed],
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
-    ).success(
+    )
+    check.failure(on(job.show_refusal), None, [page.progress], queue=False, show_progress="hidden")
+    gen_event = check.success(
         on(job.run_job), page.form, [page.progress],
         concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden",
     )
@@ -116,10 +118,12 @@ def _wire_bake(page: Page, ctx: AppContext) -> None:
         return event_fn(handler, page, ctx)
 
     t = page.baking
-    bake_event = t.generate.click(
+    check = t.generate.click(
         on(baking.on_bake), t.form, [t.progress, t.notes, t.model, t.download, t.generate, t.cancel],
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
-    ).success(
+    )
+    check.failure(on(baking.show_bake_refusal), None, [t.progress], queue=False, show_progress="hidden")
+    bake_event = check.success(
         on(baking.run_bake), t.form, [t.progress],
         concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden",
     )
