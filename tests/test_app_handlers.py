@@ -238,9 +238,16 @@ def test_progress_html_names_stage_and_escapes_reasons():
     assert "Done in 12.3 s" in statusview.progress_html(done) and "reused from cache" in statusview.progress_html(done)
     both = replace(done, stats=JobStats(pipeline=PipelineStats(reconstruction_cached=True, views_cached=True)))
     assert "(reconstruction and views reused from cache)" in statusview.progress_html(both)
-    # the wait in the page's queue and the job store's queue both count
+    # the page's hand-over and the wait in the supervisor's queue both count, each named
     waited = replace(done, timings={"total_s": 12.3, "queued_s": 2.0})
-    assert "Done in 15.3 s (5.0 s of it waiting for a worker)" in statusview.progress_html(waited, waited_s=3.0)
+    assert "Done in 15.3 s (of which 3.0 s handing it to the server, 2.0 s waiting for a worker)" \
+        in statusview.progress_html(waited, waited_s=3.0)
+    assert "Done in 12.6 s (of which 2.0 s waiting for a worker)" in statusview.progress_html(waited, waited_s=0.3)
+    # what "auto" chose, and a shape simplified away, are said on the done line
+    auto = replace(done, stats=JobStats(pipeline=PipelineStats(texture_size_auto=2048, faces=70)))
+    text = statusview.progress_html(auto)
+    assert "texture 2048 px (auto)" in text and "only 70 faces: a lower simplify ratio keeps more" in text
+    assert "only" not in statusview.progress_html(replace(done, stats=JobStats(pipeline=PipelineStats(faces=5000))))
     cancelled = JobStatus(id="c", session="web-a", state="cancelled", error="cancelled by user")
     assert "Cancelled by user" in statusview.progress_html(cancelled)
     assert 'data-state="idle"' in statusview.progress_html()
@@ -1048,3 +1055,16 @@ def test_a_jobs_settings_come_back_into_the_form_as_they_were_used():
     used = form.job_settings(base, form.ui_overrides(*values))
     assert form.form_values(used.to_dict()) == values
     assert form.form_values({"bake": {}}) is None and form.form_values(None) is None
+
+
+def test_small_wordings_a_user_noticed():
+    """One number for one thing, a plural that agrees, what "auto" chose."""
+    from app.web.jobs import settings_summary
+    from app.web.selection import MaskCheck, percent
+    from kiln.settings import Settings as S
+
+    assert "1 view," in settings_summary(S().override({"views.count": 1}))
+    assert "16 views," in settings_summary(S().override({"views.count": 16}))
+    tiny = MaskCheck(share=0.0006, pieces=1, speck=False)
+    assert percent(tiny.share) == "0.06%" and percent(0.287) == "28.7%"
+    assert tiny.warnings and all("%" not in w for w in tiny.warnings)   # the share is said once

@@ -433,8 +433,8 @@ def test_status_line_history_on_load_and_the_settings_baking_enables(app, blob, 
     app.ctx.typical_job_s.clear()       # what the last 30 s kept
     assert "a model took about 2 s here lately" in around.on_status(app.page, app.ctx)[app.page.status]
     on, off = around.on_bake(app.page, True), around.on_bake(app.page, False)
-    assert all(_is_update(on[c], interactive=True) for c in (app.page.texture, app.page.mode))
-    assert all(_is_update(off[c], interactive=False) for c in (app.page.texture, app.page.mode))
+    assert all(_is_update(on[c], interactive=True) for c in (app.page.texture, app.page.mode, app.page.views))
+    assert all(_is_update(off[c], interactive=False) for c in (app.page.texture, app.page.mode, app.page.views))
     # while the workers start (or after they failed to): the status says so, the history is empty
     starting = make_context(tmp_path / "starting", Settings(), start=False)
     out = around.on_load(app.page, starting, A1)

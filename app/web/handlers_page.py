@@ -37,8 +37,9 @@ def on_load(page: Page, ctx: AppContext, caller: Caller) -> Updates:
 
 
 def on_bake(page: Page, on: bool) -> Updates:
-    """Texture size and bake mode mean nothing without baking."""
-    return {page.texture: gr.update(interactive=bool(on)), page.mode: gr.update(interactive=bool(on))}
+    """Texture size, bake mode and the views rendered for the bake mean nothing without
+    baking (vertex colours come from the reconstruction)."""
+    return {c: gr.update(interactive=bool(on)) for c in (page.texture, page.mode, page.views)}
 
 
 def on_unload(ctx: AppContext, caller: Caller) -> None:

@@ -154,7 +154,8 @@ def settings_summary(settings: Settings) -> str:
     b = settings.bake
     tex = f"texture {b.texture_size}px {b.mode}" if b.enabled else "vertex colours"
     ply = ", +ply" if settings.export.gaussians_ply else ""
-    return f"{tex}, {settings.views.count} views, simplify {settings.mesh.simplify_ratio:g}, seed {settings.seed}{ply}"
+    n = settings.views.count
+    return f"{tex}, {n} view{'s' if n != 1 else ''}, simplify {settings.mesh.simplify_ratio:g}, seed {settings.seed}{ply}"
 
 
 # -- what a page reads ----------------------------------------------------------------
@@ -177,7 +178,8 @@ TYPICAL_KEEP_S = 30.0
 def typical_job_seconds(ctx, kind: str = "image") -> Optional[float]:
     """The median run time (a worker's start of the job to its end; the wait in the queue
     left out) of the last done jobs of ``kind`` ("image": a model from a photo; "bake"),
-    over every client; None before any. Worked out at most every ``TYPICAL_KEEP_S``: the
+    over every client, leaving out jobs that reused a cached reconstruction (seconds, not
+    what a new photo takes); None before any. Worked out at most every ``TYPICAL_KEEP_S``: the
     status line and every followed job ask each second."""
     now = time.monotonic()
     kept = ctx.typical_job_s.get(kind)
@@ -188,7 +190,8 @@ def typical_job_seconds(ctx, kind: str = "image") -> Optional[float]:
         times = []
         for st in ctx.sup.jobs():
             total = st.timings.get("total_s")
-            if st.state == "done" and st.kind == kind and isinstance(total, (int, float)):
+            reused = st.stats.pipeline is not None and st.stats.pipeline.reconstruction_cached
+            if st.state == "done" and st.kind == kind and isinstance(total, (int, float)) and not reused:
                 times.append(float(total) - float(st.timings.get("queued_s") or 0.0))
         times = times[-TYPICAL_OF_LAST:]
         value = float(np.median(times)) if times else None

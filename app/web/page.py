@@ -182,7 +182,7 @@ def _settings_and_result_column(c: dict, s: Settings) -> None:
                                  info="fast: back-projection; opt: optimised", interactive=s.bake.enabled)
         views_lo, views_hi = allowed_range("views.count")
         c["views"] = gr.Slider(label="Bake views", minimum=views_lo, maximum=views_hi, step=1,
-                               value=s.views.count, elem_id="kiln-views")
+                               value=s.views.count, elem_id="kiln-views", interactive=s.bake.enabled)
         ratio_lo, ratio_hi = allowed_range("mesh.simplify_ratio")
         c["simplify"] = gr.Slider(label="Simplify ratio (fraction of faces removed)", minimum=ratio_lo,
                                   maximum=ratio_hi, step=0.005, value=s.mesh.simplify_ratio,

@@ -152,12 +152,19 @@ class MaskCheck:
     def warnings(self) -> list[str]:
         out = []
         if self.share < TINY_MASK_SHARE:
-            out.append(f"the selection is tiny ({100 * self.share:.2f} % of the image): "
-                       "drag a box around the whole object or click on more of it")
+            # the share itself is said once, in the summary's "Mask: ..." (``percent``)
+            out.append("the selection is tiny: drag a box around the whole object or click on more of it")
         if self.pieces > MANY_PIECES:
             out.append(f"the selection is in {self.pieces} pieces: add background clicks on the "
                        "stray ones, or drag a box around the object")
         return out
+
+
+def percent(share: float) -> str:
+    """A share (0..1) as the page says it: '28.7%', and two significant digits under 1 %
+    ('0.06%'), so a tiny selection never reads as 0.1 % in one place and 0.06 % in another."""
+    p = 100 * share
+    return f"{p:.1f}%" if p >= 1 or p == 0 else f"{p:.2g}%"
 
 
 def assess_mask(mask: np.ndarray) -> MaskCheck:
@@ -192,7 +199,7 @@ def mask_summary(state: SessionState) -> str:
         n_obj = sum(c[2] == 1 for c in state.clicks)
         n_bg = sum(c[2] == 0 for c in state.clicks)
         src = f"{n_obj} object / {n_bg} background clicks" + (" and a box" if state.box else "")
-    text = f"{head}. Mask: {100 * mc.share:.1f}% of the image, from {src}."
+    text = f"{head}. Mask: {percent(mc.share)} of the image, from {src}."
     if state.mask_note:
         text += f"  \n{md_text(public_text(state.mask_note))}"
     for warning in mc.warnings:

@@ -14,6 +14,11 @@ STAGE_LABELS = {"read": "Reading the files", "reconstruct": "Reconstructing", "r
                 "export": "Exporting GLB"}
 
 
+# a model from a photo with fewer faces than this has lost its shape to simplification
+# (simplify 0.999 made a 70-face card): the done line says so
+FEW_FACES = 1000
+
+
 def stage_label(stage: Optional[str]) -> str:
     """A stage name as the progress bar shows it; 'Starting' before the first stage."""
     if not stage:
@@ -80,10 +85,15 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id:
         timings = st.timings or {}
         total = timings.get("total_s")
         if isinstance(total, (int, float)):
-            queued = float(timings.get("queued_s") or 0.0) + max(0.0, waited_s)
-            text = f"Done in {total + max(0.0, waited_s):.1f} s"
-            if queued >= 0.5:
-                text += f" ({queued:.1f} s of it waiting for a worker)"
+            # where the time went before the work: the page handing the press to the server
+            # (two events through Gradio's queue, the full-size image read again), then the
+            # job's wait in the supervisor's queue for a free worker
+            handover, queued = max(0.0, waited_s), float(timings.get("queued_s") or 0.0)
+            text = f"Done in {total + handover:.1f} s"
+            before = [f"{t:.1f} s {what}" for t, what in ((handover, "handing it to the server"),
+                                                           (queued, "waiting for a worker")) if t >= 0.5]
+            if before:
+                text += f" (of which {', '.join(before)})"
         else:
             text = "Done"
         stats = st.stats.pipeline
@@ -91,6 +101,10 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id:
                                             ("views", stats and stats.views_cached)) if cached]
         if reused:
             text += f" ({' and '.join(reused)} reused from cache)"
+        if stats is not None and stats.texture_size_auto:
+            text += f"; texture {stats.texture_size_auto} px (auto)"
+        if stats is not None and 0 < stats.faces < FEW_FACES and stats.model is None:
+            text += (f"; only {stats.faces:,} faces: a lower simplify ratio keeps more of the shape")
         if note:
             text += f"; {note}"
     elif state == "cancelled":
@@ -120,7 +134,7 @@ def status_line(caps: Optional[Capabilities], segmenter_text: str, running: int,
         dev = "CPU" if caps.device == "cpu" else caps.device
         names = [n for n in ("gsplat", "nvdiffrast", "moderngl") if caps.works(n)]
         backends = ", ".join(names + ["cpu renderer"])
-        took = (f"a model took about {typical_s:.0f} s here lately" if typical_s is not None
+        took = (f"a model took {about(typical_s)} here lately" if typical_s is not None
                 else "no model timed on this server yet")
         plain = [f"CPU only: {took}" if dev == "CPU" else f"GPU ready ({dev}): {took}"]
     if segmenter_text.startswith("SAM2"):

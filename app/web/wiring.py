@@ -36,7 +36,7 @@ def wire(page: Page, ctx: AppContext) -> None:
         _wire_image(page, ctx)
         page.demo.load(None, None, None, js=BOX_JS)
         # texture size and bake mode mean nothing without baking
-        page.bake.change(partial(around.on_bake, page), [page.bake], [page.texture, page.mode],
+        page.bake.change(partial(around.on_bake, page), [page.bake], [page.texture, page.mode, page.views],
                          queue=False, show_progress="hidden")
         _wire_job(page, ctx)
         _wire_bake(page, ctx)
