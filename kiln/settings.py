@@ -105,6 +105,9 @@ class WorkerSettings:
     heartbeat_s: float = field(default=2.0, metadata=_num(0.1, 60))
     probe_timeout_s: float = field(default=300.0, metadata=_num(5, 1800))
     retry_with_fallback: bool = True
+    # jobs a previous server left queued or running (kill -9, OOM killer, reboot) are queued
+    # again at start; one that was running counts as a crash of its input (worker.resume)
+    resume_interrupted: bool = True
     max_queue: int = field(default=16, metadata=_num(1, 1000))
     # python executable the workers run under (e.g. SAM 3D Objects' env); "" = Kiln's own
     python: str = ""

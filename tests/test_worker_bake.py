@@ -96,14 +96,18 @@ def test_a_running_bake_job_is_cancelled_at_once(env):
     assert job.status().state == "cancelled"
 
 
-def test_a_restart_settles_a_bake_job_left_running(tmp_path):
+def test_a_restart_finds_a_bake_job_left_running(tmp_path):
+    from worker import resume
+
     store = JobStore(tmp_path / "jobs")
     bake, _ = _bake(tmp_path, "orphan")
     st = store.create_bake(bake.request, bake.copies, small_settings(), "old")
     st.state, st.stage = "running", "read"
     store.write_status(st)
-    (changed,) = JobStore(tmp_path / "jobs").recover()
-    assert changed.kind == "bake" and changed.error == "interrupted: the server stopped during stage 'read'"
+    (left,) = JobStore(tmp_path / "jobs").interrupted()
+    assert left.kind == "bake"
+    assert resume.decide(left, True, 1).message == "resumed: the server stopped during stage 'read'"
+    assert resume.decide(left, False, 0).message == "interrupted: the server stopped during stage 'read'"
 
 
 def _textured_box(folder: Path):

@@ -101,9 +101,32 @@ def test_server_killed_mid_job_orphan_worker_exits_and_job_is_recovered(tmp_path
             server.kill()
     store = JobStore(jobs)
     assert store.read_status(job_id).state == "running"  # what the dead server left behind
-    [st] = store.recover()
-    assert st.id == job_id and st.state == "failed"
-    assert st.error == "interrupted: the server stopped during stage 'bake'"
+
+    # the next server resumes it (counted as one crash of its input) and it completes, with
+    # the GLB an uninterrupted run of the same input and seed makes
+    with Supervisor(small_settings(), jobs, None) as sup:
+        sup.start()
+        resumed = sup.job(job_id)
+        first = resumed.status()
+        assert first.state in ("queued", "running", "done"), first
+        st = resumed.wait(timeout=120)
+        assert st.state == "done", st.error
+        assert "resumed: the server stopped during stage 'bake'" in store.read_log(job_id)
+        glb = Path(st.outputs["glb"]).read_bytes()
+        fresh = sup.submit(*image(), small_settings(), session="fresh").wait(timeout=120)
+        assert fresh.state == "done", fresh.error
+        assert glb == Path(fresh.outputs["glb"]).read_bytes()
+
+    # the same input running when the server went down again: not resumed a second time
+    again = store.read_status(job_id)
+    again.state, again.stage = "running", "bake"
+    store.write_status(again)
+    with Supervisor(small_settings(), jobs, None) as sup:
+        sup.start()
+        st = sup.job(job_id).status()
+        assert st.state == "failed", st
+        assert st.error == ("interrupted: the server stopped during stage 'bake'; not resumed: this input "
+                            "was running when a worker or the server went down 2 times")
 
 
 def test_shutdown_ends_running_and_queued_jobs_with_a_reason(tmp_path):

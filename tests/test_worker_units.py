@@ -78,7 +78,9 @@ def test_atomic_write_leaves_old_content_when_writing_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["status.json"]  # no temp file left behind
 
 
-def test_recover_fails_unfinished_jobs_with_a_reason(tmp_path):
+def test_jobs_left_unfinished_are_resumed_or_settled_with_a_reason(tmp_path):
+    from worker import resume
+
     store = JobStore(tmp_path)
     rgb, mask = image(size=32)
     queued = store.create(rgb, mask, Settings(), "a")
@@ -89,15 +91,29 @@ def test_recover_fails_unfinished_jobs_with_a_reason(tmp_path):
     done.state = "done"
     store.write_status(done)
 
-    changed = JobStore(tmp_path).recover()
-    assert sorted(s.id for s in changed) == sorted([queued.id, running.id])
-    r = store.read_status(running.id)
-    assert (r.state, r.error, r.seq) == ("failed", "interrupted: the server stopped during stage 'uv'", 5)
-    q = store.read_status(queued.id)
-    assert q.error == "interrupted: the server stopped before the job started"
-    assert store.read_status(done.id).state == "done"
+    left = JobStore(tmp_path).interrupted()
+    assert [s.id for s in left] == [queued.id, running.id]
+    q, r = left
+    # resuming on: a waiting job always comes back; a running one unless its input has
+    # crashed a worker or the server before (this interruption counted)
+    assert resume.decide(q, True, 0) == resume.Resume(True, "resumed: the server stopped before the job started")
+    assert resume.decide(r, True, 1) == resume.Resume(True, "resumed: the server stopped during stage 'uv'")
+    assert resume.decide(r, True, 2) == resume.Resume(
+        False, "interrupted: the server stopped during stage 'uv'; not resumed: this input was running "
+               "when a worker or the server went down 2 times")
+    assert resume.decide(q, True, 0, "its settings cannot be read (ValueError)").message.endswith(
+        "not resumed: its settings cannot be read (ValueError)")
+    # resuming off: settled as before
+    assert resume.decide(r, False, 0) == resume.Resume(False, "interrupted: the server stopped during stage 'uv'")
+    store.settle_failed(r, resume.decide(r, False, 0).message)
+    after = store.read_status(running.id)
+    assert (after.state, after.error, after.seq) == ("failed", "interrupted: the server stopped during stage 'uv'", 5)
     assert "interrupted" in store.read_log(running.id)
-    assert JobStore(tmp_path).recover() == []  # idempotent
+    assert [s.id for s in JobStore(tmp_path).interrupted()] == [queued.id]
+    # the digest a resumed job keeps its crash count by
+    assert store.read_digest(queued.id) is None
+    store.write_digest(queued.id, "abc")
+    assert store.read_digest(queued.id) == "abc"
 
 
 def test_status_json_round_trip_ignores_unknown_keys():

@@ -136,8 +136,9 @@ class Dispatcher:
             self.cond.notify_all()
 
     # ------------------------------------------------------------------ jobs in and out
-    def enqueue(self, job: JobRecord) -> None:
-        """Take a new job (under the lock): queued, or failed at once when it cannot run."""
+    def enqueue(self, job: JobRecord, note: str = "") -> None:
+        """Take a new job (under the lock): queued, or failed at once when it cannot run.
+        ``note`` leads its status message (a job resumed after a server crash says so)."""
         self.jobs[job.status.id] = job
         # checked here, under the lock: shutdown may have run while the job's files were
         # written, and a job queued after it would wait for ever
@@ -149,7 +150,8 @@ class Dispatcher:
             return
         ahead = len(self.queue)
         self.queue.append(job)
-        self._emit(job, message=f"queued ({ahead} ahead)" if ahead else "queued")
+        queued = f"queued ({ahead} ahead)" if ahead else "queued"
+        self._emit(job, state=QUEUED, message=f"{note}; {queued}" if note else queued, force_write=bool(note))
         self._wake.set()
 
     def status(self, job_id: str) -> JobStatus:

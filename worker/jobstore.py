@@ -7,6 +7,8 @@ Layout of ``<root>/<session>/<job_id>/``::
     inputs/bake.json   a bake job's ``kiln.bakerequest.BakeRequest``, with the files it names
                        (inputs/mesh/..., inputs/splat.ply, inputs/camera.json)
     settings.json      the job's full settings (kiln.settings.Settings.to_dict())
+    digest             its input digest (``kiln.digest``): the key crashes are counted by, so a
+                       job resumed after a server crash keeps its count (``worker.resume``)
     status.json        JobStatus, rewritten atomically on every change
     result.json        what the worker reports besides the GLB (kiln.records.WorkerReport)
     log                human-readable history: supervisor notes, worker stage lines, tracebacks
@@ -254,28 +256,29 @@ class JobStore:
         out.sort(key=lambda s: (s.created, s.id))
         return out
 
-    def recover(self) -> list[JobStatus]:
-        """Mark jobs a previous server left queued or running as failed, naming why.
+    def interrupted(self) -> list[JobStatus]:
+        """Jobs a previous server left queued or running, oldest first. Read once when a
+        supervisor starts, before any worker exists, so nothing else writes their files."""
+        return [st for st in self.scan() if st.state in (QUEUED, RUNNING)]
 
-        Returns the jobs it changed. Called once when a supervisor starts, before any
-        worker exists, so nothing else is writing these files.
-        """
-        changed = []
-        for st in self.scan():
-            if st.state not in (QUEUED, RUNNING):
-                continue
-            if st.state == RUNNING:
-                where = f"during stage '{st.stage}'" if st.stage else "while the job was starting"
-                reason = f"interrupted: the server stopped {where}"
-            else:
-                reason = "interrupted: the server stopped before the job started"
-            st.state, st.error, st.message = FAILED, reason, reason
-            st.seq += 1
-            st.finished = time.time()
-            self.write_status(st)
-            self.append_log(st.id, reason)
-            changed.append(st)
-        return changed
+    def settle_failed(self, st: JobStatus, reason: str) -> None:
+        """End ``st`` as failed for ``reason`` (its status and its log say it)."""
+        st.state, st.error, st.message = FAILED, reason, reason
+        st.seq += 1
+        st.finished = time.time()
+        self.write_status(st)
+        self.append_log(st.id, reason)
+
+    def write_digest(self, job_id: str, digest: str) -> None:
+        atomic_write(self.job_dir(job_id) / "digest", digest.encode())
+
+    def read_digest(self, job_id: str) -> Optional[str]:
+        """The job's input digest, None when it was never written (a job from before digests
+        were kept, or a server that died between creating the job and queueing it)."""
+        try:
+            return (self.job_dir(job_id) / "digest").read_text().strip() or None
+        except OSError:
+            return None
 
 
 def append_log(job_dir: Path, line: str) -> None:

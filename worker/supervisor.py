@@ -44,11 +44,13 @@ from kiln.settings import Settings
 from kiln.settings import load as load_settings
 
 from worker import env as env_mod
+from worker import resume
 from worker.dispatcher import Dispatcher, WorkerStartError
 from worker.faults import FaultPlan
 from worker.jobhandle import Job
 from worker.jobrecord import JobRecord
-from worker.jobstore import Event, JobStatus, JobStore, check_inputs, safe_session
+from worker.jobstore import QUEUED, RUNNING, Event, JobStatus, JobStore, append_log, check_inputs, safe_session
+from worker.jobstore import load_settings as load_job_settings
 from worker.slots import WorkerSlot
 
 if TYPE_CHECKING:
@@ -98,15 +100,18 @@ class Supervisor:
             if self._started:
                 return self
             self._started = True
-            for st in self.store.recover():
-                log.warning("job %s: %s", st.id, st.error)
             for st in self.store.scan():
                 d.jobs[st.id] = JobRecord(status=st, dir=self.store.job_dir(st.id))
+            # what the previous server left queued or running (each record's own status, so
+            # settling it updates what clients read)
+            left = [r.status for r in d.jobs.values() if r.status.state in (QUEUED, RUNNING)]
             gpus = [] if self.settings.worker.device == "cpu" else env_mod.detect_gpus()
             count = self.settings.worker.count or max(1, len(gpus))
             d.start([WorkerSlot(i, gpus[i % len(gpus)] if gpus else None,
                                 self.var_dir / "workers" / f"worker-{i}.log")
                      for i in range(count)])
+            for st in left:   # after d.start: the crash counts are loaded, the slots exist
+                self._resume_or_settle(st)
         if wait:
             try:
                 self.wait_ready(timeout)
@@ -114,6 +119,32 @@ class Supervisor:
                 self.shutdown()
                 raise
         return self
+
+    def _resume_or_settle(self, st: JobStatus) -> None:
+        """A job the previous server left queued or running: queued again, or failed saying
+        why (``worker.resume``). Under the dispatcher's lock."""
+        d = self._dispatcher
+        enabled = self.settings.worker.resume_interrupted
+        digest = self.store.read_digest(st.id)
+        job_dir = self.store.job_dir(st.id)
+        settings, problem = None, None
+        if enabled:
+            try:
+                settings = load_job_settings(job_dir)
+            except (OSError, ValueError, TypeError, KeyError) as e:
+                problem = f"its settings cannot be read ({type(e).__name__})"
+            if digest is None and problem is None:
+                problem = "its input was never fully queued"
+        crashes = d.crashes.add(digest) if enabled and digest and st.state == RUNNING and not problem else 0
+        decision = resume.decide(st, enabled, crashes, problem)
+        log.warning("job %s: %s", st.id, decision.message)
+        if not decision.resume:
+            self.store.settle_failed(st, decision.message)
+            return
+        assert settings is not None and digest is not None
+        append_log(job_dir, decision.message)
+        job = JobRecord(status=st, dir=job_dir, settings=settings, digest=digest, attempt=st.attempts)
+        d.enqueue(job, note=decision.message)
 
     def wait_ready(self, timeout: Optional[float] = None) -> None:
         """Block until every worker is ready or has given up; raise WorkerStartError
@@ -180,6 +211,7 @@ class Supervisor:
 
     def _enqueue(self, st: JobStatus, settings: Settings, digest: str) -> Job:
         d = self._dispatcher
+        self.store.write_digest(st.id, digest)   # a resumed job keeps its crash count's key
         job = JobRecord(status=st, dir=self.store.job_dir(st.id), settings=settings, digest=digest)
         with d.lock:
             d.enqueue(job)
