@@ -127,3 +127,33 @@ def test_ctrl_c_in_a_batch_cancels_the_running_image_and_skips_the_rest(tmp_path
     assert not (tmp_path / "out" / "a.glb").exists() and not (tmp_path / "out" / "b.glb").exists()
     [status] = (tmp_path / "jobs" / "cli").glob("*/status.json")
     assert json.loads(status.read_text())["state"] == "cancelled"
+
+
+def test_resume_takes_what_the_job_store_has_done(tmp_path):
+    """`kiln run ... --resume` again after an interruption: images done before with the same
+    settings are taken from the job store (not made again), the rest are made."""
+    from kiln.examples import write_examples
+
+    ex = tmp_path / "ex"
+    write_examples(ex, size=256)
+    store = ["--set", f"app.jobs_dir={tmp_path / 'jobs'}", "--set", f"app.cache_dir={tmp_path / 'cache'}"]
+
+    def kiln(*args):
+        r = subprocess.run([sys.executable, "-m", "app.cli.cli", "run", *map(str, args), *SMALL, *store],
+                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r
+
+    kiln(ex / "toy.png", "-o", tmp_path / "first.glb")                  # the run that got through one image
+    r = kiln(ex / "toy.png", ex / "pebble.png", "-o", tmp_path / "out", "--resume")
+    assert re.search(r"\[1/2\] toy.png  done .*\(already done in job \S+\)", r.stderr), r.stderr
+    assert r.stderr.count("already done") == 1                            # pebble was made
+    assert (tmp_path / "out" / "toy.glb").read_bytes() == (tmp_path / "first.glb").read_bytes()
+    assert (tmp_path / "out" / "pebble.glb").is_file()
+    jobs = list((tmp_path / "jobs" / "cli").glob("*/status.json"))
+    assert len(jobs) == 2
+    # other settings are another job; without --resume every image is made again
+    r = kiln(ex / "toy.png", "-o", tmp_path / "seeded.glb", "--seed", "7", "--resume")
+    assert "already done" not in r.stderr
+    kiln(ex / "toy.png", "-o", tmp_path / "again.glb")
+    assert len(list((tmp_path / "jobs" / "cli").glob("*/status.json"))) == 4

@@ -236,6 +236,26 @@ class Supervisor:
                 on_event(ev)
         return job.status()
 
+    def find(self, rgb: np.ndarray, mask: np.ndarray, settings: Settings, session: str) -> Optional[Job]:
+        """The newest job of ``session`` for this input and these settings that is done (its
+        GLB still on disk) or still queued or running (one a restart resumed); None when there
+        is none (``kiln run --resume``: an image done before is not made again)."""
+        digest, want = input_digest(rgb, mask), settings.to_dict()
+        for st in reversed(self.jobs(session)):
+            if st.kind != "image" or st.state in ("failed", "cancelled"):
+                continue
+            if st.state == "done" and not Path(st.outputs.get("glb", "")).is_file():
+                continue
+            if self.store.read_digest(st.id) != digest:
+                continue
+            try:
+                same = load_job_settings(self.store.job_dir(st.id)).to_dict() == want
+            except (OSError, ValueError, TypeError, KeyError):
+                same = False
+            if same:
+                return Job(self._dispatcher, st.id)
+        return None
+
     def jobs(self, session: Optional[str] = None) -> list[JobStatus]:
         """Jobs of one session (all sessions when None), oldest first, including earlier runs'."""
         want = safe_session(session) if session is not None else None

@@ -89,7 +89,9 @@ def cmd_run(args) -> int:
     for out_dir in sorted({item.output.parent for item in items}):
         with writing_to(out_dir):
             out_dir.mkdir(parents=True, exist_ok=True)
-    runner = InProcessRunner(settings) if args.in_process else WorkerRunner(settings)
+    if args.resume and args.in_process:
+        raise CliError("--resume reads the job store of crash-isolated workers; it cannot be used with --in-process")
+    runner = InProcessRunner(settings) if args.in_process else WorkerRunner(settings, resume=args.resume)
     if not batch:
         return _run_one(runner, items[0], loaded[0], args)
     return _run_batch(runner, items, lambda item: load(item, settings.app.max_pixels,
@@ -117,7 +119,7 @@ def _run_one(runner, item, got, args) -> int:
     if args.report:
         write_report(args.report, {"timings": result["timings"], "total_s": total,
                                     "stats": stats.to_dict(), "glb": str(out.resolve())})
-    print(f"wrote {out.resolve()}")
+    print(f"wrote {out.resolve()}" + (f" ({result['source']})" if result.get("source") else ""))
     if result.get("ply"):
         print(f"wrote {Path(result['ply']).resolve()}")
     return 0
@@ -151,6 +153,7 @@ def _run_batch(runner, items, load_item, args) -> int:
                 got = load_item(item)
                 res = runner.run(got, item.output, line)
                 r.state, r.timings, r.stats, r.ply = "done", res["timings"], res["stats"], res["ply"]
+                r.source = res.get("source", "")
             except Cancelled as e:
                 r.state, r.error, interrupted = "cancelled", str(e), e
             except KeyboardInterrupt:   # --in-process, or between jobs
@@ -251,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--report", metavar="JSON", help="write stage timings and stats to this JSON file")
     r.add_argument("--in-process", action="store_true",
                    help="run the stages in this process instead of a crash-isolated worker (debugging)")
+    r.add_argument("--resume", action="store_true",
+                   help="take each image already done with the same settings (by an earlier `kiln run`, "
+                        "or resumed after a crash) from the job store instead of making it again; "
+                        "run the same command again after an interruption")
     r.set_defaults(func=cmd_run)
     add_bake_parser(sub)
 

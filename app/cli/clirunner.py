@@ -72,11 +72,14 @@ def show_events(events, display) -> None:
 class WorkerRunner:
     """One supervisor, started once, runs every job of the invocation in turn."""
 
-    def __init__(self, settings):
+    def __init__(self, settings, resume: bool = False):
         self.settings = settings
         self.jobs_dir = Path(settings.app.jobs_dir)
         self.sup = None
         self.startup = 0.0
+        # --resume: an image this command's job store has done (or has waiting after a
+        # restart) with the same settings is taken from there instead of made again
+        self.resume = resume
 
     def start(self) -> float:
         from worker.supervisor import Supervisor, WorkerStartError
@@ -105,8 +108,19 @@ class WorkerRunner:
         """Run one image's job and copy its GLB (and .ply) to ``out``. Returns timings, stats
         (a ``kiln.records.JobStats``), ply and queued; raises CliError / CliJobFailed /
         Cancelled / NoSpace."""
-        return self._follow(lambda sup: sup.submit(item.rgb, item.mask, self.settings, session="cli"),
-                            out, display)
+        source = ""
+
+        def submit(sup):
+            nonlocal source
+            found = sup.find(item.rgb, item.mask, self.settings, session="cli") if self.resume else None
+            if found is None:
+                return sup.submit(item.rgb, item.mask, self.settings, session="cli")
+            done = found.status().state == "done"
+            source = f"already done in job {found.id}" if done else f"resumed job {found.id}"
+            display.note(source)
+            return found
+
+        return {**self._follow(submit, out, display), "source": source}
 
     def bake(self, bake: "CheckedBake", out: Path, display) -> dict:
         """Run a bake job (``worker.bakeinputs.CheckedBake``) and copy its GLB to ``out``;

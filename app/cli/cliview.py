@@ -86,12 +86,13 @@ class ItemResult:
     timings: dict = field(default_factory=dict)
     stats: JobStats = field(default_factory=JobStats)
     ply: Path | None = None
+    source: str = ""           # "" made now; "already done in job <id>" / "resumed job <id>" (--resume)
 
     def to_dict(self) -> dict:
         return {"image": str(self.image), "output": str(self.output.resolve()) if self.state == "done"
                 else None, "state": self.state, "seconds": round(self.seconds, 3), "error": self.error,
                 "timings": self.timings, "stats": self.stats.to_dict(),
-                "ply": str(self.ply.resolve()) if self.ply else None}
+                "ply": str(self.ply.resolve()) if self.ply else None, "source": self.source or None}
 
 
 class BatchLine:
@@ -127,7 +128,7 @@ class BatchLine:
 
     def finish(self, r: ItemResult) -> None:
         if r.state == "done":
-            what = f"done    {r.seconds:6.1f}s  -> {r.output}"
+            what = f"done    {r.seconds:6.1f}s  -> {r.output}" + (f"  ({r.source})" if r.source else "")
         else:
             what = f"{r.state:<7} {r.seconds:6.1f}s  {r.error}"
         self.stream.write(("\r\033[K" if self.drawn else "") + f"{self.prefix}  {what}\n")
