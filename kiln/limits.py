@@ -25,6 +25,10 @@ MAX_WORK_SIDE = 16384
 # The longest side of any camera image, raster or texture: a float32 RGBA target of
 # 8192^2 is 1 GiB.
 MAX_RASTER_SIDE = 8192
+# The longest side an admitted photo can have (the most pixels ``app.max_pixels`` admits, on
+# the narrowest strip): the photo's own camera describes it at that size, and is never drawn
+# at it (the photo projection crops and scales to the texture first).
+MAX_PHOTO_SIDE = MAX_INPUT_PIXELS // MIN_IMAGE_SIDE
 # views x height x width rendered or rasterized at once; the output alone is 16 bytes a
 # pixel (~4.3 GB here), the most the bake settings can ask for (64 views of 2048^2).
 MAX_TOTAL_PIXELS = 2 ** 28

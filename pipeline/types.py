@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from kiln.limits import MAX_RASTER_SIDE
+from kiln.limits import MAX_PHOTO_SIDE, MAX_RASTER_SIDE
 
 from pipeline.validate import StageInputError, check_array, check_finite, is_tensor
 
@@ -171,7 +171,9 @@ class Cameras:
     def __len__(self) -> int:
         return int(self.viewmats.shape[0])
 
-    def validate(self, name: str = "cameras") -> "Cameras":
+    def validate(self, name: str = "cameras", max_side: int = MAX_RASTER_SIDE) -> "Cameras":
+        """Shapes, finiteness, whole-pixel sizes within 1..``max_side`` (a raster's, unless
+        the caller describes something never drawn at its size), a known projection."""
         check_array(f"{name}.viewmats", self.viewmats, dtype=np.float32, shape=(None, 4, 4))
         c = len(self)
         if c == 0:
@@ -183,9 +185,8 @@ class Cameras:
             if isinstance(side, bool) or not isinstance(side, (int, np.integer)):
                 raise StageInputError(f"{name} image size must be whole pixels, got "
                                       f"{self.width!r} x {self.height!r}")
-        if not (1 <= self.width <= MAX_RASTER_SIDE and 1 <= self.height <= MAX_RASTER_SIDE):
-            raise StageInputError(f"{name} image size {self.width}x{self.height} is outside "
-                                  f"1..{MAX_RASTER_SIDE}")
+        if not (1 <= self.width <= max_side and 1 <= self.height <= max_side):
+            raise StageInputError(f"{name} image size {self.width}x{self.height} is outside 1..{max_side}")
         if self.projection not in PROJECTIONS:
             raise StageInputError(f"{name} projection {self.projection!r} is not one of "
                                   + ", ".join(PROJECTIONS))
@@ -286,7 +287,8 @@ class SourceCamera:
     def validate(self, name: str = "source camera") -> "SourceCamera":
         check_array(f"{name}.viewmat", self.viewmat, dtype=np.float32, shape=(4, 4))
         check_array(f"{name}.K", self.K, dtype=np.float32, shape=(3, 3))
-        self.as_cameras().validate(name)
+        # the photo's own size: a 20000x100 strip is admitted, and only drawn scaled down
+        self.as_cameras().validate(name, max_side=MAX_PHOTO_SIDE)
         if not (self.K[0, 0] > 0 and self.K[1, 1] > 0):
             raise StageInputError(f"{name}.K must have positive focal lengths / scales, got "
                                   f"{self.K[0, 0]:.4g}, {self.K[1, 1]:.4g}")

@@ -121,14 +121,16 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
     timings["rasterize"] = time.perf_counter() - t0
     image = np.zeros((size, size, 3), np.float32)
     seen = np.zeros((size, size), bool)
-    fit = None
-    if views is not None:
-        fit = _bake_views(tex, mesh, views, settings, raster_ctx, dev, seed, report, chunk_scale,
-                          image, seen, stats, timings)
-    seen_views = seen[tex.chart].copy()
-
     use_photo = bool(getattr(settings, "photo_projection", False)) and photo is not None \
         and source_camera is not None
+    fit, notes = None, []
+    if views is not None:
+        fit = _bake_views(tex, mesh, views, settings, raster_ctx, dev, seed, report, chunk_scale,
+                          image, seen, stats, timings, may_skip=use_photo or fallback is not None)
+        if fit is None:
+            notes.append("the rendered views showed the object nowhere opaque (a very thin shape at "
+                         "the views' resolution): its colour comes from the photo alone")
+    seen_views = seen[tex.chart].copy()
     proj = None
     if use_photo:
         assert photo is not None and source_camera is not None
@@ -156,6 +158,8 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
         stats.update(_blend_photo(image, seen, tex.chart, proj, size, have_views=views is not None))
         photo_weight = proj.weight
     stats["photo_projection"] = use_photo
+    if notes:
+        stats["warnings"] = notes + list(stats.get("warnings", ()))
     if not seen.any():
         raise StageInputError("nothing gave a colour to any texel: no view, no photo and no "
                               "colour of the mesh's own saw the surface")
@@ -244,8 +248,10 @@ class _ViewFit:
 
 def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, raster_ctx, dev, seed: int,
                 report, chunk_scale: float, image: np.ndarray, seen: np.ndarray, stats: dict,
-                timings: dict) -> _ViewFit:
-    """The multi-view bake (fast back-projection, then opt) into ``image`` and ``seen`` (S, S)."""
+                timings: dict, may_skip: bool = False) -> Optional[_ViewFit]:
+    """The multi-view bake (fast back-projection, then opt) into ``image`` and ``seen`` (S, S).
+    Views that show the mesh nowhere opaque are an error, unless ``may_skip`` (another source
+    colours it): then None, and nothing is baked from them."""
     import torch
 
     from pipeline.raster import rasterize as rz
@@ -263,6 +269,8 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
     else:
         target_mask = np.asarray(view_raster.tri_id >= 0) & (views.alpha > ALPHA_MIN)  # (C, H, W)
     if not target_mask.any():
+        if may_skip:
+            return None
         raise StageInputError("no view sees the mesh where the view is opaque "
                               f"(alpha > {ALPHA_MIN}); the views and the mesh do not line up")
     timings["rasterize"] += time.perf_counter() - t0
