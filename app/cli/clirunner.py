@@ -14,6 +14,7 @@ from worker.inputs import Loaded, NoSpace, no_space, writing_to
 
 if TYPE_CHECKING:
     from worker.bakeinputs import CheckedBake
+    from worker.supervisor import Supervisor
 
 # How long Ctrl-C waits for the cancelled job's worker to exit (it is sent SIGTERM, and
 # SIGKILL a second later, so this is only reached when the machine is badly overloaded).
@@ -75,7 +76,7 @@ class WorkerRunner:
     def __init__(self, settings, resume: bool = False):
         self.settings = settings
         self.jobs_dir = Path(settings.app.jobs_dir)
-        self.sup = None
+        self.sup: "Supervisor | None" = None
         self.startup = 0.0
         # --resume: an image this command's job store has done (or has waiting after a
         # restart) with the same settings is taken from there instead of made again

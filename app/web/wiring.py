@@ -91,11 +91,12 @@ def _wire_job(page: Page, ctx: AppContext) -> None:
          page.views, page.simplify, page.seed],
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
     )
-    check.failure(on(job.show_refusal), None, [page.progress], queue=False, show_progress="hidden")
     gen_event = check.success(
         on(job.run_job), page.form, [page.progress],
         concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden",
     )
+    # after the success branch, so the job's event keeps the index right after the click's
+    check.failure(on(job.show_refusal), None, [page.progress], queue=False, show_progress="hidden")
     gen_event.then(on(job.show_outcome), None, result_outputs(page), queue=False, show_progress="hidden")
     load_event = page.demo.load(
         on(job.follow_on_load), None,
@@ -122,11 +123,11 @@ def _wire_bake(page: Page, ctx: AppContext) -> None:
         on(baking.on_bake), t.form, [t.progress, t.notes, t.model, t.download, t.generate, t.cancel],
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
     )
-    check.failure(on(baking.show_bake_refusal), None, [t.progress], queue=False, show_progress="hidden")
     bake_event = check.success(
         on(baking.run_bake), t.form, [t.progress],
         concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden",
     )
+    check.failure(on(baking.show_bake_refusal), None, [t.progress], queue=False, show_progress="hidden")
     bake_event.then(on(baking.show_bake_outcome), None, bake_result_outputs(page), queue=False,
                     show_progress="hidden")
     load_event = page.demo.load(on(baking.follow_bake_on_load), None, [t.progress, t.generate, t.cancel],

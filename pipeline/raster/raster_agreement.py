@@ -161,9 +161,8 @@ def _screen_gradients(field: np.ndarray, tri_id: np.ndarray, where: np.ndarray) 
     for axis in (2, 1):
         g = np.full(f.shape, np.nan)
         n = f.shape[axis]
-        lo, hi = [slice(None)] * 3, [slice(None)] * 3
-        lo[axis], hi[axis] = slice(0, n - 1), slice(1, n)
-        lo, hi = tuple(lo), tuple(hi)
+        lo = tuple(slice(0, n - 1) if a == axis else slice(None) for a in range(3))
+        hi = tuple(slice(1, n) if a == axis else slice(None) for a in range(3))
         step = (tri_id[hi] == tri_id[lo]) & (tri_id[lo] >= 0)
         diff = f[hi] - f[lo]
         g[lo][step] = diff[step]                       # forward difference
