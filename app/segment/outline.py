@@ -8,8 +8,8 @@ in them are closed, and every region the outside cannot reach without crossing a
 stroke is the object, together with the strokes that bound it.
 
 Works on the segmenter's working copy (clicks and box in its pixels) and returns a
-mask of that size, or None when the image is not a line drawing or no closed outline
-answers the prompt: the caller then falls back on GrabCut.
+mask of that size, or None when the region is not a line drawing: the caller then
+falls back on GrabCut.
 """
 
 from __future__ import annotations
@@ -18,21 +18,23 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-Click = tuple[float, float, int]
-Box = tuple[float, float, float, float]
+# segment.py imports this module only inside GrabCutSegmenter.segment: no import cycle
+from app.segment.segment import Box, Click, box_mask
 
 # a line drawing is mostly paper: at least this share of the region is within the paper's
 # noise of its colour (anti-aliased stroke edges are neither paper nor ink)
 MIN_PAPER_SHARE = 0.6
 # ... and has strokes: between these shares of the region differ clearly from the paper
 MIN_INK_SHARE, MAX_INK_SHARE = 0.002, 0.3
-# strokes are thin: at most this share of the ink survives a 5x5 erosion (a filled shape,
-# such as a product photographed on white, mostly survives it and is left to GrabCut)
+# strokes are thin: at most this share of the ink survives a 9x9 erosion, which takes
+# strokes up to about 8 px (anti-aliasing included) of the working copy; a filled shape,
+# such as a product photographed on white, mostly survives it and is left to GrabCut
 MAX_THICK_INK = 0.3
 # a closed shape belongs to the box's object when at least this share of it lies inside the box
 MIN_INSIDE_BOX = 0.7
-# pieces under this share of the box (letters, hatching specks) or of the largest piece are dropped
-MIN_PIECE_OF_BOX, MIN_PIECE_OF_LARGEST = 0.005, 0.05
+# pieces under this share of the box (letters, hatching specks) are dropped, and without object
+# clicks those under this share of the largest (a cup beside the sofa the box was drawn around)
+MIN_PIECE_OF_BOX, MIN_PIECE_OF_LARGEST = 0.005, 0.2
 # a clicked shape over this share of the image is the picture's frame, not an object
 MAX_CLICKED_SHARE = 0.5
 
@@ -65,7 +67,7 @@ def is_line_art(ink: np.ndarray, paper_share: float) -> bool:
     if paper_share < MIN_PAPER_SHARE or not MIN_INK_SHARE <= share <= MAX_INK_SHARE:
         return False
     u8 = ink.astype(np.uint8)
-    thick = cv2.erode(u8, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (5, 5)))
+    thick = cv2.erode(u8, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (9, 9)))
     return int(thick.sum()) <= MAX_THICK_INK * int(u8.sum())
 
 
@@ -100,9 +102,10 @@ def reachable(free: np.ndarray, seeds: Sequence[tuple[int, int]]) -> np.ndarray:
     return np.isin(labels, sorted(outside)) & free
 
 
-def fill_holes(mask: np.ndarray) -> np.ndarray:
-    """``mask`` with every region it encloses added (pieces drawn inside an object)."""
-    return ~reachable(~mask, [])
+def fill_holes(mask: np.ndarray, keep_open: Sequence[tuple[int, int]] = ()) -> np.ndarray:
+    """``mask`` with every region it encloses added (pieces drawn inside an object),
+    except those a (x, y) in ``keep_open`` lands in (a background click there)."""
+    return ~reachable(~mask, [(x, y) for x, y in keep_open if not mask[y, x]])
 
 
 def closed_shapes(ink: np.ndarray, background: Sequence[tuple[int, int]]) -> np.ndarray:
@@ -123,7 +126,7 @@ def closed_shapes(ink: np.ndarray, background: Sequence[tuple[int, int]]) -> np.
     r = stroke_radius(ink)
     grown = cv2.dilate(enclosed.astype(np.uint8), cv2.getStructuringElement(
         cv2.MORPH_ELLIPSE, (2 * r + 1, 2 * r + 1))) > 0
-    return fill_holes(enclosed | (ink & grown))
+    return fill_holes(enclosed | (ink & grown), background)
 
 
 def _pieces(mask: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
@@ -133,12 +136,13 @@ def _pieces(mask: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
     return n, labels, stats[:, cv2.CC_STAT_AREA]
 
 
-def pieces_for_box(shapes: np.ndarray, inside: np.ndarray) -> np.ndarray:
+def pieces_for_box(shapes: np.ndarray, inside: np.ndarray, by_size: bool = True) -> np.ndarray:
     """The closed shapes that belong to the box: mostly inside it, and not specks.
 
     A shape straddling the box's edge is a neighbour the box cuts through; one
-    the box only clips a little is the object under a tight box. Of the rest,
-    specks (letters, hatching) next to the largest piece are noise.
+    the box only clips a little is the object under a tight box. A box is drawn
+    around one object, so with ``by_size`` a separate shape much smaller than the
+    largest is something beside it; without (object clicks choose the pieces), it stays.
     """
     n, labels, area = _pieces(shapes)
     if n <= 1:
@@ -149,7 +153,9 @@ def pieces_for_box(shapes: np.ndarray, inside: np.ndarray) -> np.ndarray:
     if not ok.any():
         return np.zeros(shapes.shape, bool)
     biggest = int(within[ok].max())
-    ok &= (within >= MIN_PIECE_OF_BOX * int(inside.sum())) & (within >= MIN_PIECE_OF_LARGEST * biggest)
+    ok &= within >= MIN_PIECE_OF_BOX * int(inside.sum())
+    if by_size:
+        ok &= within >= MIN_PIECE_OF_LARGEST * biggest
     return ok[labels] & inside
 
 
@@ -183,8 +189,6 @@ def select_outlined(rgb: np.ndarray, clicks: Sequence[Click], box: Optional[Box]
     not line art, or when object clicks land on nothing closed, so that the caller
     tries GrabCut, which grows a selection from the clicks themselves.
     """
-    from app.segment.segment import box_mask
-
     h, w = rgb.shape[:2]
     x0, y0, x1, y1 = _grown_box(box, (h, w)) if box is not None else (0, 0, w, h)
     if x1 - x0 < 8 or y1 - y0 < 8:
@@ -200,16 +204,19 @@ def select_outlined(rgb: np.ndarray, clicks: Sequence[Click], box: Optional[Box]
 
     shapes = closed_shapes(ink, local(0))
     objects = local(1)
-    if box is not None:
-        shapes = pieces_for_box(shapes, box_mask((h, w), box)[y0:y1, x0:x1])
-    if objects:
+    if box is None:
         picked = pieces_clicked(shapes, objects)
-        if picked is not None:
-            shapes = picked
-        elif box is None or not shapes.any():
-            return None   # the clicks are on something open: GrabCut can grow from them
-        # else the clicks missed the box's shapes: show what the box found, as
-        # keep_clicked_components does
+        if picked is None:
+            return None   # the clicks are on something open: GrabCut grows from them
+        shapes = picked
+    else:
+        inside = box_mask((h, w), box)[y0:y1, x0:x1]
+        picked = pieces_clicked(pieces_for_box(shapes, inside, by_size=False), objects) if objects else None
+        # clicks that miss every shape in the box see what the box found, as in
+        # keep_clicked_components, unless it found nothing: then GrabCut grows from them
+        shapes = picked if picked is not None else pieces_for_box(shapes, inside)
+        if objects and not shapes.any():
+            return None
     out = np.zeros((h, w), bool)
     out[y0:y1, x0:x1] = shapes
     return out
