@@ -136,12 +136,14 @@ class GrabCutSegmenter:
     name = "GrabCut"
 
     def __init__(self, max_side: int = 320, iterations: int = 3, grow: float = 0.45,
-                 outline_max_side: int = SEG_MAX_SIDE, retry_blur: float = 1.5):
+                 outline_max_side: int = SEG_MAX_SIDE, retry_blur: float = 1.5,
+                 retry_iterations: int = 1):
         self.max_side = max_side
         self.iterations = iterations
         self.grow = grow
         self.outline_max_side = outline_max_side
         self.retry_blur = retry_blur
+        self.retry_iterations = retry_iterations
 
     def prepare(self, rgb: np.ndarray) -> None:
         """Nothing to precompute; present so both segmenters share one interface."""
@@ -176,17 +178,19 @@ class GrabCutSegmenter:
         sw, sh = max(8, round(w * scale)), max(8, round(h * scale))
         small = cv2.resize(rgb, (sw, sh), interpolation=cv2.INTER_AREA) if scale < 1 else rgb.copy()
         sclicks, sbox = _scale_prompt(clicks, box, sw / w, sh / h)
-        mask = self._grabcut_small(small, sclicks, sbox)
+        mask = self._grabcut_small(small, sclicks, sbox, self.iterations)
         if sbox is not None and not fills_box(mask, sbox):
             # downscaling averages some noise away; smoothing more lets a colour that
-            # differs from its surroundings by less than the noise stand out
+            # differs from its surroundings by less than the noise stand out. One
+            # iteration: as good on such photos as three, at half the time
             blurred = cv2.GaussianBlur(small, (0, 0), self.retry_blur)
-            retry = self._grabcut_small(blurred, sclicks, sbox)
+            retry = self._grabcut_small(blurred, sclicks, sbox, self.retry_iterations)
             if fills_box(retry, sbox):
                 mask = retry
         return _resize_mask(mask, (h, w))
 
-    def _grabcut_small(self, small: np.ndarray, clicks: Sequence[Click], sbox: Optional[Box]) -> np.ndarray:
+    def _grabcut_small(self, small: np.ndarray, clicks: Sequence[Click], sbox: Optional[Box],
+                       iterations: int) -> np.ndarray:
         """One GrabCut run on ``small`` seeded as the class docstring says; (h, w) bool."""
         import cv2
 
@@ -219,7 +223,7 @@ class GrabCutSegmenter:
         cv2.setRNGSeed(12345)
         try:
             # no rect with GC_INIT_WITH_MASK: OpenCV takes None, its stub wants a tuple
-            cv2.grabCut(small, seeds, None, bgd, fgd, self.iterations,  # type: ignore[call-overload]
+            cv2.grabCut(small, seeds, None, bgd, fgd, iterations,  # type: ignore[call-overload]
                         cv2.GC_INIT_WITH_MASK)
         except cv2.error as e:
             # GrabCut refuses when one side has no samples at all (e.g. a click fills the image)
