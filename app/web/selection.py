@@ -180,6 +180,21 @@ def assess_mask(mask: np.ndarray) -> MaskCheck:
     return MaskCheck(share=share, pieces=pieces, speck=n < MIN_MASK_PIXELS or share < SPECK_MASK_SHARE)
 
 
+def nothing_found_hint(clicks: tuple[Click, ...], box: Optional[Box]) -> str:
+    """What to try next when the prompt selected nothing. The person has already done
+    what the page asked (clicked, or dragged a box), so this names the next step rather
+    than repeating the instruction."""
+    if box is None and not clicks:
+        return "click the object or drag a box around it"
+    if not any(c[2] == 1 for c in clicks):
+        if box is None:
+            return "only background clicks so far: click on the object itself, or drag a box around it"
+        return ("nothing in the box stands out from its surroundings: click on the object "
+                "inside the box, or load a mask file")
+    return ("nothing found at the clicks: click on other parts of the object, add background "
+            "clicks next to it, or load a mask file")
+
+
 def mask_summary(state: SessionState) -> str:
     img = state.image
     if img is None:
@@ -187,9 +202,7 @@ def mask_summary(state: SessionState) -> str:
     h, w = img.size
     head = f"**{html.escape(img.name)}** — {w}x{h}"
     if state.mask is None or not state.mask.any():
-        hint = ("click the object or drag a box around it" if not state.clicks and state.box is None
-                else "no object found there; click on the object itself or drag a box around it")
-        return f"{head}. {hint}."
+        return f"{head}. {nothing_found_hint(state.clicks, state.box)}."
     mc = assess_mask(state.mask)
     if state.use_alpha:
         src = "image transparency"
