@@ -560,8 +560,10 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
                                " return e && e.dataset.job === j && e.dataset.state === 'running'; }",
                                arg=job, timeout=30_000)
         assert "Simplifying mesh" in _progress(page)[2]
-        # the image and its selection came back with the page: the same overlay as before
+        # the image and its selection came back with the page: the same overlay as before,
+        # and the upload box names the file again
         page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('Mask:')")
+        page.wait_for_function("() => document.querySelector('#kiln-upload').innerText.includes('teapot.png, from before')")
         assert np.abs(_shown_image(page).astype(int) - selected.astype(int)).mean() < 3
         page.wait_for_function("() => document.querySelector('#kiln-generate').disabled")
         # and the form shows the settings the job runs with (the seed as used: 3)

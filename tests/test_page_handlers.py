@@ -93,8 +93,9 @@ def test_upload_shows_the_image_and_a_refused_file_says_why(app, blob):
     assert out["canvas"].shape == (256, 256, 3) and np.abs(out["canvas"].astype(int) - rgb).mean() < 1
     assert "blob.png" in out["mask_info"] and _is_update(out["use_alpha"], visible=False)
     # a new image clears the last job's result (text, model, downloads) and the mask file; the
-    # upload box keeps the file
-    assert out["progress"] == statusview.progress_html() and out["mask_file"] is None and "upload" not in out
+    # upload box keeps the file (only its own label back, after a reload named another image)
+    assert out["progress"] == statusview.progress_html() and out["mask_file"] is None
+    assert _is_update(out["upload"], label=app.page.upload.label) and "value" not in out["upload"]
     assert out["model"] is None and _is_update(out["glb_download"], visible=False)
     assert _is_update(out["ply_download"], visible=False)
     assert app.ctx.sessions.get(A1.session).image.name == "blob.png"
@@ -180,6 +181,7 @@ def test_a_cleared_upload_is_dropped_and_a_loaded_page_takes_over_the_browsers_i
     out = answer(app, image.on_restore, A2)
     assert "Mask:" in out["mask_info"] and out["canvas"].shape == (256, 256, 3)
     assert _is_update(out["show_mask"], value=True)
+    assert "Image: blob.png, from before the reload" in out["upload"]["label"]   # the upload box names it
     image.prepare_restored(app.ctx, A2)
     # another browser takes over nothing
     assert answer(app, image.on_restore, B1) == {"canvas": gr.skip()}

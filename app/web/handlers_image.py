@@ -68,7 +68,7 @@ def on_upload(page: Page, ctx: AppContext, caller: Caller, path: Optional[str]) 
                     page.use_alpha: gr.update(visible=False, value=False), page.upload: None,
                     **fresh, page.mask_file: None}
     selection.prepare_segmenter(st, ctx.segmenter)
-    return {**selection_view(page, st), **fresh, page.mask_file: None}
+    return {**selection_view(page, st), **fresh, page.mask_file: None, **upload_label(page)}
 
 
 def cleared_result(page: Page, ctx: AppContext, caller: Caller) -> Updates:
@@ -83,7 +83,8 @@ def on_upload_cleared(page: Page, ctx: AppContext, caller: Caller) -> Updates:
     """The person removed the image: it is freed, and not brought back by a reload; the last
     result, which was of that image, goes from the page too."""
     ctx.sessions.drop(caller.session)
-    return {**selection_view(page, uploads.SessionState()), **cleared_result(page, ctx, caller)}
+    return {**selection_view(page, uploads.SessionState()), **cleared_result(page, ctx, caller),
+            **upload_label(page)}
 
 
 def on_click(page: Page, ctx: AppContext, caller: Caller, background: bool, evt: gr.SelectData) -> Updates:
@@ -144,7 +145,16 @@ def on_restore(page: Page, ctx: AppContext, caller: Caller) -> Updates:
     st = ctx.sessions.adopt(caller.session, caller.client)
     if st.image is None:
         return {page.canvas: gr.skip()}
-    return {**selection_view(page, st), page.show_mask: gr.update(value=st.show_mask)}
+    # the upload box names the image the canvas shows (serving the file into it again would
+    # copy up to the upload limit on every reload)
+    restored = f"Image: {st.image.name}, from before the reload (drop another file here to replace it)"
+    return {**selection_view(page, st), page.show_mask: gr.update(value=st.show_mask),
+            page.upload: gr.update(label=restored)}
+
+
+def upload_label(page: Page) -> Updates:
+    """The upload box's own label again (after a reload had it name the restored image)."""
+    return {page.upload: gr.update(label=page.upload.label)}
 
 
 def prepare_restored(ctx: AppContext, caller: Caller) -> None:

@@ -64,7 +64,7 @@ def _wire_image(page: Page, ctx: AppContext) -> None:
                                             api_visibility="undocumented")
     # .upload/.clear fire on what the person does only, not when a handler sets the box
     page.upload.upload(on(image.on_upload), [page.upload], upload_outputs(page), **seg)
-    page.upload.clear(on(image.on_upload_cleared), None, [*view, *result_view(page)], **seg)
+    page.upload.clear(on(image.on_upload_cleared), None, [*view, *result_view(page), page.upload], **seg)
     page.canvas.select(on(image.on_click), [page.background], view, **seg)
     page.undo.click(on(image.on_undo), None, view, **seg)
     page.clear.click(on(image.on_clear), None, view, **seg)
@@ -144,6 +144,6 @@ def _wire_around(page: Page, ctx: AppContext) -> None:
     page.demo.load(event_fn(around.on_load, page, ctx), None, [page.status, page.history, page.history_files],
                    queue=False)
     seg: dict[str, Any] = dict(concurrency_id="segment", concurrency_limit=4, show_progress="hidden")
-    page.demo.load(event_fn(image.on_restore, page, ctx), None, [*page.selection_view, page.show_mask],
+    page.demo.load(event_fn(image.on_restore, page, ctx), None, [*page.selection_view, page.show_mask, page.upload],
                    queue=False).then(event_fn(image.prepare_restored, ctx), None, None, **seg)
     page.demo.unload(event_fn(around.on_unload, ctx))
