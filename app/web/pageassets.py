@@ -19,6 +19,8 @@ CSS = """
 .kiln-job { display: flex; gap: .6em; align-items: flex-start; margin: .35em 0; }
 .kiln-thumb { width: 56px; height: 56px; object-fit: contain; flex: none; background: var(--neutral-100); }
 .kiln-job.kiln-failed, .kiln-job.kiln-cancelled { color: #a33; }
+/* the baking-only settings, switched off with baking: they look it, not just refuse input */
+#kiln-texture:has(:disabled), #kiln-mode:has(:disabled), #kiln-views:has(:disabled) { opacity: .45; }
 """
 
 # Dragging on the image draws a box (sent to the server through a hidden textbox and
