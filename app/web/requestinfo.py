@@ -23,7 +23,9 @@ def session_of(request: gr.Request | None) -> str:
 
 
 def client_of(request: gr.Request | None) -> str:
-    """The client's network address: what the per-client limits count."""
+    """The client's network address: what the per-client limits count. ``RequestGuard`` has
+    already put the request's client there (``app.web.proxies``: behind a trusted proxy, the
+    address it forwards), so it is read, never derived, here."""
     client = getattr(request, "client", None) if request is not None else None
     return str(getattr(client, "host", None) or "unknown")
 

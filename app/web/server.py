@@ -7,8 +7,9 @@ explicit, loudly logged ``--no-auth``. Uploads are limited to what an image of
 its own folder (``var/gradio`` next to the job store); the job store itself is
 on Gradio's block list, so no URL reaches another session's job files.
 ``RequestGuard`` sits in front of Gradio: it gives each browser its own cookie,
-serves a result file only to the browser whose session made it, and caps
-request bodies.
+serves a result file only to the browser whose session made it, caps
+request bodies, and names each request's client (behind ``app.trusted_proxies``, the one
+they forward).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from app.web import browser as browser_ids
+from app.web.proxies import TrustedProxies
 from app.web.results import RESULT_NAME_RE
 
 log = logging.getLogger("kiln.app")
@@ -192,7 +194,11 @@ class RequestGuard:
       (401): Gradio leaves ``/cancel``, ``/heartbeat``, ``/reset`` and more open.
     - Every response says ``X-Content-Type-Options: nosniff``: served files are never
       sniffed into something a browser would run.
-    - Uploads count against ``upload_bytes_per_hour`` per client address (429 past it).
+    - The client of a request is its connecting address, or, when that is one of
+      ``proxies`` (``app.trusted_proxies``), the client its ``X-Forwarded-For`` names
+      (``app.web.proxies``); ``scope['client']`` is set to it, so the quota below and
+      Gradio's handlers (``requestinfo.client_of``) count the same client.
+    - Uploads count against ``upload_bytes_per_hour`` per client (429 past it).
     - A request for any ``….glb`` / ``….ply`` (Gradio serves files under ``/file=<path>``
       and ``/file/<path>``) is answered 403 unless it is a result published for a session
       of the requesting browser's cookie: Gradio serves any file in its folder to whoever
@@ -207,15 +213,26 @@ class RequestGuard:
 
     def __init__(self, app, owner_of: Callable[[str], Optional[str]], max_upload_bytes: int,
                  max_body_bytes: int = MAX_BODY_BYTES, upload_bytes_per_hour: Optional[int] = None,
-                 tabs: Optional[TabBindings] = None):
+                 tabs: Optional[TabBindings] = None, proxies: Optional[TrustedProxies] = None):
         self.app = app
         self.owner_of = owner_of
         self.max_upload_bytes = max_upload_bytes
         self.max_body_bytes = max_body_bytes
         self.quota = UploadQuota(upload_bytes_per_hour) if upload_bytes_per_hour else None
         self.tabs = tabs or TabBindings()
+        self.proxies = proxies or TrustedProxies()
+
+    def _as_from_client(self, scope):
+        """``scope`` with ``client`` set to the request's client (``TrustedProxies.client``):
+        the one place a request's client is derived."""
+        peer, port = scope.get("client") or ("unknown", 0)
+        forwarded = [v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"x-forwarded-for"]
+        client = self.proxies.client(str(peer), forwarded)
+        return scope if client == peer else dict(scope, client=(client, 0))
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket"):
+            scope = self._as_from_client(scope)
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -381,6 +398,17 @@ def keep_big_buffers_mmapped(threshold: int = 1 << 20) -> bool:
         return False
 
 
+def only_kilns_proxy_rule() -> None:
+    """Switch off uvicorn's own reading of X-Forwarded-For: by default it believes the header
+    from 127.0.0.1 and ::1 (``FORWARDED_ALLOW_IPS``) and rewrites the client before Kiln
+    sees the request, so any local process, or a same-host proxy's clients, could name the
+    address their limits count. ``app.trusted_proxies`` is the one rule
+    (``RequestGuard``)."""
+    if os.environ.get("FORWARDED_ALLOW_IPS"):
+        log.warning("FORWARDED_ALLOW_IPS is ignored: list reverse proxies in app.trusted_proxies")
+    os.environ["FORWARDED_ALLOW_IPS"] = ""
+
+
 def launch(settings, host: Optional[str] = None, port: Optional[int] = None, share_on_network: bool = False,
            auth: Optional[tuple[str, str]] = None, no_auth: bool = False, examples: bool = True,
            block: bool = True, context=None):
@@ -400,6 +428,7 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
     files_dir.mkdir(parents=True, exist_ok=True)
     # Gradio reads this when building components: its uploads and served copies live here
     os.environ["GRADIO_TEMP_DIR"] = str(files_dir)
+    only_kilns_proxy_rule()
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
     t0 = time.perf_counter()
@@ -427,6 +456,7 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
 
     max_upload = upload_limit_bytes(settings.app.max_pixels, settings.app.max_upload_mb)
     guard = Middleware(RequestGuard, owner_of=ctx.publisher.owner,
+                       proxies=TrustedProxies(settings.app.trusted_proxies),
                        max_upload_bytes=max_upload + UPLOAD_OVERHEAD_BYTES,
                        upload_bytes_per_hour=int(settings.app.upload_mb_per_client_hour * 1024 * 1024))
     _, url, _ = demo.launch(
