@@ -12,6 +12,7 @@ must never pull in torch.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import math
 from dataclasses import dataclass, field, fields
@@ -34,6 +35,11 @@ def _num(lo: float, hi: float, help: str = "") -> dict:
 
 def _choice(*options: str, help: str = "") -> dict:
     return {"choices": options, "help": help}
+
+
+def _networks(help: str = "") -> dict:
+    """A list of IP addresses and CIDR networks (``_coerce_networks``)."""
+    return {"networks": True, "help": help}
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,8 @@ class AppSettings:
     upload_mb_per_client_hour: float = field(default=500.0, metadata=_num(1, 1_000_000))
     # a job the page started is cancelled once no page of its browser followed it this long
     orphan_grace_s: float = field(default=120.0, metadata=_num(1, 86400))
+    # reverse proxies whose X-Forwarded-For names the client (app/web/proxies.py); () = none
+    trusted_proxies: tuple[str, ...] = field(default=(), metadata=_networks())
 
 
 @dataclass(frozen=True)
@@ -199,7 +207,34 @@ def parse_set(items) -> dict[str, str]:
     return out
 
 
+def _coerce_networks(key: str, value: Any) -> tuple[str, ...]:
+    """IP addresses and CIDR networks, from a YAML list or a comma-separated text (``--set``),
+    each written as ``ipaddress`` writes a network (``10.0.0.7`` -> ``10.0.0.7/32``). A
+    network with host bits set (``10.0.0.7/8``) is refused rather than widened: it is more
+    likely a typo than a wish to trust 16 million addresses. Hostnames are refused too: a
+    trust rule must not change with DNS."""
+    if isinstance(value, str):
+        items: list = [v for v in (part.strip() for part in value.split(",")) if v]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise SettingsError(f"setting '{key}' must be a list of IP addresses or CIDR networks, got {value!r}")
+    out = []
+    for item in items:
+        if not isinstance(item, str):
+            raise SettingsError(f"setting '{key}': {item!r} is not an IP address or CIDR network")
+        try:
+            out.append(str(ipaddress.ip_network(item.strip(), strict=True)))
+        except ValueError as e:
+            why = f" ({e}: did you mean {ipaddress.ip_network(item.strip(), strict=False)}?)" \
+                if "host bits" in str(e) else " (write e.g. 10.0.0.7 or 10.0.0.0/24; hostnames are not looked up)"
+            raise SettingsError(f"setting '{key}': {item!r} is not an IP address or CIDR network{why}") from None
+    return tuple(out)
+
+
 def _coerce(key: str, f: dataclasses.Field, value: Any) -> Any:
+    if f.metadata.get("networks"):
+        return _coerce_networks(key, value)
     typ = f.type if isinstance(f.type, str) else f.type.__name__
     if f.metadata.get("auto"):
         if isinstance(value, str) and value.strip().lower() == "auto":
@@ -355,6 +390,8 @@ def describe() -> list[tuple[str, Any, str]]:
                 allowed = f"{meta['range'][0]}..{meta['range'][1]}" + (" or auto" if meta.get("auto") else "")
             elif "choices" in meta:
                 allowed = "|".join(meta["choices"])
+            elif meta.get("networks"):
+                allowed = "list of IP addresses / CIDR networks"
             else:
                 allowed = f.type if isinstance(f.type, str) else f.type.__name__
             out.append((prefix + f.name, f.default, allowed))

@@ -1,4 +1,5 @@
 import dataclasses
+import json
 
 import pytest
 import yaml
@@ -104,3 +105,26 @@ def test_web_form_widgets_take_their_limits_from_the_settings(tmp_path):
     texture = [c[1] for c in widgets["kiln-texture"].choices]
     assert texture == ["auto", *S.allowed_values("bake.texture_size")]
     assert [c[1] for c in widgets["kiln-mode"].choices] == list(S.allowed_values("bake.mode"))
+
+
+def test_trusted_proxies_are_read_once_and_a_malformed_entry_is_named(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("app:\n  trusted_proxies: [127.0.0.1, '10.0.0.0/24', '::1']\n")
+    assert S.load(p).app.trusted_proxies == ("127.0.0.1/32", "10.0.0.0/24", "::1/128")
+    # --set gives text: comma-separated; empty means none
+    assert S.load(overrides={"app.trusted_proxies": "10.0.0.7, 192.168.0.0/16"}).app.trusted_proxies == \
+        ("10.0.0.7/32", "192.168.0.0/16")
+    assert S.load(overrides={"app.trusted_proxies": ""}).app.trusted_proxies == ()
+    assert S.Settings().app.trusted_proxies == ()
+    s = S.load(overrides={"app.trusted_proxies": "10.0.0.7"})
+    assert S.from_dict(json.loads(s.to_json())) == s
+    for bad, needle in (("nginx.internal", "'nginx.internal' is not an IP address or CIDR network"),
+                        ("10.0.0.7/8", "did you mean 10.0.0.0/8"),
+                        ("10.0.0.0/33", "'10.0.0.0/33' is not an IP address"),
+                        (7, "must be a list of IP addresses")):
+        with pytest.raises(S.SettingsError, match=needle) as e:
+            S.load(overrides={"app.trusted_proxies": bad})
+        assert "app.trusted_proxies" in str(e.value)
+    p.write_text("app:\n  trusted_proxies: [10.0.0.1, 5]\n")
+    with pytest.raises(S.SettingsError, match="app.trusted_proxies.*5 is not an IP address"):
+        S.load(p)

@@ -18,6 +18,7 @@ from kiln.records import Capabilities
 from kiln.settings import Settings
 
 from app.web.active import ActiveJobs
+from app.web.ownedfiles import OwnedFiles
 from app.web.results import ResultPublisher
 from app.segment.segment import GrabCutSegmenter, SegmenterChoice, choose_segmenter
 from app.web.sessions import SessionLimits, SessionStore
@@ -55,6 +56,8 @@ class AppContext:
         self.settings = settings
         self.workers = expected_workers(settings)
         self.publisher = ResultPublisher(Path(files_dir) / "results")
+        # uploads and canvas images, each served only to its browser
+        self.owned = OwnedFiles(Path(files_dir) / "canvas")
         # per-tab state, keyed by the server's session name (cookie + tab), on disk
         self.sessions = SessionStore(Path(files_dir).parent / "sessions",
                                      SessionLimits.from_settings(settings.app))

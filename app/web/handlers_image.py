@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import gradio as gr
+import numpy as np
 
 from app.web import usertext, selection, statusview, uploads
 from app.web.context import AppContext
@@ -29,6 +30,17 @@ def selection_view(page: Page, st: uploads.SessionState) -> Updates:
     (offered only for an image that has transparency)."""
     return {page.canvas: selection.render_overlay(st), page.mask_info: selection.mask_summary(st),
             page.use_alpha: gr.update(visible=bool(st.image and st.image.has_alpha), value=st.use_alpha)}
+
+
+def canvas_as_file(page: Page, ctx: AppContext, caller: Caller, answer: Updates) -> Updates:
+    """What Gradio gets of an image handler's answer (``event_fn``'s ``present``): the
+    canvas's pixels as a file only the caller's browser may fetch
+    (``OwnedFiles.publish_canvas``). Given the array, Gradio would write it under a name made
+    of its content alone, in the folder it serves to anyone who knows a path."""
+    pixels = answer.get(page.canvas) if isinstance(answer, dict) else None
+    if not isinstance(pixels, np.ndarray):
+        return answer
+    return {**answer, page.canvas: ctx.owned.publish_canvas(caller.session, pixels)}
 
 
 def edit_selection(page: Page, ctx: AppContext, caller: Caller,

@@ -5,10 +5,11 @@ server derived from the request, never anything the client names."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import gradio as gr
 
@@ -23,7 +24,9 @@ def session_of(request: gr.Request | None) -> str:
 
 
 def client_of(request: gr.Request | None) -> str:
-    """The client's network address: what the per-client limits count."""
+    """The client's network address: what the per-client limits count. ``RequestGuard`` has
+    already put the request's client there (``app.web.proxies``: behind a trusted proxy, the
+    address it forwards), so it is read, never derived, here."""
     client = getattr(request, "client", None) if request is not None else None
     return str(getattr(client, "host", None) or "unknown")
 
@@ -46,9 +49,12 @@ def caller_of(request: gr.Request | None) -> Caller:
     return Caller(session_of(request), client_of(request))
 
 
-def event_fn(handler: Callable, *bound: Any) -> Callable:
+def event_fn(handler: Callable, *bound: Any,
+             present: Optional[Callable[[Caller, Any], Any]] = None) -> Callable:
     """``handler(*bound, caller, *inputs)`` as a function Gradio calls with the event's
-    inputs and its request: the handler gets ``caller_of(request)``.
+    inputs and its request: the handler gets ``caller_of(request)``. ``present(caller,
+    answer)``, when given, turns each answer into what Gradio gets (a value only the
+    caller's browser may see becomes a file of that browser's).
 
     Gradio finds the request (and ``gr.SelectData``, ``gr.Progress``) by the function's
     annotations and defaults, which ``functools.partial`` hides from it; so this function
@@ -62,17 +68,24 @@ def event_fn(handler: Callable, *bound: Any) -> Callable:
     at = next((i for i, p in enumerate(params) if p.default is not p.empty), len(params))
     request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
 
-    def call(args: tuple):
+    def call(args: tuple) -> tuple[Caller, Any]:
         items = list(args)
         caller = caller_of(items.pop(at))
-        return handler(*bound, caller, *items)
+        return caller, handler(*bound, caller, *items)
 
     if inspect.isgeneratorfunction(handler):
         def fn(*args):
-            yield from call(args)
+            caller, answers = call(args)
+            if present is None:
+                yield from answers
+                return
+            with contextlib.closing(answers):   # closed early (a cancel): the handler is too
+                for answer in answers:
+                    yield present(caller, answer)
     else:
         def fn(*args):
-            return call(args)
+            caller, answer = call(args)
+            return present(caller, answer) if present is not None else answer
     setattr(fn, "__signature__", sig.replace(parameters=[*params[:at], request, *params[at:]]))
     fn.__annotations__ = {**{p.name: hints[p.name] for p in params if p.name in hints}, "request": gr.Request}
     fn.__name__ = fn.__qualname__ = handler.__name__

@@ -4,17 +4,19 @@ Safe defaults: binds 127.0.0.1. Binding any other address needs ``--listen``
 *and* either a login (``--auth user:pass`` or ``KILN_AUTH=user:pass``) or an
 explicit, loudly logged ``--no-auth``. Uploads are limited to what an image of
 ``app.max_pixels`` can need (``kiln.imageio.upload_limit_bytes``). Gradio keeps its uploads and the results it serves in
-its own folder (``var/gradio`` next to the job store); the job store itself is
+its own folder (``var/gradio`` next to the job store, emptied at start); the job store itself is
 on Gradio's block list, so no URL reaches another session's job files.
 ``RequestGuard`` sits in front of Gradio: it gives each browser its own cookie,
-serves a result file only to the browser whose session made it, and caps
-request bodies.
+serves a result, an upload or a canvas image only to the browser it belongs to, caps
+request bodies, and names each request's client (behind ``app.trusted_proxies``, the one
+they forward).
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from app.web import browser as browser_ids
+from app.web.ownedfiles import OwnedFiles, uploaded_paths
+from app.web.proxies import TrustedProxies
 from app.web.results import RESULT_NAME_RE
 
 log = logging.getLogger("kiln.app")
@@ -166,6 +170,25 @@ def _logged_in(scope, cookie_header: str) -> bool:
     return token is not None and token in getattr(app, "tokens", {})
 
 
+def _strings_in(body: bytes) -> list[str]:
+    """Every text in a JSON body, however deep (the paths and URLs of Gradio's file
+    values among them); [] for a body that is not JSON, which names no file to Gradio."""
+    try:
+        todo = [json.loads(body)]
+    except (ValueError, RecursionError):
+        return []
+    found = []
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            found.append(v)
+        elif isinstance(v, dict):
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+    return found
+
+
 def _session_hashes(scope, body: bytes) -> set[str]:
     """The Gradio session hashes a request names: in its query, path or JSON body."""
     found = set()
@@ -192,11 +215,23 @@ class RequestGuard:
       (401): Gradio leaves ``/cancel``, ``/heartbeat``, ``/reset`` and more open.
     - Every response says ``X-Content-Type-Options: nosniff``: served files are never
       sniffed into something a browser would run.
-    - Uploads count against ``upload_bytes_per_hour`` per client address (429 past it).
+    - The client of a request is its connecting address, or, when that is one of
+      ``proxies`` (``app.trusted_proxies``), the client its ``X-Forwarded-For`` names
+      (``app.web.proxies``); ``scope['client']`` is set to it, so the quota below and
+      Gradio's handlers (``requestinfo.client_of``) count the same client.
+    - Uploads count against ``upload_bytes_per_hour`` per client (429 past it).
     - A request for any ``….glb`` / ``….ply`` (Gradio serves files under ``/file=<path>``
       and ``/file/<path>``) is answered 403 unless it is a result published for a session
       of the requesting browser's cookie: Gradio serves any file in its folder to whoever
       knows the path, and a result URL can leak (history, logs, a shared link).
+    - The same for uploads and canvas images (``owned``, ``app.web.ownedfiles``): the paths
+      an upload answer names are granted to the uploading browser before the answer leaves,
+      and any route naming a granted file is answered 403 for every other browser.
+    - A request whose JSON body names a file of another browser (an upload or canvas image
+      granted to others, a result published for another browser's session) is answered
+      403: Gradio takes any file in its folder as an event's input, so another browser's
+      upload given to the upload handler would come back as that browser's canvas, and
+      another's result given to the bake tab as a model of its own.
     - Request bodies above ``max_upload_bytes`` (uploads) or ``MAX_BODY_BYTES``
       (everything else) are refused with 413: Gradio checks each uploaded file's
       size, but not how many files one request carries, nor other bodies.
@@ -207,15 +242,45 @@ class RequestGuard:
 
     def __init__(self, app, owner_of: Callable[[str], Optional[str]], max_upload_bytes: int,
                  max_body_bytes: int = MAX_BODY_BYTES, upload_bytes_per_hour: Optional[int] = None,
-                 tabs: Optional[TabBindings] = None):
+                 tabs: Optional[TabBindings] = None, owned: Optional[OwnedFiles] = None,
+                 proxies: Optional[TrustedProxies] = None):
         self.app = app
         self.owner_of = owner_of
         self.max_upload_bytes = max_upload_bytes
         self.max_body_bytes = max_body_bytes
         self.quota = UploadQuota(upload_bytes_per_hour) if upload_bytes_per_hour else None
         self.tabs = tabs or TabBindings()
+        self.owned = owned
+        self.proxies = proxies or TrustedProxies()
+
+    def _as_from_client(self, scope):
+        """``scope`` with ``client`` set to the request's client (``TrustedProxies.client``):
+        the one place a request's client is derived."""
+        peer, port = scope.get("client") or ("unknown", 0)
+        forwarded = [v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"x-forwarded-for"]
+        client = self.proxies.client(str(peer), forwarded)
+        return scope if client == peer else dict(scope, client=(client, 0))
+
+    def _may_use(self, path: str, token: Optional[str]) -> bool:
+        """False when ``path`` (any text a request carries) names a file that belongs to a
+        browser other than ``token``'s: a result published for another browser's session,
+        or an upload or canvas image granted to others only. Files nobody owns are left to
+        Gradio (an example, or a browser's own upload of a mesh named ``….glb``)."""
+        served = os.path.abspath(path)
+        if RESULT_NAME_RE.fullmatch(Path(served).name):
+            owner = self.owner_of(served)
+            if owner is not None and not browser_ids.session_owned_by(owner, token):
+                return False
+        return not self._owned_by_another(served, token)
+
+    def _owned_by_another(self, served: str, token: Optional[str]) -> bool:
+        """True for an upload or canvas image granted to browsers other than ``token``'s only."""
+        owners = self.owned.owners(served) if self.owned is not None else None
+        return owners is not None and browser_ids.browser_id(token) not in owners
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket"):
+            scope = self._as_from_client(scope)
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -261,6 +326,9 @@ class RequestGuard:
         if any(not self.tabs.claim(h, browser) for h in _session_hashes(scope, body)):
             await _refuse(send, 403, "this tab belongs to another browser")
             return
+        if any(not self._may_use(text, token) for text in _strings_in(body)):
+            await _refuse(send, 403, "this request names a file of another browser")
+            return
         # Any route's path, normalised as Gradio's file routes (/file=<path> and the older
         # /file/<path>) normalise the path they open ('/.', '//', '..', a trailing '/'). Every
         # .glb/.ply name (any case) is a result: served only to the browser that owns it.
@@ -269,6 +337,11 @@ class RequestGuard:
         if RESULT_NAME_RE.fullmatch(name) and not browser_ids.session_owned_by(self.owner_of(served), token):
             await _refuse(send, 403, "this result belongs to another browser session")
             return
+        if self._owned_by_another(served, token):
+            await _refuse(send, 403, "this file belongs to another browser")
+            return
+        if is_upload and self.owned is not None:
+            send = _granting_uploads(send, self.owned, browser)
         received = 0
         started = False
 
@@ -301,6 +374,31 @@ class RequestGuard:
 
 class _BodyTooLarge(Exception):
     pass
+
+
+def _granting_uploads(send, owned: OwnedFiles, browser: Optional[str]):
+    """A send() for the upload route's answer: its body (a short JSON list of the stored
+    paths) is held until complete, each path granted to ``browser``, then sent; so no path
+    is known outside the server before it has an owner."""
+    status = 0
+    held: list[bytes] = []
+
+    async def granting(message):
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body":
+            held.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body = b"".join(held)
+            if status == 200:
+                for p in uploaded_paths(body):
+                    owned.grant(p, browser)
+            message = dict(message, body=body)
+        await send(message)
+
+    return granting
 
 
 async def _read_body(receive, limit: int) -> bytes:
@@ -381,6 +479,31 @@ def keep_big_buffers_mmapped(threshold: int = 1 << 20) -> bool:
         return False
 
 
+def empty_folder(folder: Path) -> None:
+    """Remove everything in ``folder``. Gradio's folder at start: what an earlier server left
+    there (after a crash Gradio's own clean-up never ran) is garbage (tabs' images live in
+    the session store, which starts empty too; results are published again), and an upload
+    in it would have no owner to check against (``app.web.ownedfiles``)."""
+    import shutil
+
+    for child in folder.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
+def only_kilns_proxy_rule() -> None:
+    """Switch off uvicorn's own reading of X-Forwarded-For: by default it believes the header
+    from 127.0.0.1 and ::1 (``FORWARDED_ALLOW_IPS``) and rewrites the client before Kiln
+    sees the request, so any local process, or a same-host proxy's clients, could name the
+    address their limits count. ``app.trusted_proxies`` is the one rule
+    (``RequestGuard``)."""
+    if os.environ.get("FORWARDED_ALLOW_IPS"):
+        log.warning("FORWARDED_ALLOW_IPS is ignored: list reverse proxies in app.trusted_proxies")
+    os.environ["FORWARDED_ALLOW_IPS"] = ""
+
+
 def launch(settings, host: Optional[str] = None, port: Optional[int] = None, share_on_network: bool = False,
            auth: Optional[tuple[str, str]] = None, no_auth: bool = False, examples: bool = True,
            block: bool = True, context=None):
@@ -398,8 +521,10 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
     jobs_dir = Path(settings.app.jobs_dir).resolve()
     files_dir = (jobs_dir.parent / "gradio").resolve()
     files_dir.mkdir(parents=True, exist_ok=True)
+    empty_folder(files_dir)
     # Gradio reads this when building components: its uploads and served copies live here
     os.environ["GRADIO_TEMP_DIR"] = str(files_dir)
+    only_kilns_proxy_rule()
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
     t0 = time.perf_counter()
@@ -426,7 +551,8 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
     from kiln.imageio import upload_limit_bytes
 
     max_upload = upload_limit_bytes(settings.app.max_pixels, settings.app.max_upload_mb)
-    guard = Middleware(RequestGuard, owner_of=ctx.publisher.owner,
+    guard = Middleware(RequestGuard, owner_of=ctx.publisher.owner, owned=ctx.owned,
+                       proxies=TrustedProxies(settings.app.trusted_proxies),
                        max_upload_bytes=max_upload + UPLOAD_OVERHEAD_BYTES,
                        upload_bytes_per_hour=int(settings.app.upload_mb_per_client_hour * 1024 * 1024))
     _, url, _ = demo.launch(

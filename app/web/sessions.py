@@ -14,9 +14,9 @@ browser's next page takes over its newest state, parked or in another open tab
 (``adopt``). Parked states count towards the byte limits but give way (oldest first) to
 any upload that would otherwise be refused.
 
-A client is a network address (``request.client.host``): cookies cost nothing to mint,
-addresses do. Behind a reverse proxy every person shares the proxy's address, so raise
-the per-client limits there.
+A client is a network address (``requestinfo.client_of``): cookies cost nothing to mint,
+addresses do. Behind a reverse proxy listed in ``app.trusted_proxies`` it is the address
+the proxy forwards (``app.web.proxies``); behind any other, everyone shares the proxy's.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def result_view(page: Page) -> list:
 
 def _wire_image(page: Page, ctx: AppContext) -> None:
     def on(handler):
-        return event_fn(handler, page, ctx)
+        return event_fn(handler, page, ctx, present=partial(image.canvas_as_file, page, ctx))
 
     view = page.selection_view
     seg: dict[str, Any] = dict(concurrency_id="segment", concurrency_limit=4, show_progress="minimal")
@@ -144,6 +144,7 @@ def _wire_around(page: Page, ctx: AppContext) -> None:
     page.demo.load(event_fn(around.on_load, page, ctx), None, [page.status, page.history, page.history_files],
                    queue=False)
     seg: dict[str, Any] = dict(concurrency_id="segment", concurrency_limit=4, show_progress="hidden")
-    page.demo.load(event_fn(image.on_restore, page, ctx), None, [*page.selection_view, page.show_mask, page.upload],
+    page.demo.load(event_fn(image.on_restore, page, ctx, present=partial(image.canvas_as_file, page, ctx)),
+                   None, [*page.selection_view, page.show_mask, page.upload],
                    queue=False).then(event_fn(image.prepare_restored, ctx), None, None, **seg)
     page.demo.unload(event_fn(around.on_unload, ctx))
