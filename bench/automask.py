@@ -1,6 +1,6 @@
 """Benchmark the automatic mask (``--mask auto``'s border model): silhouette IoU against the
-true alpha and seconds per image, on the JPEG composites tests/test_automask.py builds, plus
-its cluttered negatives (refused or not, and why).
+true alpha and seconds per image, on the JPEG composites of tests/composites.py, plus the
+cluttered negatives of tests/test_automask.py (refused or not, and why).
 
     .venv/bin/python bench/automask.py [--repeat 3] [--quality 85]
 
@@ -31,11 +31,10 @@ def main(argv=None) -> int:
 
     import numpy as np
 
+    import composites as c
     import test_automask as t
     from app.segment.automask import find_object
 
-    t_as_jpeg = t.as_jpeg
-    t.as_jpeg = lambda rgb, quality=args.quality: t_as_jpeg(rgb, quality)   # type: ignore[assignment]
     framings = {"480x360 middle": dict(size=300, canvas=(360, 480), at=(0.5, 0.5)),
                 "1100x1500 small, off-centre": dict(size=500, canvas=(1500, 1100), at=(0.4, 0.6))}
     print(f"{'object':8s} {'background':10s} {'framing':28s} {'IoU':>7s} {'seconds':>8s}")
@@ -44,7 +43,7 @@ def main(argv=None) -> int:
     for framing, kw in framings.items():
         for bg in ("grey", "white", "gradient", "vignette"):
             for kind in ("toy", "pebble", "blob"):
-                photo, truth = t.composite(kind, bg, seed=3, **kw)
+                photo, truth = c.composite(kind, bg, seed=3, quality=args.quality, **kw)
                 best = float("inf")
                 for _ in range(args.repeat):
                     t0 = time.perf_counter()
@@ -62,7 +61,7 @@ def main(argv=None) -> int:
         print(f"{framing:28s} seconds median {statistics.median(s):.2f}  max {max(s):.2f}")
     print()
     for name, (make, _) in t.NEGATIVES.items():
-        got = find_object(t.as_jpeg(make(360, 480)))
+        got = find_object(c.as_jpeg(make(360, 480), args.quality))
         print(f"{name:28s} {'refused' if not got.found else 'FOUND ' + format(got.share, '.2f')}: "
               f"{got.problem or ''}")
     return 0
