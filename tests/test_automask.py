@@ -150,6 +150,16 @@ def test_a_cluttered_or_ambiguous_photo_is_refused_with_the_reason(name):
     assert got.describe().startswith("the border model found no single object: ")
 
 
+@pytest.mark.parametrize("name", ["astronaut", "coffee", "chelsea"])
+def test_real_photos_of_busy_scenes_are_refused(name):
+    """scikit-image's bundled photos: an astronaut before a flag, a cup on a table, a
+    cat on a rug. None is one object on a plain background."""
+    data = pytest.importorskip("skimage.data")
+    photo = np.ascontiguousarray(getattr(data, name)()[..., :3])
+    got = find_object(photo)
+    assert not got.found and got.problem.startswith("the background is not plain"), got.problem
+
+
 def test_what_is_not_an_rgb_image_is_a_clear_error():
     with pytest.raises(ValueError, match=r"needs an \(H, W, 3\) uint8 RGB image, not a float64"):
         find_object(np.zeros((32, 32, 3)))

@@ -39,7 +39,7 @@ __all__ = ["AutoMask", "find_object", "METHODS"]
 METHODS = ("border-model", "sam2")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AutoMask:
     """What ``find_object`` found.
 
@@ -50,7 +50,8 @@ class AutoMask:
     the outline, times the plain share of the border; SAM 2: the model's predicted IoU
     times the mask's stability). ``problem``: None when one object was found, else why
     not, in plain words and without the front end's advice. ``detail``: one line on how
-    it was found, for logs. ``timings``: seconds per step.
+    it was found, for logs. ``timings``: seconds per step. Compared by identity (it holds
+    an array).
     """
 
     mask: np.ndarray
@@ -58,7 +59,7 @@ class AutoMask:
     score: float
     problem: Optional[str] = None
     detail: str = ""
-    timings: dict = field(default_factory=dict, compare=False)
+    timings: dict = field(default_factory=dict)
 
     @property
     def found(self) -> bool:

@@ -71,6 +71,10 @@ def sam2_mask(rgb: np.ndarray, segmenter, side: int = WORK_SIDE) -> AutoMask:
     h, w = small.shape[:2]
     points = grid_points(h, w)
     logits, predicted = segmenter.propose(small, points)
+    if logits.ndim != 4 or logits.shape[:2] != predicted.shape or logits.shape[0] != len(points) \
+            or logits.shape[2:] != (h, w):
+        raise ValueError(f"SAM 2 answered candidates of shape {logits.shape} with scores {predicted.shape} "
+                         f"for {len(points)} points on a {w}x{h} image")
     t1 = time.perf_counter()
     best, best_rank, best_score, passed = None, -1.0, 0.0, 0
     for i in range(logits.shape[0]):
@@ -97,6 +101,6 @@ def sam2_mask(rgb: np.ndarray, segmenter, side: int = WORK_SIDE) -> AutoMask:
                         detail, timings)
     labels, stats = components(open_specks(best))
     main = labels == 1 + int(np.argmax(piece_weights(labels, stats))) if len(stats) > 1 else best
-    obj = fill_holes(main, main)
+    obj = fill_holes(main, main)   # only tiny holes: a larger one SAM 2 left open shows background
     timings["total_s"] = time.perf_counter() - t0
     return AutoMask(to_size(obj, (H, W)), "sam2", round(best_score, 4), None, detail, timings)
