@@ -142,6 +142,29 @@ def test_example_makes_a_glb_that_no_other_client_can_fetch(server, images, tmp_
         other.close()
 
 
+def test_example_with_mask_auto_lets_the_server_find_the_object(server, tmp_path):
+    """/generate's mask "auto" through gradio_client: a JPEG of an object on a gradient makes a
+    GLB and says how the object was found; a noisy photo is refused with the reason."""
+    from composites import composite
+
+    url, _ = server
+    photo, _ = composite("toy", "gradient", size=200, canvas=(240, 320))
+    Image.fromarray(photo).save(tmp_path / "shot.jpg", quality=85)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (240, 320, 3), dtype=np.uint8)) \
+        .save(tmp_path / "noise.jpg", quality=85)
+    env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp_path / "client")}
+    run = [sys.executable, str(EXAMPLE), url, "--mask", "auto", "--auth", ":".join(LOGIN)]
+    proc = subprocess.run([*run, str(tmp_path / "shot.jpg"), "-o", str(tmp_path / "shot.glb")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert re.search(r"object found by border-model \(\d+\.\d% of the image\)", proc.stdout), proc.stdout
+    assert (tmp_path / "shot.glb").stat().st_size > 1000
+    proc = subprocess.run([*run, str(tmp_path / "noise.jpg")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 1
+    assert "error: no single object found automatically: the background is not plain" in proc.stderr
+
+
 def test_one_client_is_one_session_from_upload_to_result(server, images, tmp_path):
     from gradio_client import handle_file
 

@@ -6,6 +6,11 @@ all of it can be used, decided before any worker starts.
 checks) so a bad input is refused in seconds, not after a worker's start-up;
 ``check_space`` refuses to start on a disk that cannot hold a job, and ``writing_to``
 turns a full disk met later into "no space left on <path>".
+
+``--mask auto`` asks for the object to be found automatically in an image that has no
+mask file and no transparency. Finding it is the front end's work (``app.segment``, which
+this layer may not import), so ``load`` takes it as a ``FindMask`` callable; the mask it
+answers is then checked here like any other.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 if TYPE_CHECKING:   # numpy stays out of `kiln --help`
     import numpy as np
@@ -27,6 +32,12 @@ if TYPE_CHECKING:   # numpy stays out of `kiln --help`
 MASK_EXTS = (".png", ".webp", ".tif", ".tiff", ".bmp", ".gif", ".jpg", ".jpeg")
 # Names a mask of IMAGE may have in --mask-dir, in this order ({stem} = IMAGE's name without extension).
 MASK_NAMES = ("{stem}", "{stem}_mask", "{stem}-mask", "{stem}.mask")
+# --mask's value that asks for the object to be found automatically
+AUTO = "auto"
+
+# finds the object of an image: (rgb (H, W, 3) uint8, the image's path) -> (mask (H, W) bool,
+# a note for the person saying how it was found); raises InputProblem when it cannot
+FindMask = Callable[["np.ndarray", Path], "tuple[np.ndarray, str]"]
 
 
 class InputProblem(ValueError):
@@ -49,6 +60,7 @@ class RunItem:
     image: Path
     mask: Path | None     # None: the image's own transparency is the mask
     output: Path          # the .glb to write
+    auto: bool = False    # no mask file and no transparency: find the object (--mask auto)
 
 
 @dataclass
@@ -56,6 +68,7 @@ class Loaded:
     rgb: np.ndarray       # (H, W, 3) uint8
     mask: np.ndarray      # (H, W) bool
     notes: list[str] = field(default_factory=list)   # how the mask was read, for the person
+    found: bool = False   # the mask was found automatically (--mask auto), not read
 
 
 def _find_mask(image: Path, mask_dir: Path) -> Path | None:
@@ -72,9 +85,12 @@ def _find_mask(image: Path, mask_dir: Path) -> Path | None:
 def plan(images: list[str], mask: str | None, mask_dir: str | None,
          output: str | None) -> tuple[list[RunItem], bool]:
     """(items, batch). Batch mode: several images or ``--mask-dir``; then ``output`` is a
-    folder (default: here) that gets ``<image name>.glb`` for each image."""
+    folder (default: here) that gets ``<image name>.glb`` for each image. ``mask`` may be
+    ``AUTO``: every image without a mask file (in ``mask_dir``) or transparency gets the
+    object found automatically."""
     paths = [Path(p) for p in images]
     batch = len(paths) > 1 or mask_dir is not None
+    auto = mask == AUTO
     if not batch:
         image = paths[0]
         if output is None:
@@ -85,11 +101,12 @@ def plan(images: list[str], mask: str | None, mask_dir: str | None,
             out = Path(output)
         if out.suffix.lower() != ".glb":
             raise InputProblem(f"output {out} must end in .glb (or name a folder)")
-        return [RunItem(image, Path(mask) if mask else None, out)], False
+        return [RunItem(image, Path(mask) if mask and not auto else None, out, auto)], False
 
-    if mask:
+    if mask and not auto:
         raise InputProblem("--mask names the mask of one image; with several images put the "
-                           "masks in a folder and pass --mask-dir FOLDER")
+                           "masks in a folder and pass --mask-dir FOLDER (or --mask auto to find "
+                           "each object automatically)")
     out_dir = Path(output or ".")
     if out_dir.suffix.lower() == ".glb":
         raise InputProblem(f"with several images (or --mask-dir) -o names a folder, not {out_dir}")
@@ -106,7 +123,7 @@ def plan(images: list[str], mask: str | None, mask_dir: str | None,
             raise InputProblem(f"{by_output[out]} and {image} would both be written to {out}; "
                                "rename one of them")
         by_output[out] = image
-        items.append(RunItem(image, _find_mask(image, mdir) if mdir else None, out))
+        items.append(RunItem(image, _find_mask(image, mdir) if mdir else None, out, auto))
     return items, True
 
 
@@ -115,20 +132,25 @@ def _mask_names(image: Path) -> str:
 
 
 def load(item: RunItem, max_pixels: int, reconstruct: "ReconstructSettings",
-         mask_dir: str | None = None) -> Loaded:
+         mask_dir: str | None = None, find_mask: Optional[FindMask] = None) -> Loaded:
     """Read an item completely and run the reconstruction stage's own input checks.
+    ``find_mask`` finds the object of an ``item.auto`` image that has no transparency.
     Raises ``InputProblem``."""
-    loaded = read_photo(item.image, item.mask, max_pixels, mask_dir)
-    what = f"mask {item.mask}" if item.mask is not None else f"the transparency of {item.image}"
+    loaded = read_photo(item.image, item.mask, max_pixels, mask_dir,
+                        find_mask=find_mask if item.auto else None, auto_hint=True)
+    what = (f"mask {item.mask}" if item.mask is not None
+            else f"the mask of {item.image}" if loaded.found else f"the transparency of {item.image}")
     check_reconstructable(loaded.rgb, loaded.mask, reconstruct, what)
     return loaded
 
 
 def read_photo(image: Path, mask: Path | None, max_pixels: int, mask_dir: str | None = None,
-               flag: str = "--mask") -> Loaded:
-    """A photo and its mask (``mask``, else the photo's own transparency), read by the rule
-    in ``kiln.maskfile`` and checked for size and usable coverage. Raises ``InputProblem``;
-    ``flag`` is the option that gives the mask, for the hint."""
+               flag: str = "--mask", find_mask: Optional[FindMask] = None,
+               auto_hint: bool = False) -> Loaded:
+    """A photo and its mask (``mask``, else the photo's own transparency, else what
+    ``find_mask`` finds), read by the rule in ``kiln.maskfile`` and checked for size and
+    usable coverage. Raises ``InputProblem``; ``flag`` is the option that gives the mask,
+    for the hint, and ``auto_hint`` adds that ``{flag} auto`` finds the object."""
     from kiln.imageio import ImageError, load_image
     from kiln.limits import image_size_problem, mask_problem
     from kiln.maskfile import load_mask, read_alpha
@@ -152,6 +174,16 @@ def read_photo(image: Path, mask: Path | None, max_pixels: int, mask_dir: str | 
         if (mh, mw) != (h, w):
             raise InputProblem(f"{what} is {mw}x{mh} but the image {image} is {w}x{h}; "
                                "they must match")
+    elif alpha is None and find_mask is not None:
+        found, note = find_mask(rgb, image)
+        if found.shape != (h, w) or found.dtype != bool:
+            raise InputProblem(f"the object found in {image} came back as a {found.dtype} array "
+                               f"of shape {found.shape}, not ({h}, {w}) bool")
+        problem = mask_problem(found)
+        if problem is not None:
+            raise InputProblem(f"the mask found automatically in {image} {problem}; pass "
+                               f"{flag} MASK.png (white = object)")
+        return Loaded(rgb=rgb, mask=found, notes=[note], found=True)
     else:
         what = f"the transparency of {image}"
         if alpha is None:
@@ -159,6 +191,9 @@ def read_photo(image: Path, mask: Path | None, max_pixels: int, mask_dir: str | 
                      "any image type)") if mask_dir else ""
             hint = ("put its mask in the --mask-dir folder" if mask_dir
                     else f"pass {flag} MASK.png (white = object)")
+            if auto_hint:
+                hint += (f", pass {flag} auto to find the object automatically," if mask_dir
+                         else f" or {flag} auto (to find the object automatically),")
             raise InputProblem(f"no mask: {image} has no transparency{where}, so the object "
                                f"cannot be told from the background; {hint} or use a "
                                "transparent PNG")

@@ -29,10 +29,11 @@ EXIT_CODES = ("Exit status: 0 the GLB was written (every GLB, with several image
 __all__ = ["main", "build_parser", "CliError", "CliJobFailed", "Cancelled", "ProgressLine", "timing_table"]
 
 
-def _validate(items, settings, mask_dir, keep: bool) -> list[Loaded]:
+def _validate(items, settings, mask_dir, keep: bool, find_mask=None) -> list[Loaded]:
     """Read every input completely before anything starts; refuse them all at once if any
     is unusable. Returns the loaded inputs (arrays dropped unless ``keep``: a batch
-    reads each image again when its turn comes, so memory holds one image at a time)."""
+    reads each image again when its turn comes, so memory holds one image at a time).
+    ``find_mask``: --mask auto's finder (``app.cli.cliautomask.AutoMasker``)."""
     import numpy as np
 
     from worker.inputs import load
@@ -41,12 +42,13 @@ def _validate(items, settings, mask_dir, keep: bool) -> list[Loaded]:
     problems: list[str] = []
     for item in items:
         try:
-            got = load(item, settings.app.max_pixels, settings.reconstruct, mask_dir)
+            got = load(item, settings.app.max_pixels, settings.reconstruct, mask_dir, find_mask)
         except InputProblem as e:
             problems.append(str(e))
             continue
         if not keep:   # only the notes stay
-            got = Loaded(rgb=np.empty((0, 0, 3), np.uint8), mask=np.empty((0, 0), bool), notes=got.notes)
+            got = Loaded(rgb=np.empty((0, 0, 3), np.uint8), mask=np.empty((0, 0), bool), notes=got.notes,
+                         found=got.found)
         loaded.append(got)
     if problems and len(items) == 1:
         raise CliError(problems[0])
@@ -71,17 +73,22 @@ def _space_check(items, settings) -> None:
 
 
 def cmd_run(args) -> int:
-    from worker.inputs import load, plan, writing_to
+    from worker.inputs import AUTO, load, plan, writing_to
 
     settings = settings_from_args(args)
     try:
         items, batch = plan(args.image, args.mask, args.mask_dir, args.output)
     except InputProblem as e:
         raise CliError(str(e)) from None
-    loaded = _validate(items, settings, args.mask_dir, keep=not batch)
+    find_mask = None
+    if args.mask == AUTO:
+        from app.cli.cliautomask import AutoMasker
+
+        find_mask = AutoMasker(settings.app, batch)
+    loaded = _validate(items, settings, args.mask_dir, keep=not batch, find_mask=find_mask)
     for item, got in zip(items, loaded):
         for note in got.notes:
-            if not batch:
+            if not batch or got.found:
                 print(note, file=sys.stderr)
             elif "thresholded" in note:   # a batch says only what the person may not expect
                 print(f"{item.image.name}: {note}", file=sys.stderr)
@@ -94,8 +101,8 @@ def cmd_run(args) -> int:
     runner = InProcessRunner(settings) if args.in_process else WorkerRunner(settings, resume=args.resume)
     if not batch:
         return _run_one(runner, items[0], loaded[0], args)
-    return _run_batch(runner, items, lambda item: load(item, settings.app.max_pixels,
-                                                     settings.reconstruct, args.mask_dir), args)
+    return _run_batch(runner, items, lambda item: load(item, settings.app.max_pixels, settings.reconstruct,
+                                                     args.mask_dir, find_mask), args)
 
 
 def _run_one(runner, item, got, args) -> int:
@@ -204,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Examples:\n  kiln run photo.png -o photo.glb            (transparent PNG: alpha is the mask)\n"
                "  kiln run photo.jpg --mask mask.png --no-bake --simplify-ratio 0.98\n"
                "  kiln run a.png b.jpg --mask-dir masks/ -o out/   (several images, one worker)\n"
+               "  kiln run shot.jpg --mask auto               (find the object on a plain background)\n"
                "  kiln bake --mesh m.glb --splat s.ply -o baked.glb (texture a mesh you already have)\n"
                "  kiln serve                                  (web UI on http://127.0.0.1:7860)\n"
                "  kiln doctor                                 (check CUDA, compilers, backends)\n\n"
@@ -224,10 +232,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "its mask. Several images run one after another through one worker")
     r.add_argument("--mask", help="mask file of the one IMAGE: white = object; an RGBA file whose "
                                   "alpha varies is read by its alpha; more than two grey levels are "
-                                  "thresholded halfway (required unless the image has transparency)")
+                                  "thresholded halfway (required unless the image has transparency). "
+                                  "'auto': find the object of each image that has no transparency "
+                                  "(or, with --mask-dir, no mask file) automatically: SAM 2 when its "
+                                  "checkpoint is installed, else a model of a plain or smooth "
+                                  "background taken from the image border; an image in which no "
+                                  "single object stands out is refused (exit 2) with the reason")
     r.add_argument("--mask-dir", metavar="FOLDER",
                    help="folder with a mask per image, named like the image (a.png, a_mask.png, "
-                        "a-mask.png, any image type); an image without one uses its transparency")
+                        "a-mask.png, any image type); an image without one uses its transparency "
+                        "(or, with --mask auto, the object found automatically)")
     r.add_argument("-o", "--output", help="one image: output .glb path or a folder (default: IMAGE "
                                           "name with .glb, here); several images or --mask-dir: "
                                           "the folder for <image name>.glb (default: here)")

@@ -322,6 +322,29 @@ class Sam2Segmenter:
         best = masks[int(np.argmax(scores))] > 0
         return keep_clicked_components(best, clicks, box)
 
+    def propose(self, rgb: np.ndarray, points: np.ndarray, chunk: int = 8) -> tuple[np.ndarray, np.ndarray]:
+        """SAM 2's three candidates for each of ``points`` ((N, 2) float x, y in ``rgb``'s
+        pixels), each point alone an object click: (logits (N, 3, H, W) float16, predicted
+        IoU (N, 3) float32). For ``app.segment.sam2_auto``, which prompts without a person;
+        the embedding is cached and shared with clicks on the same image."""
+        import torch
+
+        features, hw = self._future(image_key(rgb), rgb).result()
+        pts = np.asarray(points, np.float32).reshape(-1, 1, 2)
+        logits, scores = [], []
+        with self._decode_lock:
+            p = self.predictor
+            p._features, p._orig_hw = features, [hw]
+            p._is_image_set, p._is_batch = True, False
+            with torch.inference_mode():
+                for i in range(0, len(pts), chunk):
+                    part = pts[i:i + chunk]
+                    m, s, _ = p.predict(point_coords=part, point_labels=np.ones(part.shape[:2], np.int32),
+                                        multimask_output=True, return_logits=True)
+                    logits.append(np.asarray(m, np.float16).reshape(len(part), 3, *m.shape[-2:]))
+                    scores.append(np.asarray(s, np.float32).reshape(len(part), 3))
+        return np.concatenate(logits), np.concatenate(scores)
+
 
 @dataclass
 class SegmenterChoice:

@@ -167,38 +167,65 @@ def select(ctx: AppContext, caller: Caller, points: Optional[list] = None, box: 
     return describe_state(st)
 
 
+# /generate's mask parameter: the one value it takes
+AUTO_MASK = "auto"
+
+
 def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simplify_ratio: Optional[float] = None,
              texture_size: Any = None, views: Optional[int] = None, bake_mode: Optional[str] = None,
-             seed: Optional[int] = None, gaussians_ply: Optional[bool] = None,
+             seed: Optional[int] = None, gaussians_ply: Optional[bool] = None, mask: Optional[str] = None,
              progress=gr.Progress()) -> Iterator[JobAnswer]:
     """Make a 3D model of the session's image and mask. The parameters are the page's
-    settings (kiln.settings names the setting each sets; null keeps the server's).
-    Yields (status, glb, ply) as the job changes; the last has the GLB (and the .ply
-    with gaussians_ply). A failed or cancelled job raises its reason."""
+    settings (kiln.settings names the setting each sets; null keeps the server's), and
+    mask: "auto" finds the object automatically in the session's image (SAM 2 when its
+    checkpoint is installed, else from a plain or smooth background) instead of using the
+    session's selection, transparency or mask file; refused with the reason when no single
+    object stands out. Yields (status, glb, ply) as the job changes; the last has the GLB
+    (and the .ply with gaussians_ply); with mask "auto" each status says how the object was
+    found. A failed or cancelled job raises its reason."""
     session = caller.session
+    if mask not in (None, "", AUTO_MASK):
+        raise refusal(f'mask: give "{AUTO_MASK}" to find the object automatically, or leave it out '
+                      "to use the session's selection, transparency or mask file")
+    auto = mask == AUTO_MASK
     values = dict(bake=bake, simplify_ratio=simplify_ratio, texture_size=texture_size, views=views,
                   bake_mode=bake_mode, seed=seed, gaussians_ply=gaussians_ply)
     st = ctx.sessions.get(session)
-    settings = _checked_settings(ctx, st, values)
+    settings = _checked_settings(ctx, st, values, mask_found=auto)
     if ctx.sup_error:
         raise refusal(usertext.public_text(ctx.sup_error))
     if not ctx.active.press(session):
         raise refusal("this session already has a job running; wait for it or call /cancel")
     try:
+        found = None
         try:
             with ctx.decodes:
-                rgb, mask = form.job_inputs(st)
+                if auto:
+                    rgb, mask_px, found = form.found_object_inputs(
+                        st, ctx.segmenter, settings.reconstruct,
+                        instead="select it with /select (points or a box) or upload its mask with /upload_image")
+                else:
+                    rgb, mask_px = form.job_inputs(st)
         except usertext.UIError as e:
             raise _fail(e) from None
         assert st.image is not None   # job_inputs refuses a session without an image
         # kept with the job: its result downloads as '<image-name>-<n>.glb', as the page's do
         info = history.JobInfo(st.image.name, history.thumbnail_uri(st.image.work))
         del st
-        steps = jobs.follow_job(ctx, session, rgb, mask, settings, info=info)
-        del rgb, mask
-        yield from stream_job(ctx, session, steps, progress)
+        steps = jobs.follow_job(ctx, session, rgb, mask_px, settings, info=info)
+        del rgb, mask_px
+        said = describe_found(found) if found is not None else None
+        for answer in stream_job(ctx, session, steps, progress):
+            yield answer if said is None else answer._replace(info={**answer.info, "mask": said})
     finally:
         ctx.active.end_pending(session)
+
+
+def describe_found(found) -> dict:
+    """How /generate's mask "auto" found the object (an ``app.segment.automask.AutoMask``):
+    source "auto", method ("border-model" or "sam2"), score (0..1), share of the image."""
+    return {"source": "auto", "method": found.method, "score": round(float(found.score), 4),
+            "share": round(found.share, 5)}
 
 
 def stream_job(ctx: AppContext, session: str, steps, progress) -> Iterator[JobAnswer]:
@@ -223,15 +250,17 @@ def stream_job(ctx: AppContext, session: str, steps, progress) -> Iterator[JobAn
     yield JobAnswer(describe_job(last), files.get("glb"), files.get("ply"))
 
 
-def _checked_settings(ctx: AppContext, st: uploads.SessionState, values: dict) -> Settings:
+def _checked_settings(ctx: AppContext, st: uploads.SessionState, values: dict,
+                      mask_found: bool = False) -> Settings:
     """The job's settings from /generate's parameters, after the page's fast checks of the
-    session's image and mask (present, not full, not a speck) on the working copy."""
+    session's image and mask (present, not full, not a speck) on the working copy; with
+    ``mask_found`` (mask "auto"), of the image only."""
     try:
         settings = api_settings(ctx.settings, values)
         uploads.require_image(st)
         form.check_job_request(st, ctx.settings, settings.bake.enabled, settings.mesh.simplify_ratio,
                                settings.bake.texture_size, settings.views.count, settings.bake.mode,
-                               settings.seed, settings.export.gaussians_ply)
+                               settings.seed, settings.export.gaussians_ply, mask_found=mask_found)
     except usertext.UIError as e:
         raise _fail(e) from None
     return settings

@@ -23,8 +23,8 @@ from app.web.requestinfo import event_fn
 @dataclass(frozen=True, eq=False)
 class ApiSlots:
     """The hidden components the endpoints read and write: what a script sends and gets.
-    ``settings``: /generate's parameters, in its order; ``bake_options``: /bake's after its
-    files (``app.web.api_bake.BAKE_PARAMS``)."""
+    ``settings``: /generate's settings, in its order, and ``generate_mask`` its mask ("auto");
+    ``bake_options``: /bake's after its files (``app.web.api_bake.BAKE_PARAMS``)."""
 
     image: gr.File
     mask: gr.File
@@ -32,6 +32,7 @@ class ApiSlots:
     points: Api
     box: Api
     settings: tuple
+    generate_mask: Api
     job: Api
     info: Api
     glb: gr.File
@@ -66,6 +67,9 @@ def api_slots(s: Settings) -> ApiSlots:
             _json_slot(s.seed, {"type": "integer"}, "seed"),
             _json_slot(s.export.gaussians_ply, {"type": "boolean"}, "gaussians_ply"),
         ),
+        generate_mask=_json_slot(None, {"type": "string", "enum": ["auto"], "description":
+                                        "auto: find the object automatically instead of the session's mask"},
+                                 "mask"),
         job=_json_slot(None, {"type": "string"}, "job"),
         info=_json_slot(None, {"type": "object"}, "info"),
         glb=gr.File(label="glb"),
@@ -107,7 +111,7 @@ class Endpoint:
 ENDPOINT_TABLE = (
     Endpoint("upload_image", upload_image, ("image", "mask", "use_alpha"), ("info",)),
     Endpoint("select", select, ("points", "box"), ("info",)),
-    Endpoint("generate", generate, ("settings",), JobAnswer._fields, queue="job"),
+    Endpoint("generate", generate, ("settings", "generate_mask"), JobAnswer._fields, queue="job"),
     Endpoint("bake", bake, ("mesh", "splat", "image", "mask", "camera", "bake_options"), JobAnswer._fields,
              queue="job"),
     Endpoint("status", status, (), ("info",), queue="now"),

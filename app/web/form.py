@@ -125,10 +125,38 @@ def job_inputs(state: SessionState) -> tuple[np.ndarray, np.ndarray]:
     return rgb, mask
 
 
-def check_job_request(state: SessionState, base: Settings, *form) -> Settings:
-    """What ``job_request`` refuses, checked on the working copy without decoding the
-    full-size image (fast, for the check before a job waits in the queue)."""
+def found_object_inputs(state: SessionState, segmenter, reconstruct,
+                        instead: str = "select it with clicks or a box") -> tuple[np.ndarray, np.ndarray, Any]:
+    """(rgb (H, W, 3) uint8, mask (H, W) bool, ``app.segment.automask.AutoMask``): the
+    session's image at full size and its object found automatically (``find_object``; SAM
+    2 when ``segmenter`` is, else the border model), checked as ``job_inputs`` checks a
+    selection and as the reconstruction would (``reconstruct``: its settings). UIError
+    saying why no single object was found and what to do ``instead``."""
+    from app.segment.automask import find_object
+
     img = require_image(state)
+    rgb, _ = img.full()
+    found = find_object(rgb, segmenter)
+    if not found.found:
+        raise UIError(f"no single object found automatically: {found.problem}; {instead}")
+    n = int(found.mask.sum())
+    if n < MIN_MASK_PIXELS:
+        raise UIError(f"the object found automatically covers only {n} pixels; {instead}")
+    try:
+        check_reconstructable(rgb, found.mask, reconstruct, "the object found automatically")
+    except InputProblem as e:
+        raise UIError(str(e)) from None
+    return rgb, found.mask, found
+
+
+def check_job_request(state: SessionState, base: Settings, *form, mask_found: bool = False) -> Settings:
+    """What ``job_request`` refuses, checked on the working copy without decoding the
+    full-size image (fast, for the check before a job waits in the queue). ``mask_found``:
+    the object is to be found automatically (``found_object_inputs``), so only the image
+    and the settings are checked here."""
+    img = require_image(state)
+    if mask_found:
+        return job_settings(base, ui_overrides(*form))
     if state.use_alpha and img.work_alpha is not None:
         mask = img.work_alpha >= 128
     elif state.mask is None:
