@@ -438,6 +438,13 @@ def test_box_prompt_and_mask_file(server, browser, tmp_path):
     ctx, page = _open(browser, url)
     try:
         _upload(page, img)
+        # "Find the object": selected without a click (the object on a plain background)
+        page.click("#kiln-find")
+        page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('found automatically')")
+        assert "Mask:" in page.inner_text("#kiln-mask-info")
+        page.screenshot(path=str(ARTIFACTS / "c00_found.png"), full_page=True)
+        page.click("#kiln-clear")
+        page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('click the object')")
         ys, xs = np.nonzero(gt)
         box = page.locator("#kiln-canvas img").bounding_box()
         sx, sy = box["width"] / 320, box["height"] / 320

@@ -498,3 +498,28 @@ def test_event_fn_hands_the_handler_the_caller_the_server_derives(app, blob):
     # a generator stays one (Gradio streams it)
     follow = event_fn(job.follow_on_load, app.page, app.ctx)
     assert inspect.isgeneratorfunction(follow) and follow.handler is job.follow_on_load
+
+
+def test_find_the_object_selects_it_without_clicks_and_clicks_correct_it(app, tmp_path):
+    """"Find the object" on a photo without transparency: the object on a plain background is
+    selected (the border model here: no SAM 2), and a click afterwards re-segments within
+    the box around it; a busy photo is refused, saying why, under the image as well."""
+    from composites import composite
+
+    photo, truth = composite("blob", "grey", size=180, canvas=(240, 320))
+    answer(app, image.on_upload, A1, png_file(tmp_path, "shot.png", photo))
+    out = answer(app, image.on_find, A1)
+    st = app.ctx.sessions.get(A1.session)
+    iou = (st.mask & truth).sum() / (st.mask | truth).sum()
+    assert iou >= 0.9, iou
+    assert "found automatically by the background model" in out["mask_info"] and st.box is not None
+    out = answer(app, image.on_click, A1, False, _select(160, 120))
+    after = app.ctx.sessions.get(A1.session)
+    assert after.clicks and after.box == st.box and after.mask.any()
+    assert "found automatically" not in out["mask_info"]
+
+    noise = np.random.default_rng(0).integers(0, 256, (240, 320, 3), dtype=np.uint8)
+    answer(app, image.on_upload, A2, png_file(tmp_path, "noise.png", noise))
+    out = answer(app, image.on_find, A2)
+    assert "No single object found automatically: the background" in out["mask_info"]
+    assert app.ctx.sessions.get(A2.session).mask is None

@@ -46,14 +46,20 @@ def canvas_as_file(page: Page, ctx: AppContext, caller: Caller, answer: Updates)
 def edit_selection(page: Page, ctx: AppContext, caller: Caller,
                    change: Callable[[uploads.SessionState], uploads.SessionState]) -> Updates:
     """Apply ``change(state) -> state`` to the tab's state and show the result; a change
-    refused with a ``UIError`` leaves the state as it was and says why in a pop-up."""
+    refused with a ``UIError`` leaves the state as it was and says why in a pop-up and under
+    the image, where it stays until the next change."""
+    refused = ""
     with ctx.sessions.edit(caller.session, caller.client) as (st, save):
         try:
             st = change(st)
             save(st)
         except usertext.UIError as e:
-            gr.Warning(usertext.public_text(str(e)))
-    return selection_view(page, st)
+            refused = usertext.public_text(str(e))
+            gr.Warning(refused)
+    view = selection_view(page, st)
+    if refused:
+        view[page.mask_info] = f"{view[page.mask_info]}  \n⚠ {usertext.md_text(refused[:1].upper() + refused[1:])}."
+    return view
 
 
 def on_upload(page: Page, ctx: AppContext, caller: Caller, path: Optional[str]) -> Updates:
@@ -105,6 +111,13 @@ def on_click(page: Page, ctx: AppContext, caller: Caller, background: bool, evt:
     x, y = float(evt.index[0]), float(evt.index[1])
     return edit_selection(page, ctx, caller,
                           lambda st: selection.add_click(st, x, y, bool(background), ctx.segmenter))
+
+
+def on_find(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """"Find the object": the object found without clicks becomes the selection (a photo
+    without transparency, on a plain or smooth background; SAM 2 when loaded); when none
+    can be told, a pop-up says why and what to do."""
+    return edit_selection(page, ctx, caller, lambda st: selection.find_automatically(st, ctx.segmenter))
 
 
 def on_undo(page: Page, ctx: AppContext, caller: Caller) -> Updates:

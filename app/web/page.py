@@ -69,6 +69,7 @@ class Page:
     background: gr.Checkbox
     show_mask: gr.Checkbox
     use_alpha: gr.Checkbox
+    find: gr.Button
     undo: gr.Button
     clear: gr.Button
     mask_file: gr.File
@@ -143,6 +144,7 @@ def _image_column(c: dict, upload_limits: str, examples: Optional[list[Path]]) -
         c["use_alpha"] = gr.Checkbox(label="Use transparency as mask", value=False, visible=False,
                                      elem_id="kiln-alpha")
     with gr.Row():
+        c["find"] = gr.Button("Find the object", size="sm", elem_id="kiln-find")
         c["undo"] = gr.Button("Undo", size="sm", elem_id="kiln-undo")
         c["clear"] = gr.Button("Clear selection", size="sm", elem_id="kiln-clear")
     c["mask_file"] = gr.File(label="Or a mask file (same size as the image; alpha or white = object)",

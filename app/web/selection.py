@@ -69,6 +69,28 @@ def set_box(state: SessionState, x0: float, y0: float, x1: float, y1: float, seg
     return _resegment(state, prior, segmenter, (xs[0], ys[0], xs[1], ys[1]))
 
 
+def find_automatically(state: SessionState, segmenter) -> SessionState:
+    """The object found without clicks (``app.segment.automask.find_object`` on the working
+    copy: SAM 2 when ``segmenter`` is, else the border model) as the selection, with the
+    box around it as the prompt, so clicks afterwards correct it (they re-segment within
+    that box). UIError saying why when no single object can be told."""
+    from app.segment.automask import find_object
+
+    img = require_image(state)
+    found = find_object(img.work, segmenter)
+    if not found.found:
+        raise UIError(f"no single object found automatically: {found.problem}; click the object "
+                      "or drag a box around it")
+    ys, xs = np.nonzero(found.mask)
+    h, w = found.mask.shape
+    pad = 0.03 * max(h, w)
+    box = (max(0.0, xs.min() - pad), max(0.0, ys.min() - pad),
+           min(w - 1.0, xs.max() + pad), min(h - 1.0, ys.max() + pad))
+    how = "SAM 2" if found.method == "sam2" else "the background model"
+    return replace(state, clicks=(), box=box, mask=found.mask, use_alpha=False, mask_file=None,
+                   mask_note=f"found automatically by {how}: clicks correct it")
+
+
 def undo_click(state: SessionState, segmenter) -> SessionState:
     """Take back the last click, or the box when no click is left."""
     if not _prompting(state):
@@ -208,6 +230,8 @@ def mask_summary(state: SessionState) -> str:
         src = "image transparency"
     elif state.mask_file:
         src = "mask file"
+    elif not state.clicks and state.mask_note.startswith("found automatically"):
+        src = "Find the object"
     else:
         n_obj = sum(c[2] == 1 for c in state.clicks)
         n_bg = sum(c[2] == 0 for c in state.clicks)

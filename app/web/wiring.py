@@ -66,6 +66,7 @@ def _wire_image(page: Page, ctx: AppContext) -> None:
     page.upload.upload(on(image.on_upload), [page.upload], upload_outputs(page), **seg)
     page.upload.clear(on(image.on_upload_cleared), None, [*view, *result_view(page), page.upload], **seg)
     page.canvas.select(on(image.on_click), [page.background], view, **seg)
+    page.find.click(on(image.on_find), None, view, **seg)
     page.undo.click(on(image.on_undo), None, view, **seg)
     page.clear.click(on(image.on_clear), None, view, **seg)
     page.use_alpha.input(on(image.on_alpha), [page.use_alpha], view, **seg)
