@@ -26,7 +26,7 @@ from typing import Callable, Optional, TextIO
 
 from kiln.models import ModelFile, write_record
 
-CHUNK = 1 << 20
+CHUNK = 256 << 10
 TIMEOUT_S = 30.0
 # room left over for the file system and whatever else writes there meanwhile
 FREE_MARGIN = 64 << 20
@@ -53,19 +53,16 @@ class Progress:
     """A live line on a terminal; elsewhere (logs, CI) one line per 10 %, so a log
     shows that a long download moves without thousands of lines."""
 
-    def __init__(self, name: str, total: Optional[int], stream: Optional[TextIO] = None):
+    def __init__(self, name: str, total: Optional[int], stream: Optional[TextIO] = None, start: int = 0):
         self.name, self.total = name, total
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.t0 = time.monotonic()
-        self.start_bytes: Optional[int] = None
-        self.next_tenth = 1
+        self.start_bytes = start   # a resumed download's rate counts this run's bytes only
+        self.next_tenth = start * 10 // total + 1 if total else 1
         self.last_draw = 0.0
 
     def update(self, done: int) -> None:
-        if self.start_bytes is None:
-            self.start_bytes = done
-            self.next_tenth = (done * 10 // self.total) + 1 if self.total else 1
         if self.tty:
             now = time.monotonic()
             if now - self.last_draw >= 0.2 or done == self.total:
@@ -73,10 +70,10 @@ class Progress:
                 self.stream.write(f"\r{self._text(done)}\x1b[K")
                 self.stream.flush()
         elif self.total:
-            while self.next_tenth <= 10 and done * 10 >= self.next_tenth * self.total:
+            if done * 10 >= self.next_tenth * self.total:   # one line even when a chunk spans two tenths
                 self.stream.write(f"{self._text(done)}\n")
-                self.next_tenth += 1
-            self.stream.flush()
+                self.stream.flush()
+                self.next_tenth = done * 10 // self.total + 1
 
     def close(self) -> None:
         if self.tty:
@@ -85,16 +82,16 @@ class Progress:
 
     def _text(self, done: int) -> str:
         secs = max(time.monotonic() - self.t0, 1e-6)
-        rate = (done - (self.start_bytes or 0)) / secs / 1e6
+        rate = (done - self.start_bytes) / secs / 1e6
         if self.total:
             return (f"{self.name}: {100 * done // self.total:3d}% {done / 1e6:,.1f} / "
                     f"{self.total / 1e6:,.1f} MB  {rate:.1f} MB/s")
         return f"{self.name}: {done / 1e6:,.1f} MB  {rate:.1f} MB/s"
 
 
-def check_free(folder: Path, needed: int, disk_usage: Callable = shutil.disk_usage) -> None:
+def check_free(folder: Path, needed: int, disk_usage: Optional[Callable] = None) -> None:
     """Refuse before downloading when ``folder``'s file system cannot hold ``needed`` more bytes."""
-    free = disk_usage(folder).free
+    free = (disk_usage or shutil.disk_usage)(folder).free
     if free < needed + FREE_MARGIN:
         raise FetchError(f"not enough free space in {folder}: {needed / 1e6:,.1f} MB to download "
                          f"(+{FREE_MARGIN >> 20} MiB margin), {free / 1e6:,.1f} MB free; free some space "
@@ -188,7 +185,7 @@ def _verify(model: ModelFile, part: Path, size: int, sha: str) -> None:
 
 
 def fetch(model: ModelFile, folder: Path, *, timeout: float = TIMEOUT_S, stream: Optional[TextIO] = None,
-          disk_usage: Callable = shutil.disk_usage) -> Fetched:
+          disk_usage: Optional[Callable] = None) -> Fetched:
     """Download ``model`` into ``folder`` (resuming ``NAME.part``), verify it, and rename it
     into place. The caller decides whether a present file should be fetched at all."""
     if model.gated:
@@ -213,7 +210,7 @@ def fetch(model: ModelFile, folder: Path, *, timeout: float = TIMEOUT_S, stream:
             total = _expected_total(model, resp, start)
             if model.size is None and total is not None:
                 check_free(folder, total - start, disk_usage)
-            progress = Progress(model.name, total, stream)
+            progress = Progress(model.name, total, stream, start)
             try:
                 size, sha = _stream(resp, part, start, total, progress)
             finally:

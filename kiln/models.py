@@ -167,10 +167,14 @@ def status(model: ModelFile, folder: Path) -> Status:
             return Status("partial", path, f"{part.stat().st_size:,} bytes in {part.name}: fetch resumes it")
         return Status("absent", path)
     size = path.stat().st_size
-    expected = (model.sha256, model.size) if model.pinned else read_record(path)
-    if expected is None:
-        return Status("unverified", path, f"{size:,} bytes; no published checksum and no record of a fetch")
-    sha, want_size = expected
+    want_size: Optional[int]
+    if model.sha256 is not None:
+        sha, want_size = model.sha256, model.size
+    else:
+        recorded = read_record(path)
+        if recorded is None:
+            return Status("unverified", path, f"{size:,} bytes; no published checksum and no record of a fetch")
+        sha, want_size = recorded
     if want_size is not None and size != want_size:
         return Status("corrupt", path, f"{size:,} bytes, expected {want_size:,}: download again")
     got = sha256_of(path)
