@@ -16,6 +16,7 @@ from worker.inputs import InputProblem, Loaded, NoSpace, is_no_space, no_space
 
 from app.cli.cliargs import settings_from_args
 from app.cli.clibake import add_parser as add_bake_parser
+from app.cli.climodels import add_parser as add_models_parser
 from app.cli.clirunner import Cancelled, CliError, InProcessRunner, CliJobFailed, WorkerRunner, write_report
 from app.cli.cliview import BatchLine, ItemResult, ProgressLine, summary_table, timing_table
 
@@ -214,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  kiln run shot.jpg --mask auto               (find the object on a plain background)\n"
                "  kiln bake --mesh m.glb --splat s.ply -o baked.glb (texture a mesh you already have)\n"
                "  kiln serve                                  (web UI on http://127.0.0.1:7860)\n"
-               "  kiln doctor                                 (check CUDA, compilers, backends)\n\n"
+               "  kiln doctor                                 (check CUDA, compilers, backends)\n"
+               "  kiln models fetch tiny                      (download the SAM 2.1 tiny checkpoint)\n\n"
                + textwrap.fill(EXIT_CODES.replace("Exit status:", "Exit status of `kiln run`:"), 88),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -282,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="check Python, torch/CUDA, compilers, backends, checkpoints", add_help=False)
     d.add_argument("rest", nargs=argparse.REMAINDER)
     d.set_defaults(func=cmd_doctor)
+
+    add_models_parser(sub)
 
     st = sub.add_parser("settings", help="list every setting with its default and allowed values")
     st.set_defaults(func=cmd_settings)
