@@ -59,6 +59,8 @@ def read_mesh(path) -> MeshFile:
     problem = model_file_problem(path, "model")
     if problem:
         raise StageInputError(problem)
+    if fmt == "glb":
+        _check_glb_layout(path)
     try:
         loaded = trimesh.load(path, process=False, maintain_order=True)
     except Exception as e:   # trimesh raises many types on corrupt input
@@ -82,6 +84,37 @@ def read_mesh(path) -> MeshFile:
                 vertex_colors=colours, uvs=uvs)
     return MeshFile(mesh=mesh.validate(path.name, max_faces=MAX_FACES), texture=texture,
                     format=fmt, notes=tuple(notes))
+
+
+def _check_glb_layout(path: Path) -> None:
+    """Refuse a GLB whose header or chunk lengths do not match the file, before trimesh reads it:
+    trimesh believes them, so a flipped bit in a chunk's length makes it allocate up to 4 GiB
+    (``read(length)``), and it reads bytes past the header's total length as further chunks.
+    The glTF spec: the total length is the file's, and the chunks fill it exactly."""
+    import struct
+
+    size = path.stat().st_size
+    bad = f"{path.name} cannot be read as GLB:"
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if len(head) < 12:
+            raise StageInputError(f"{bad} it has {size} bytes, fewer than a GLB header's 12")
+        magic, version, length = struct.unpack("<4sII", head)
+        if magic != b"glTF":
+            raise StageInputError(f"{bad} it does not start with 'glTF'")
+        if length != size:
+            what = "truncated" if length > size else "corrupt (bytes after its end)"
+            raise StageInputError(f"{bad} it is {what}: its header says {length} bytes, the file has {size}")
+        at = 12
+        while at + 8 <= length:
+            f.seek(at)
+            chunk_length, _ = struct.unpack("<II", f.read(8))
+            if at + 8 + chunk_length > length:
+                raise StageInputError(f"{bad} it is corrupt: a chunk of {chunk_length} bytes at byte {at} "
+                                      f"runs past the end of the file ({length} bytes)")
+            at += 8 + chunk_length
+        if at != length:
+            raise StageInputError(f"{bad} it is corrupt: its chunks end at byte {at}, not at its end ({length})")
 
 
 def _one_mesh(loaded, path: Path):
