@@ -315,7 +315,8 @@ def _alarm(seconds: float) -> Iterator[None]:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        # None: a handler installed from C (libFuzzer's, under atheris); the timer is off, so default is safe
+        signal.signal(signal.SIGALRM, old if old is not None else signal.SIG_DFL)
 
 
 def _maxrss_bytes() -> int:
