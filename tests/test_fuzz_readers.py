@@ -336,3 +336,14 @@ def test_bake_malformed_camera_parameters(focal, principal) -> None:
     with pytest.raises(UIError, match="focal is a number"):
         bake_request(SimpleNamespace(settings=Settings()), "s", "m.ply", None, None, None, None, focal,
                      principal, None, False, None, None, False, {})
+
+
+def test_corrupt_texture_in_a_glb() -> None:
+    """bench/fuzz.py found it: a GLB whose embedded PNG is broken loads (trimesh decodes
+    textures lazily), then PIL's OSError came out of the scene's copy. Now a StageInputError."""
+    data = bytearray(next(s for s in _seeds("mesh") if s.name == "box.glb").data)
+    idat = data.find(b"IDAT")
+    assert idat > 0, "the generated GLB embeds its texture as PNG"
+    data[idat + 4:idat + 12] = b"\xff" * 8   # the compressed pixels' first bytes broken, lengths kept
+    out = ft.run_reader(TARGETS["mesh"], ft.Seed("box.glb", b""), bytes(data))
+    assert out.error is not None and "cannot be read as GLB" in str(out.error), out.error

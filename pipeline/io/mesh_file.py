@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from kiln.limits import MAX_FACES, model_file_problem
+from kiln.limits import MAX_FACES, MAX_RASTER_SIDE, model_file_problem
 
 from pipeline.types import Mesh
 from pipeline.validate import StageInputError
@@ -63,8 +63,15 @@ def read_mesh(path) -> MeshFile:
         _check_glb_layout(path)
     try:
         loaded = trimesh.load(path, process=False, maintain_order=True)
-    except Exception as e:   # trimesh raises many types on corrupt input
+        return _from_loaded(loaded, path, fmt)
+    except StageInputError:
+        raise
+    except Exception as e:   # trimesh raises many types on corrupt input, and decodes textures lazily
         raise StageInputError(f"{path.name} cannot be read as {fmt.upper()}: {type(e).__name__}: {e}") from None
+
+
+def _from_loaded(loaded, path: Path, fmt: str) -> MeshFile:
+    """Kiln's MeshFile from what trimesh loaded (its textures are decoded only now, by PIL)."""
     tm, notes = _one_mesh(loaded, path)
     faces = np.asarray(tm.faces)
     if len(faces) == 0:
@@ -79,7 +86,7 @@ def read_mesh(path) -> MeshFile:
     if not np.isfinite(vertices).all():
         bad = int((~np.isfinite(vertices)).any(axis=1).sum())
         raise StageInputError(f"{path.name}: {bad} vertices have non-finite positions (NaN or inf)")
-    uvs, texture, colours = _visual(tm, fmt, notes)
+    uvs, texture, colours = _visual(tm, fmt, notes, path.name)
     mesh = Mesh(vertices=vertices.astype(np.float32), faces=faces.astype(np.int32),
                 vertex_colors=colours, uvs=uvs)
     return MeshFile(mesh=mesh.validate(path.name, max_faces=MAX_FACES), texture=texture,
@@ -147,7 +154,7 @@ def _only_points(path: Path) -> str:
     return f"{path.name} holds no triangles, only points"
 
 
-def _visual(tm, fmt: str, notes: list[str]):
+def _visual(tm, fmt: str, notes: list[str], name: str = "mesh"):
     """(uvs (V, 2) float32 or None, texture (H, W, 3) uint8 or None, vertex colours or None)."""
     from pipeline.io.export import linear_to_srgb
 
@@ -165,6 +172,10 @@ def _visual(tm, fmt: str, notes: list[str]):
         if material is not None:
             image = getattr(material, "baseColorTexture", None) or getattr(material, "image", None)
         if image is not None:
+            # PIL decodes on convert(): check the size its header claims first
+            if image.width * image.height > MAX_RASTER_SIDE ** 2 or min(image.size) < 1:
+                raise StageInputError(f"{name}: its texture is {image.width}x{image.height} pixels; Kiln reads "
+                                      f"textures of at most {MAX_RASTER_SIDE}x{MAX_RASTER_SIDE}")
             texture = np.asarray(image.convert("RGB"), np.uint8)
     elif getattr(visual, "kind", None) == "vertex":
         rgba = np.asarray(visual.vertex_colors, np.float64)[:, :3] / 255.0
