@@ -254,6 +254,8 @@ def _coerce(key: str, f: dataclasses.Field, value: Any) -> Any:
             num = float(value)
         except ValueError:
             raise SettingsError(f"setting '{key}' must be {integer}, got {value!r}") from None
+        except OverflowError:   # an integer beyond any float is beyond every range too
+            raise SettingsError(f"setting '{key}' = {value!r} is out of range") from None
         if not math.isfinite(num) or num != int(num):
             raise SettingsError(f"setting '{key}' must be {integer}, got {value!r}")
         return int(num)
@@ -264,6 +266,8 @@ def _coerce(key: str, f: dataclasses.Field, value: Any) -> Any:
             num = float(value)
         except (TypeError, ValueError):
             raise SettingsError(f"setting '{key}' must be a number, got {value!r}") from None
+        except OverflowError:
+            raise SettingsError(f"setting '{key}' = {value!r} is out of range") from None
         if not math.isfinite(num):
             raise SettingsError(f"setting '{key}' must be a finite number, got {value!r}")
         return num
@@ -328,10 +332,18 @@ def load(path: str | Path | None = None, overrides: Mapping[str, Any] | None = N
         text = path.read_text()
     except OSError as e:
         raise SettingsError(f"cannot read settings file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise SettingsError(f"settings file {path} is not UTF-8 text (byte {e.start}); "
+                            "settings are YAML") from None
+    # libyaml's parser when PyYAML has it: the pure-Python one takes seconds per thousand
+    # unclosed '[' (a 20 kB file ran past 10 s), libyaml refuses nesting beyond 1000 at once
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.load(text, Loader=loader) or {}
     except yaml.YAMLError as e:
         raise SettingsError(f"settings file {path} is not valid YAML: {e}") from None
+    except RecursionError:
+        raise SettingsError(f"settings file {path} is nested too deeply to be Kiln's settings") from None
     settings = from_dict(data)
     return settings.override(overrides or {})
 

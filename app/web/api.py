@@ -138,8 +138,10 @@ def _prompts(points: Optional[list], box: Optional[list]) -> tuple[list, Optiona
         bx = [float(v) for v in box] if box else None
         if bx is not None and len(bx) != 4:
             raise usertext.UIError("box: give [x0, y0, x1, y1]")
-    except (TypeError, ValueError, IndexError):
-        raise refusal("points: give [[x, y, label], ...] with label 1 (object) or 0 (background)") from None
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+        # any JSON may arrive: {} for a point (KeyError), 1e999 as a label (OverflowError)
+        raise refusal("points: give [[x, y, label], ...] with label 1 (object) or 0 (background); "
+                      "box: give [x0, y0, x1, y1]") from None
     except usertext.UIError as e:
         raise _fail(e) from None
     if not pts and bx is None:

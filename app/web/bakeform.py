@@ -35,7 +35,8 @@ def bake_request(ctx: AppContext, session: str, mesh: str, splat: Optional[str],
             principal=(float(principal[0]), float(principal[1])) if principal else None,
             camera_frame=str(camera_frame or "opengl"), fit_camera=bool(fit_camera),
             source=str(source or "auto"), uvs=str(uvs or "auto"))
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+        # any JSON may arrive: {"a": 1} as principal (KeyError), 10**400 as focal (OverflowError)
         raise usertext.UIError("focal is a number of pixels and principal [cx, cy]") from None
     pixels = None
     if session_image:

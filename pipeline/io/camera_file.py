@@ -24,6 +24,8 @@ def read_camera(path) -> SourceCamera:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise StageInputError(f"camera file {path.name} cannot be read as JSON: {e}") from None
+    except RecursionError:
+        raise StageInputError(f"camera file {path.name} is nested too deeply to be a camera") from None
     if isinstance(data, dict) and "source_camera" not in data and isinstance(data.get("stats"), dict):
         data = data["stats"]
     if isinstance(data, dict) and isinstance(data.get("source_camera"), dict):
@@ -33,8 +35,9 @@ def read_camera(path) -> SourceCamera:
                               "source_camera that `kiln run --report` writes)")
     try:
         cam = SourceCamera.from_dict(data)
-    except (TypeError, ValueError) as e:
-        raise StageInputError(f"camera file {path.name}: {e}") from None
+    except (TypeError, ValueError, OverflowError) as e:   # OverflowError: 1e999 as a size, 10**400 in K
+        raise StageInputError(f"camera file {path.name}: K and viewmat must be matrices of numbers, "
+                              f"width and height whole numbers of pixels ({e})") from None
     if not (np.isfinite(cam.K).all() and np.isfinite(cam.viewmat).all()):
         raise StageInputError(f"camera file {path.name} holds non-finite numbers")
     return cam.validate(f"camera {path.name}")

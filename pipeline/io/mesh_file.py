@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from kiln.limits import MAX_FACES, model_file_problem
+from kiln.limits import MAX_FACES, MAX_RASTER_SIDE, model_file_problem
 
 from pipeline.types import Mesh
 from pipeline.validate import StageInputError
@@ -59,10 +59,19 @@ def read_mesh(path) -> MeshFile:
     problem = model_file_problem(path, "model")
     if problem:
         raise StageInputError(problem)
+    if fmt == "glb":
+        _check_glb_layout(path)
     try:
         loaded = trimesh.load(path, process=False, maintain_order=True)
-    except Exception as e:   # trimesh raises many types on corrupt input
+        return _from_loaded(loaded, path, fmt)
+    except StageInputError:
+        raise
+    except Exception as e:   # trimesh raises many types on corrupt input, and decodes textures lazily
         raise StageInputError(f"{path.name} cannot be read as {fmt.upper()}: {type(e).__name__}: {e}") from None
+
+
+def _from_loaded(loaded, path: Path, fmt: str) -> MeshFile:
+    """Kiln's MeshFile from what trimesh loaded (its textures are decoded only now, by PIL)."""
     tm, notes = _one_mesh(loaded, path)
     faces = np.asarray(tm.faces)
     if len(faces) == 0:
@@ -77,11 +86,42 @@ def read_mesh(path) -> MeshFile:
     if not np.isfinite(vertices).all():
         bad = int((~np.isfinite(vertices)).any(axis=1).sum())
         raise StageInputError(f"{path.name}: {bad} vertices have non-finite positions (NaN or inf)")
-    uvs, texture, colours = _visual(tm, fmt, notes)
+    uvs, texture, colours = _visual(tm, fmt, notes, path.name)
     mesh = Mesh(vertices=vertices.astype(np.float32), faces=faces.astype(np.int32),
                 vertex_colors=colours, uvs=uvs)
     return MeshFile(mesh=mesh.validate(path.name, max_faces=MAX_FACES), texture=texture,
                     format=fmt, notes=tuple(notes))
+
+
+def _check_glb_layout(path: Path) -> None:
+    """Refuse a GLB whose header or chunk lengths do not match the file, before trimesh reads it:
+    trimesh believes them, so a flipped bit in a chunk's length makes it allocate up to 4 GiB
+    (``read(length)``), and it reads bytes past the header's total length as further chunks.
+    The glTF spec: the total length is the file's, and the chunks fill it exactly."""
+    import struct
+
+    size = path.stat().st_size
+    bad = f"{path.name} cannot be read as GLB:"
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if len(head) < 12:
+            raise StageInputError(f"{bad} it has {size} bytes, fewer than a GLB header's 12")
+        magic, version, length = struct.unpack("<4sII", head)
+        if magic != b"glTF":
+            raise StageInputError(f"{bad} it does not start with 'glTF'")
+        if length != size:
+            what = "truncated" if length > size else "corrupt (bytes after its end)"
+            raise StageInputError(f"{bad} it is {what}: its header says {length} bytes, the file has {size}")
+        at = 12
+        while at + 8 <= length:
+            f.seek(at)
+            chunk_length, _ = struct.unpack("<II", f.read(8))
+            if at + 8 + chunk_length > length:
+                raise StageInputError(f"{bad} it is corrupt: a chunk of {chunk_length} bytes at byte {at} "
+                                      f"runs past the end of the file ({length} bytes)")
+            at += 8 + chunk_length
+        if at != length:
+            raise StageInputError(f"{bad} it is corrupt: its chunks end at byte {at}, not at its end ({length})")
 
 
 def _one_mesh(loaded, path: Path):
@@ -114,7 +154,7 @@ def _only_points(path: Path) -> str:
     return f"{path.name} holds no triangles, only points"
 
 
-def _visual(tm, fmt: str, notes: list[str]):
+def _visual(tm, fmt: str, notes: list[str], name: str = "mesh"):
     """(uvs (V, 2) float32 or None, texture (H, W, 3) uint8 or None, vertex colours or None)."""
     from pipeline.io.export import linear_to_srgb
 
@@ -132,6 +172,10 @@ def _visual(tm, fmt: str, notes: list[str]):
         if material is not None:
             image = getattr(material, "baseColorTexture", None) or getattr(material, "image", None)
         if image is not None:
+            # PIL decodes on convert(): check the size its header claims first
+            if image.width * image.height > MAX_RASTER_SIDE ** 2 or min(image.size) < 1:
+                raise StageInputError(f"{name}: its texture is {image.width}x{image.height} pixels; Kiln reads "
+                                      f"textures of at most {MAX_RASTER_SIDE}x{MAX_RASTER_SIDE}")
             texture = np.asarray(image.convert("RGB"), np.uint8)
     elif getattr(visual, "kind", None) == "vertex":
         rgba = np.asarray(visual.vertex_colors, np.float64)[:, :3] / 255.0

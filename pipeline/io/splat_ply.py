@@ -56,7 +56,7 @@ def _header(data: bytes, path: Path) -> tuple[int, int, list[tuple[str, str]]]:
     if not data.startswith(b"ply\n") or end < 0:
         raise StageInputError(f"{path.name} is not a PLY file (no 'ply' ... 'end_header' header)")
     lines = data[:end].decode("ascii", "replace").splitlines()[1:]
-    fmt = next((ln.split()[1] for ln in lines if ln.startswith("format ")), "")
+    fmt = next((ln.split()[1] for ln in lines if ln.startswith("format ") and len(ln.split()) > 1), "")
     if fmt != "binary_little_endian":
         raise StageInputError(f"{path.name} is a {fmt or 'format-less'} PLY; splats are read from "
                               "binary little-endian PLY files (as 3DGS, SAM 3D and TRELLIS write them)")
@@ -66,9 +66,11 @@ def _header(data: bytes, path: Path) -> tuple[int, int, list[tuple[str, str]]]:
         if not parts or parts[0] in ("comment", "obj_info", "format"):
             continue
         if parts[0] == "element" and len(parts) == 3:
+            if not parts[2].isdigit():
+                raise StageInputError(f"{path.name}: PLY element line {ln!r} needs a count of 0 or more")
             elements.append((parts[1], int(parts[2]), []))
         elif parts[0] == "property" and elements:
-            if parts[1] == "list":
+            if len(parts) >= 3 and parts[1] == "list":
                 elements[-1][2].append((parts[-1], "list"))
             elif len(parts) == 3 and parts[1] in _TYPES:
                 elements[-1][2].append((parts[2], _TYPES[parts[1]]))
@@ -83,6 +85,10 @@ def _header(data: bytes, path: Path) -> tuple[int, int, list[tuple[str, str]]]:
     _, count, props = elements[0]
     if any(t == "list" for _, t in props):
         raise StageInputError(f"{path.name}: list properties in 'vertex' are not a splat layout")
+    names = [p for p, _ in props]
+    twice = sorted({p for p in names if names.count(p) > 1})
+    if twice:
+        raise StageInputError(f"{path.name}: property {twice[0]!r} appears more than once in 'vertex'")
     return end + len(b"end_header\n"), count, props
 
 
@@ -100,7 +106,11 @@ def read_splat(path) -> SplatFile:
         raise StageInputError(f"{path.name} is not a 3DGS splat: missing propert"
                               f"{'y' if len(missing) == 1 else 'ies'} {', '.join(missing)} "
                               f"(it has {', '.join(names[:12])}{' ...' if len(names) > 12 else ''})")
-    rest = sorted((p for p in names if p.startswith("f_rest_")), key=lambda p: int(p[7:]))
+    rest = [p for p in names if p.startswith("f_rest_")]
+    if any(not p[7:].isdigit() for p in rest):
+        raise StageInputError(f"{path.name}: {next(p for p in rest if not p[7:].isdigit())!r} is not an "
+                              "SH coefficient (f_rest_0, f_rest_1, ...)")
+    rest.sort(key=lambda p: int(p[7:]))
     per_channel = len(rest) // 3
     degree = next((d for d, k in _REST_PER_DEGREE.items() if k == per_channel), None)
     if degree is None or len(rest) % 3:
