@@ -60,6 +60,7 @@ class Server:
     workers: int = 2
     port: int = 0
     proc: Optional[subprocess.Popen] = None
+    generation: int = 0          # how many times it was started: a client's calls end with it
     seen_workers: set = field(default_factory=set)
     rss: list = field(default_factory=list)       # (time, MB) of the current server
 
@@ -82,6 +83,7 @@ class Server:
                                      cwd=self.work, env=env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.rss = []
+        self.generation += 1
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
@@ -204,6 +206,18 @@ class Client:
             time.sleep(1.0)
         raise TimeoutError("the server did not come back")
 
+    def _call(self, c, *args, api_name: str, timeout: float = 60.0):
+        """One call, given up after ``timeout`` or when the server it went to is gone."""
+        gen = self.server.generation
+        job = c.submit(*args, api_name=api_name)
+        t0 = time.monotonic()
+        while not job.done():
+            if self.server.generation != gen or time.monotonic() - t0 > timeout:
+                job.cancel()
+                raise ConnectionError(f"{api_name}: the server went away")
+            time.sleep(0.1)
+        return job.result()
+
     def run(self, index: int) -> Outcome:
         """Upload a photo, generate, follow the job to its end through restarts."""
         photo = _photo(self.folder, index)
@@ -213,12 +227,7 @@ class Client:
             try:
                 c = self._client or self._connect()
                 if job_id is None:
-                    from gradio_client import handle_file
-
-                    c.predict(handle_file(str(photo)), api_name="/upload_image")
-                    for status, _glb, _ply in c.submit(api_name="/generate"):
-                        job_id = status.get("job") or job_id
-                    return Outcome(self.index, index, "done", job_id)
+                    return self._generate(c, photo, index)
                 return self._follow(c, job_id, index)
             except Exception as e:  # noqa: BLE001 - sorted below
                 text = str(e)
@@ -229,25 +238,40 @@ class Client:
                 time.sleep(0.5)
         return Outcome(self.index, index, "lost", job_id, "the soak's deadline passed")
 
+    def _generate(self, c, photo: Path, index: int) -> Outcome:
+        from gradio_client import handle_file
+
+        self._call(c, handle_file(str(photo)), api_name="/upload_image")
+        gen = self.server.generation
+        job = c.submit(api_name="/generate")
+        while not job.done():
+            if self.server.generation != gen or time.monotonic() > self.deadline:
+                job.cancel()
+                raise ConnectionError("/generate: the server went away")
+            time.sleep(0.2)
+        status = job.result()[0]   # raises for a failed or cancelled job, with its reason
+        return Outcome(self.index, index, "done", status.get("job"))
+
+    def _jobs(self, c) -> list:
+        return self._call(c, api_name="/status")["jobs"]
+
     def _known_jobs(self) -> set:
         try:
-            c = self._client or self._connect()
-            return {s["job"] for s in c.predict(api_name="/status")["jobs"]}
+            return {s["job"] for s in self._jobs(self._client or self._connect())}
         except Exception:  # noqa: BLE001 - the server is restarting; none known then
             return set()
 
     def _started_since(self, known: set) -> Optional[str]:
         """The job this client's last /generate made, if the server got that far."""
         try:
-            c = self._client or self._connect()
-            jobs = [s["job"] for s in c.predict(api_name="/status")["jobs"] if s["job"] not in known]
+            jobs = [s["job"] for s in self._jobs(self._client or self._connect()) if s["job"] not in known]
         except Exception:  # noqa: BLE001
             return None
         return jobs[-1] if jobs else None
 
     def _follow(self, c, job_id: str, index: int) -> Outcome:
         while time.monotonic() < self.deadline:
-            statuses = {s["job"]: s for s in c.predict(api_name="/status")["jobs"]}
+            statuses = {s["job"]: s for s in self._jobs(c)}
             st = statuses.get(job_id)
             if st is None:
                 return Outcome(self.index, index, "lost", job_id, "the job is not in /status")
@@ -341,7 +365,7 @@ def run_soak(jobs: int = 200, clients: int = 4, restarts: int = 3, workers: int 
                 return
             server.sample_memory()
             with lock:
-                progress = len(outcomes) / jobs
+                progress = next_index[0] / jobs   # jobs started: a restart lands while some run
             if done_restarts[0] < len(restart_at) and progress >= restart_at[done_restarts[0]]:
                 server.worker_pids()
                 server.kill()

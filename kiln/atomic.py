@@ -4,6 +4,7 @@ crash mid-write leaves at most a hidden temporary file, never a torn output."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import BinaryIO, Callable, Union
@@ -35,6 +36,33 @@ def atomic_write(path: str | Path, data: Payload, fsync: bool = True, mode: int 
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+_TEMP_RE = re.compile(r"\..+\.(\d+)\.[0-9a-f]{8}\.tmp")
+
+
+def remove_stale_temps(root: str | Path) -> list[Path]:
+    """Delete the temporary files ``atomic_write`` left under ``root`` when its process was
+    killed mid-write (kill -9, the OOM killer); a live writer's are left alone (the pid is in
+    the name). Returns what it deleted."""
+    gone = []
+    for tmp in Path(root).rglob(".*.tmp"):
+        m = _TEMP_RE.fullmatch(tmp.name)
+        if m is None or not tmp.is_file() or _alive(int(m.group(1))):
+            continue
+        tmp.unlink(missing_ok=True)
+        gone.append(tmp)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process: alive
+        return True
+    return True
 
 
 def atomic_copy(src: str | Path, dst: str | Path, fsync: bool = True, mode: int = 0o644) -> Path:

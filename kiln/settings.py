@@ -157,7 +157,9 @@ class Settings:
 
     # -- conversions -------------------------------------------------------
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Plain JSON values: a tuple setting (``app.trusted_proxies``) as a list, so the dict
+        equals what settings.json reads back."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -53,7 +53,8 @@ JOB_TIMEOUT = 120
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
-    # A job a previous server left running: start() must fail it, naming the stage.
+    # A job a previous server left running (written as an older Kiln did: no digest file):
+    # start() resumes it, its input's digest worked out from its stored inputs.
     store = JobStore(root / "jobs")
     rgb, mask = image()
     orphan = store.create(rgb, mask, small_settings(), "old")
@@ -396,13 +397,13 @@ def test_only_postprocessing_changes_reuse_the_reconstruction(env):
     assert changed.state == "done" and changed.stats.pipeline.reconstruction_cached is False
 
 
-def test_restart_marks_jobs_left_running_as_failed(env):
-    st = env.sup.job(env.orphan).status()
-    assert st.state == "failed"
-    assert st.error == "interrupted: the server stopped during stage 'bake'"
-    assert st.seq == 8
+def test_restart_resumes_a_job_left_running(env):
+    st = env.sup.job(env.orphan).wait(timeout=JOB_TIMEOUT)
+    assert st.state == "done", st.error
+    assert st.seq > 8
     assert [j.id for j in env.sup.jobs("old")] == [env.orphan]
-    assert "interrupted" in env.sup.job(env.orphan).log()
+    assert "resumed: the server stopped during stage 'bake'" in env.sup.job(env.orphan).log()
+    assert env.sup.store.read_digest(env.orphan)        # worked out from the stored inputs
 
 
 def test_app_process_never_initialised_cuda(env):

@@ -339,3 +339,22 @@ def test_a_frozen_worker_is_settled_within_a_minute_at_default_settings():
     w = Settings().worker
     # the stall window, at most one sample interval (<= 1 s) late, then SIGTERM..SIGKILL
     assert 0 < w.stall_timeout_s and w.stall_timeout_s + 1.0 + KILL_GRACE_S < 60
+
+
+def test_stale_temporaries_of_a_killed_writer_are_removed_a_live_ones_kept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from kiln.atomic import remove_stale_temps
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    stale = tmp_path / "a" / "b" / f".status.json.{dead}.0123abcd.tmp"
+    live = tmp_path / "a" / f".result.json.{os.getpid()}.89abcdef.tmp"
+    other = tmp_path / "a" / ".notes.tmp"       # not one of atomic_write's
+    for p in (stale, live, other):
+        p.write_text("x")
+    assert remove_stale_temps(tmp_path) == [stale]
+    assert not stale.exists() and live.exists() and other.exists()

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
+from kiln.atomic import remove_stale_temps
 from kiln.digest import files_digest, input_digest
 from kiln.records import Capabilities
 from kiln.settings import Settings
@@ -50,6 +51,7 @@ from worker.faults import FaultPlan
 from worker.jobhandle import Job
 from worker.jobrecord import JobRecord
 from worker.jobstore import QUEUED, RUNNING, Event, JobStatus, JobStore, append_log, check_inputs, safe_session
+from worker.jobstore import load_inputs as load_job_inputs
 from worker.jobstore import load_settings as load_job_settings
 from worker.slots import WorkerSlot
 
@@ -100,6 +102,11 @@ class Supervisor:
             if self._started:
                 return self
             self._started = True
+            # what a server killed mid-write left: half-written temporaries, never read
+            for root in (self.jobs_dir, self.cache_dir):
+                if root is not None and root.is_dir():
+                    for tmp in remove_stale_temps(root):
+                        log.info("removed a temporary file a stopped process left: %s", tmp)
             for st in self.store.scan():
                 d.jobs[st.id] = JobRecord(status=st, dir=self.store.job_dir(st.id))
             # what the previous server left queued or running (each record's own status, so
@@ -134,7 +141,7 @@ class Supervisor:
             except (OSError, ValueError, TypeError, KeyError) as e:
                 problem = f"its settings cannot be read ({type(e).__name__})"
             if digest is None and problem is None:
-                problem = "its input was never fully queued"
+                digest, problem = self._digest_again(st, job_dir)
         crashes = d.crashes.add(digest) if enabled and digest and st.state == RUNNING and not problem else 0
         decision = resume.decide(st, enabled, crashes, problem)
         log.warning("job %s: %s", st.id, decision.message)
@@ -145,6 +152,19 @@ class Supervisor:
         append_log(job_dir, decision.message)
         job = JobRecord(status=st, dir=job_dir, settings=settings, digest=digest, attempt=st.attempts)
         d.enqueue(job, note=decision.message)
+
+    def _digest_again(self, st: JobStatus, job_dir: Path) -> tuple[Optional[str], Optional[str]]:
+        """(digest, None) worked out from an image job's stored inputs (a job an older Kiln
+        queued, or one whose server died before it wrote the digest); else (None, why not)."""
+        if st.kind != "image":
+            return None, "its input digest was not kept (a job from an older Kiln)"
+        try:
+            rgb, mask = load_job_inputs(job_dir)
+        except (OSError, ValueError) as e:
+            return None, f"its inputs cannot be read ({type(e).__name__})"
+        digest = input_digest(rgb, mask)
+        self.store.write_digest(st.id, digest)
+        return digest, None
 
     def wait_ready(self, timeout: Optional[float] = None) -> None:
         """Block until every worker is ready or has given up; raise WorkerStartError

@@ -1,0 +1,29 @@
+"""The short soak (bench/soak.py): 20 jobs from two script clients through a real server
+while random workers get SIGSEGV, SIGKILL and SIGSTOP and the server itself is killed with
+kill -9 and restarted once. Nothing may be lost or stuck, and nothing may be left behind."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+pytest.importorskip("gradio_client")
+
+
+@pytest.mark.slow
+def test_a_short_soak_loses_nothing(tmp_path):
+    from soak import run_soak
+
+    report = run_soak(jobs=20, clients=2, restarts=1, workers=1, seed=1, work=tmp_path, deadline_s=900)
+    print(report.table())
+    assert report.restarts == 1 and sum(report.faults.values()) >= 3, report.table()
+    assert report.count("lost") == 0 and not report.stuck, report.table()
+    assert report.count("done") + report.count("failed") == 20, report.table()
+    assert all(o.reason for o in report.outcomes if o.state == "failed"), report.table()
+    assert not report.orphans and not report.temp_files and not report.bad_entries, report.table()
+    assert report.ok, report.table()
