@@ -10,14 +10,25 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
 
 pytest.importorskip("gradio_client")
 
 
+def _soak_module():
+    """bench/soak.py, loaded from its file: bench/ on sys.path would shadow the worker package
+    (bench/worker.py) in every worker the test process spawns afterwards."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kiln_bench_soak", ROOT / "bench" / "soak.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod     # dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.mark.slow
 def test_a_short_soak_loses_nothing(tmp_path):
-    from soak import run_soak
+    run_soak = _soak_module().run_soak
 
     report = run_soak(jobs=20, clients=2, restarts=1, workers=1, seed=1, work=tmp_path, deadline_s=900)
     print(report.table())
