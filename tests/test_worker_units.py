@@ -358,3 +358,32 @@ def test_stale_temporaries_of_a_killed_writer_are_removed_a_live_ones_kept(tmp_p
         p.write_text("x")
     assert remove_stale_temps(tmp_path) == [stale]
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_a_stopped_worker_whose_server_is_gone_is_killed_at_the_next_start(tmp_path):
+    """A worker stopped (SIGSTOP) when its server is killed cannot notice and exit; the next
+    supervisor kills it from its pid record. A worker of a live server is left alone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from worker import leftovers
+
+    code = "import time  # spawn_main: stands in for a multiprocessing worker\ntime.sleep(120)"
+    orphan = subprocess.Popen([sys.executable, "-c", code])
+    ours = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        os.kill(orphan.pid, signal.SIGSTOP)
+        leftovers.record(tmp_path, 0, orphan.pid, server_pid=2 ** 22 + 7)   # a server no longer its parent
+        leftovers.record(tmp_path, 1, ours.pid, server_pid=os.getpid())     # still its server's child
+        assert leftovers.kill_leftovers(tmp_path) == [orphan.pid]
+        assert orphan.wait(10) == -signal.SIGKILL
+        time.sleep(0.2)
+        assert ours.poll() is None and list(tmp_path.glob("*.pid")) == []
+    finally:
+        for p in (orphan, ours):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)

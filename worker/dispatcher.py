@@ -26,6 +26,7 @@ from kiln.records import JobStats, JobTimes
 from kiln.settings import Settings
 
 from worker import interpreter
+from worker import leftovers
 from worker.crashcounts import CrashCounts
 from worker.faults import FaultPlan
 from worker.jobrecord import EVENTS_KEPT, EVENTS_KEPT_FINISHED, JobRecord, event_of, where
@@ -254,6 +255,8 @@ class Dispatcher:
                 interpreter=foreign)
             with interpreter.spawning(self._ctx, foreign.python if foreign else None):
                 s.spawn(self._ctx, cfg)
+            if s.proc is not None and s.proc.pid:
+                leftovers.record(s.log_path.parent, s.index, s.proc.pid, os.getpid())
         except Exception as e:  # e.g. out of file descriptors: back off, then retry
             self._start_failed(s, f"could not be spawned ({type(e).__name__}: {e})")
 

@@ -45,7 +45,7 @@ from kiln.settings import Settings
 from kiln.settings import load as load_settings
 
 from worker import env as env_mod
-from worker import resume
+from worker import leftovers, resume
 from worker.dispatcher import Dispatcher, WorkerStartError
 from worker.faults import FaultPlan
 from worker.jobhandle import Job
@@ -112,6 +112,9 @@ class Supervisor:
             # what the previous server left queued or running (each record's own status, so
             # settling it updates what clients read)
             left = [r.status for r in d.jobs.values() if r.status.state in (QUEUED, RUNNING)]
+            workers_dir = self.var_dir / "workers"
+            for pid in leftovers.kill_leftovers(workers_dir) if workers_dir.is_dir() else ():
+                log.warning("killed worker %d, left running (stopped) by a server that is gone", pid)
             gpus = [] if self.settings.worker.device == "cpu" else env_mod.detect_gpus()
             count = self.settings.worker.count or max(1, len(gpus))
             d.start([WorkerSlot(i, gpus[i % len(gpus)] if gpus else None,
