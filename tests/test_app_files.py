@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,9 +18,8 @@ from PIL import Image
 from app.web import browser
 from app.web.ownedfiles import OwnedFiles, uploaded_paths
 from app.web.requestinfo import Caller, event_fn
-from kiln.settings import load
 from synthetic import make_object_image
-from test_app_sessions import Tab, _FakeSup, _fn_indices, _free_port, _png
+from test_app_sessions import Tab, _png, serve_with_fake_pool
 
 ALICE, BOB = "a" * 43, "b" * 43
 
@@ -202,32 +200,12 @@ def test_the_guard_refuses_an_event_given_another_browsers_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from app.segment.segment import GrabCutSegmenter, SegmenterChoice
-    from app.web.context import AppContext
-    from app.web.server import launch
-
     var = tmp_path_factory.mktemp("owned")
     leftover = var / "gradio" / ("c" * 64) / "someones-photo.png"   # a crashed server's upload
     leftover.parent.mkdir(parents=True)
     leftover.write_bytes(b"left behind")
-    saved = {k: os.environ.get(k) for k in ("GRADIO_TEMP_DIR", "FORWARDED_ALLOW_IPS")}
-    settings = load(None, {"app.jobs_dir": str(var / "jobs"), "app.cache_dir": str(var / "cache")})
-    ctx = AppContext(settings, var / "gradio", supervisor_factory=_FakeSup,
-                     segmenter_loader=lambda: SegmenterChoice(GrabCutSegmenter(), "GrabCut", "test"))
-    ctx.start(wait=True)
-    port = _free_port()
-    demo, ctx, _ = launch(settings, port=port, block=False, examples=False, context=ctx)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        yield SimpleNamespace(base=base, ctx=ctx, var=var, leftover=leftover,
-                              fns=_fn_indices(httpx.get(base + "/config").json()))
-    finally:
-        demo.close()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    for base, ctx, fns in serve_with_fake_pool(var, {}):
+        yield SimpleNamespace(base=base, ctx=ctx, var=var, leftover=leftover, fns=fns)
 
 
 def _browser(served) -> httpx.Client:

@@ -5,7 +5,6 @@ nothing, also from 127.0.0.1, which uvicorn would believe by default."""
 from __future__ import annotations
 
 import json
-import os
 from types import SimpleNamespace
 
 import httpx
@@ -13,9 +12,8 @@ import pytest
 
 from app.web import browser
 from app.web.proxies import TrustedProxies, parse_address
-from kiln.settings import load
 from synthetic import make_object_image
-from test_app_sessions import Tab, _FakeSup, _fn_indices, _free_port, _png
+from test_app_sessions import Tab, _png, serve_with_fake_pool
 
 PROXY = "127.0.0.2"   # the trusted proxy: a second loopback address this test connects from
 
@@ -98,30 +96,10 @@ def test_the_guard_counts_uploads_and_hands_on_the_forwarded_client():
 
 @pytest.fixture(scope="module")
 def behind_proxy(tmp_path_factory):
-    from app.segment.segment import GrabCutSegmenter, SegmenterChoice
-    from app.web.context import AppContext
-    from app.web.server import launch
-
-    var = tmp_path_factory.mktemp("proxied")
-    saved = {k: os.environ.get(k) for k in ("GRADIO_TEMP_DIR", "FORWARDED_ALLOW_IPS")}
-    settings = load(None, {"app.jobs_dir": str(var / "jobs"), "app.cache_dir": str(var / "cache"),
-                           "app.trusted_proxies": PROXY, "app.max_sessions_per_client": 2,
-                           "app.upload_mb_per_client_hour": 1})
-    ctx = AppContext(settings, var / "gradio", supervisor_factory=_FakeSup,
-                     segmenter_loader=lambda: SegmenterChoice(GrabCutSegmenter(), "GrabCut", "test"))
-    ctx.start(wait=True)
-    port = _free_port()
-    demo, ctx, _ = launch(settings, port=port, block=False, examples=False, context=ctx)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        yield SimpleNamespace(base=base, ctx=ctx, fns=_fn_indices(httpx.get(base + "/config").json()))
-    finally:
-        demo.close()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    overrides = {"app.trusted_proxies": PROXY, "app.max_sessions_per_client": 2,
+                 "app.upload_mb_per_client_hour": 1}
+    for base, ctx, fns in serve_with_fake_pool(tmp_path_factory.mktemp("proxied"), overrides):
+        yield SimpleNamespace(base=base, ctx=ctx, fns=fns)
 
 
 def _person(served, forwarded: str | None = None, via_proxy: bool = True) -> httpx.Client:

@@ -286,6 +286,35 @@ def _fn_indices(config: dict) -> dict:
     return out
 
 
+def serve_with_fake_pool(var: Path, overrides: dict):
+    """The app served in this process on a free port around a supervisor stand-in, with
+    settings ``overrides`` (the job store and cache under ``var``); yields (base URL, context,
+    page event indices), then closes it and puts back the environment ``launch`` set."""
+    import os
+
+    from app.segment.segment import GrabCutSegmenter, SegmenterChoice
+    from app.web.context import AppContext
+    from app.web.server import launch
+
+    saved = {k: os.environ.get(k) for k in ("GRADIO_TEMP_DIR", "FORWARDED_ALLOW_IPS")}
+    settings = load(None, {"app.jobs_dir": str(var / "jobs"), "app.cache_dir": str(var / "cache"), **overrides})
+    ctx = AppContext(settings, var / "gradio", supervisor_factory=_FakeSup,
+                     segmenter_loader=lambda: SegmenterChoice(GrabCutSegmenter(), "GrabCut", "test"))
+    ctx.start(wait=True)
+    port = _free_port()
+    demo, ctx, _ = launch(settings, port=port, block=False, examples=False, context=ctx)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        yield base, ctx, _fn_indices(httpx.get(base + "/config").json())
+    finally:
+        demo.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 class Tab:
     """One browser tab speaking Gradio's queue protocol over HTTP."""
 
