@@ -48,14 +48,15 @@ def remove_stale_temps(root: str | Path) -> list[Path]:
     gone = []
     for tmp in Path(root).rglob(".*.tmp"):
         m = _TEMP_RE.fullmatch(tmp.name)
-        if m is None or not tmp.is_file() or _alive(int(m.group(1))):
+        if m is None or not tmp.is_file() or pid_alive(int(m.group(1))):
             continue
         tmp.unlink(missing_ok=True)
         gone.append(tmp)
     return gone
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a writer whose leftovers must not be touched yet)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -43,6 +43,30 @@ def test_job_directory_round_trips_inputs_and_settings(tmp_path):
     assert JobStore(tmp_path).read_status(st.id).id == st.id
 
 
+def test_a_job_half_made_by_a_killed_server_is_no_job_and_is_removed_at_the_next_start(tmp_path):
+    """The soak found it: kill -9 between the folder and its status.json left an empty job
+    folder. Now a job is made under a staging name and renamed whole."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    store = JobStore(tmp_path)
+    rgb, mask = image(seed=3, size=64)
+    st = store.create(rgb, mask, Settings(), "sess-1")
+    assert sorted(p.name for p in (tmp_path / "sess-1").iterdir()) == [st.id]   # no staging left
+    # what a server killed while writing a job's inputs leaves, and one a live process is making
+    left = tmp_path / "sess-1" / f".20260101-000000-abcdef.{dead}.new"
+    making = tmp_path / "sess-1" / f".20260101-000001-abcdef.{os.getpid()}.new"
+    for d in (left, making):
+        (d / "inputs").mkdir(parents=True)
+        atomic_write_json(d / "status.json", JobStatus(id=d.name[1:23], session="sess-1").to_dict())
+    fresh = JobStore(tmp_path)
+    assert [s.id for s in fresh.scan()] == [st.id]          # neither is a job
+    assert fresh.remove_abandoned() == [left]
+    assert not left.exists() and making.is_dir()
+
+
 @pytest.mark.parametrize("rgb,mask,msg", [
     (np.zeros((8, 8, 3), np.float32), np.ones((8, 8), bool), "uint8"),
     (np.zeros((8, 8), np.uint8), np.ones((8, 8), bool), "(H, W, 3)"),

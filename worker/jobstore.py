@@ -35,7 +35,7 @@ from typing import Any, Final, Literal, Mapping, Optional
 
 import numpy as np
 
-from kiln.atomic import atomic_write
+from kiln.atomic import atomic_write, pid_alive
 from kiln.bakerequest import BakeRequest
 from kiln.limits import image_size_problem
 from kiln.records import Backends, JobStats, WorkerReport
@@ -54,6 +54,7 @@ CANCELLED: Final = "cancelled"
 TERMINAL: tuple[JobState, ...] = (DONE, FAILED, CANCELLED)
 _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _JOB_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
+_STAGING_RE = re.compile(r"\.\d{8}-\d{6}-[0-9a-f]{6}\.(\d+)\.new")
 
 
 @dataclass
@@ -193,19 +194,38 @@ class JobStore:
         return self._queued(d, st, settings)
 
     def _new(self, session: str, kind: JobKind) -> tuple[Path, JobStatus]:
+        """A new job's folder, under a hidden staging name until ``_queued`` renames it:
+        a server killed while writing the inputs leaves a staging folder, which the next
+        one removes (``remove_abandoned``), not a job folder without a job in it."""
         session = safe_session(session)
         job_id = new_job_id()
-        d = self.root / session / job_id
+        d = self.root / session / f".{job_id}.{os.getpid()}.new"
         (d / "inputs").mkdir(parents=True)
         (d / "outputs").mkdir()
         return d, JobStatus(id=job_id, session=session, kind=kind, created=time.time(), message="queued")
 
-    def _queued(self, d: Path, st: JobStatus, settings: Settings) -> JobStatus:
-        """Settings and status last: a folder without status.json is no job (``scan``)."""
-        atomic_write_json(d / "settings.json", settings.to_dict())
-        self._dirs[st.id] = d
+    def _queued(self, staging: Path, st: JobStatus, settings: Settings) -> JobStatus:
+        """Settings and status last, then the rename that makes it a job (``scan``)."""
+        atomic_write_json(staging / "settings.json", settings.to_dict())
+        self._dirs[st.id] = staging
         self.write_status(st)
+        final = staging.with_name(st.id)
+        os.rename(staging, final)
+        self._dirs[st.id] = final
         return st
+
+    def remove_abandoned(self) -> list[Path]:
+        """Delete the staging folders of jobs whose creator died before they were whole
+        (never acknowledged to anyone: the request that made them got no job id). A live
+        creator's are left alone (its pid is in the name). Returns what it deleted."""
+        gone = []
+        for d in self.root.glob("*/.*.new"):
+            m = _STAGING_RE.fullmatch(d.name)
+            if m is None or not d.is_dir() or pid_alive(int(m.group(1))):
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+        return gone
 
     def job_dir(self, job_id: str) -> Path:
         d = self._dirs.get(job_id)
@@ -247,6 +267,8 @@ class JobStore:
         """Every readable job on disk, oldest first."""
         out = []
         for status_file in self.root.glob("*/*/status.json"):
+            if status_file.parent.name.startswith("."):
+                continue  # a job still being made (``_new``), or what a dead server left of one
             try:
                 st = JobStatus.from_dict(json.loads(status_file.read_text()))
             except (OSError, ValueError, TypeError):

@@ -107,6 +107,8 @@ class Supervisor:
                 if root is not None and root.is_dir():
                     for tmp in remove_stale_temps(root):
                         log.info("removed a temporary file a stopped process left: %s", tmp)
+            for staging in self.store.remove_abandoned():
+                log.info("removed a job folder a stopped server left half-made: %s", staging)
             for st in self.store.scan():
                 d.jobs[st.id] = JobRecord(status=st, dir=self.store.job_dir(st.id))
             # what the previous server left queued or running (each record's own status, so
