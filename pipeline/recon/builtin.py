@@ -20,6 +20,7 @@ from kiln.settings import ReconstructSettings
 
 from pipeline.geometry import face_normals, signed_volume, vertex_normals
 from pipeline.recon.reconstruct import ProgressFn, prepare_image
+from pipeline.recon.thin_parts import ARM_ORDER, ThinParts, find_thin_parts, height_floor
 from pipeline.types import MAX_GAUSSIANS, Gaussians, ImageInput, Mesh, Reconstruction, SourceCamera
 from pipeline.validate import StageInputError, check_int
 
@@ -49,7 +50,8 @@ def reconstruct_builtin(image: ImageInput, settings: ReconstructSettings, seed: 
     report(0.02, "cleaning mask")
     mask, grid = _mask_and_grid(image.mask, settings.resolution)
     report(0.15, "solving inflation height field")
-    h = _poisson_height(grid.mask, grid.coverage)
+    h = _poisson_height(grid.mask, grid.coverage, grid.thin.arms,
+                        floor=height_floor(grid.thin, settings.thickness))
     if not h.max() > 0.0:
         raise StageInputError("mask is too thin to reconstruct at reconstruct.resolution "
                               f"{settings.resolution}; raise the resolution or widen the mask")
@@ -134,12 +136,13 @@ class _Grid:
     mask:     (ny, nx) bool, object cells, a False border all round
     coverage: (ny, nx) float32 in [0, 1], the area-averaged mask at each cell centre;
               the object's edge is where it crosses 0.5
+    thin:     the cells added for parts thinner than the grid (``pipeline.recon.thin_parts``)
     Cell (i, j) has its centre at image pixel coordinates (x0 + j * cell, y0 + i * cell)
     (continuous coordinates: pixel centres at +0.5). bbox: mask's (x0, y0, x1, y1) in pixels.
     """
 
-    def __init__(self, mask, coverage, x0: float, y0: float, cell: float, bbox: tuple):
-        self.mask, self.coverage = mask, coverage
+    def __init__(self, mask, coverage, thin: ThinParts, x0: float, y0: float, cell: float, bbox: tuple):
+        self.mask, self.coverage, self.thin = mask, coverage, thin
         self.x0, self.y0, self.cell, self.bbox = x0, y0, cell, bbox
 
 
@@ -193,21 +196,27 @@ def _silhouette_grid(mask: np.ndarray, resolution: int) -> _Grid:
     cells = sampled > 0.5
     cells[[0, -1], :] = False
     cells[:, [0, -1]] = False
+    thin = find_thin_parts(mask[ya:yb, xa:xb], (xa, ya), x0, y0, cell, cells)
+    cells |= thin.cells
     if cells.sum() < 4:
         raise StageInputError("mask is too thin or too small to reconstruct: fewer than 4 grid "
                               "cells remain at reconstruct.resolution; widen the mask")
     cells = _clean_mask(cells, hole_cells=max(4, 0.002 * cells.sum()))
-    return _Grid(cells, sampled, x0, y0, cell, (int(c0), int(r0), int(c1), int(r1)))
+    return _Grid(cells, sampled, thin, x0, y0, cell, (int(c0), int(r0), int(c1), int(r1)))
 
 
-def _poisson_height(inside: np.ndarray, coverage: np.ndarray) -> np.ndarray:
+def _poisson_height(inside: np.ndarray, coverage: np.ndarray,
+                    fixed_arms: Optional[np.ndarray] = None,
+                    floor: Optional[np.ndarray] = None) -> np.ndarray:
     """Solve -Laplacian(h) = 1 inside the object with h = 0 on its edge (unit cell spacing).
 
     The edge is placed between cells where ``coverage`` crosses 0.5 (Shortley-Weller
     stencil with shortened arms), not at cell borders: the rim's height grows like a
     square root of h, so a staircase edge would show as terraces and bumps.
 
-    inside: (ny, nx) bool with a False border; coverage: (ny, nx) float32.
+    inside: (ny, nx) bool with a False border; coverage: (ny, nx) float32; fixed_arms:
+    (4, ny, nx) least edge distances in cells, in ``thin_parts.ARM_ORDER`` (0: none);
+    floor: (ny, nx), the least value of h inside (``thin_parts.height_floor``).
     Returns (ny, nx) float64: h >= 0 inside; in background cells next to the object,
     h extrapolated linearly across the edge (< 0); elsewhere outside, -max(h).
     """
@@ -228,6 +237,9 @@ def _poisson_height(inside: np.ndarray, coverage: np.ndarray) -> np.ndarray:
             nb_cov = np.roll(cov, -step, axis=axis)
             denom = np.where(cov - nb_cov > 1e-6, cov - nb_cov, 1.0)
             theta = np.clip((cov - 0.5) / denom, 0.05, 1.0)
+            if fixed_arms is not None:
+                # a thin part's edge is where its pixels end, never nearer than coverage puts it
+                theta = np.maximum(theta, fixed_arms[ARM_ORDER.index((axis, step))])
             arms.append(np.where(nb_in, 1.0, theta))
             nbs.append((nb_in, np.roll(index, -step, axis=axis), step))
         c = 2.0 / (arms[0] + arms[1])
@@ -244,6 +256,8 @@ def _poisson_height(inside: np.ndarray, coverage: np.ndarray) -> np.ndarray:
     lap = sp.csc_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                         shape=(n, n))
     h_in = np.maximum(spsolve(lap, np.ones(n)), 0.0)
+    if floor is not None:
+        h_in = np.maximum(h_in, floor[inside])
 
     h = np.zeros(inside.shape)
     h[inside] = h_in
