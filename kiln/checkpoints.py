@@ -18,9 +18,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 DEFAULT_FOLDER = "checkpoints"
+MODELS_DIR_ENV = "KILN_MODELS_DIR"
+
+
+def models_dir(env: Optional[Mapping[str, str]] = None) -> Path:
+    """The one folder model files live in: ``$KILN_MODELS_DIR``, else ``checkpoints/``
+    (relative to where Kiln runs). ``kiln models fetch`` downloads there and the app, the
+    self-test and ``kiln doctor`` look for SAM 2 checkpoints there."""
+    import os
+
+    env = os.environ if env is None else env
+    return Path(env.get(MODELS_DIR_ENV) or DEFAULT_FOLDER).expanduser()
 
 FAMILIES = ("sam2.1", "sam2")
 # fastest first: segmentation runs on the app's CPU, where the embedding of the
@@ -103,27 +114,28 @@ def _order(info: CheckpointInfo) -> tuple:
     return (info.config is None, fam, size, info.path.name)
 
 
-def find_checkpoints(folder: str | Path = DEFAULT_FOLDER) -> list[CheckpointInfo]:
+def find_checkpoints(folder: Optional[str | Path] = None) -> list[CheckpointInfo]:
     """Every ``*.pt`` file directly in ``folder``, recognised ones first.
 
     Order: sam2.1 before sam2, then tiny, small, base_plus, large; files whose
     name says nothing about the model come last with ``config=None``.
-    A missing folder gives an empty list.
+    A missing folder gives an empty list. Default folder: ``models_dir()``.
     """
-    folder = Path(folder).expanduser()
+    folder = Path(models_dir() if folder is None else folder).expanduser()
     if not folder.is_dir():
         return []
     found = [info_for(p) for p in folder.iterdir() if p.suffix.lower() == ".pt" and p.is_file()]
     return sorted(found, key=_order)
 
 
-def resolve_checkpoint(app_settings: Any, folder: str | Path = DEFAULT_FOLDER) -> Optional[CheckpointInfo]:
+def resolve_checkpoint(app_settings: Any, folder: Optional[str | Path] = None) -> Optional[CheckpointInfo]:
     """The checkpoint the app should use, or None (then segmentation uses GrabCut).
 
     ``app_settings`` is a ``kiln.settings.AppSettings`` (anything with
     ``sam2_checkpoint`` and ``sam2_config``). A configured path is returned even
     when the file is missing, so the caller can say so instead of silently
-    falling back. Otherwise the first recognised checkpoint in ``folder`` is
+    falling back. Otherwise the first recognised checkpoint in ``folder`` (default
+    ``models_dir()``) is
     used, preferring one whose config equals ``app.sam2_config`` when that is set.
     """
     ckpt = (getattr(app_settings, "sam2_checkpoint", "") or "").strip()

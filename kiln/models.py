@@ -12,14 +12,11 @@ Pure standard library, like the rest of ``kiln/``.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Optional
 
-from kiln.checkpoints import DEFAULT_FOLDER
-
-MODELS_DIR_ENV = "KILN_MODELS_DIR"
+from kiln.checkpoints import MODELS_DIR_ENV, models_dir  # noqa: F401  (their home; re-exported for the CLI)
 SAM2_BASE_URL = "https://dl.fbaipublicfiles.com/segment_anything_2/092824"
 UNVERIFIED_NOTE = ("unverified: no published checksum; its size and sha256 are recorded "
                    "(printed) after the first fetch")
@@ -102,12 +99,6 @@ def lookup(name: str) -> Optional[ModelFile]:
             return m
     return None
 
-
-def models_dir(env: Optional[Mapping[str, str]] = None) -> Path:
-    """Where fetched models go: ``$KILN_MODELS_DIR``, else the folder the app searches for
-    SAM 2 checkpoints (``checkpoints/``, relative to where Kiln runs)."""
-    env = os.environ if env is None else env
-    return Path(env.get(MODELS_DIR_ENV) or DEFAULT_FOLDER).expanduser()
 
 
 def record_path(path: Path) -> Path:

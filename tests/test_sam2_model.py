@@ -97,6 +97,23 @@ def test_resolve_prefers_setting_then_discovery(tmp_path):
     assert got.source == "setting" and not got.exists and got.config == "sam2.1_hiera_t.yaml"
 
 
+
+def test_the_app_looks_where_kiln_models_fetch_puts_files(tmp_path, monkeypatch):
+    """KILN_MODELS_DIR is one folder for ``kiln models fetch``, the app and the doctor."""
+    from app.segment.segment import choose_segmenter
+    from kiln.checkpoints import models_dir
+
+    monkeypatch.setenv("KILN_MODELS_DIR", str(tmp_path / "models"))
+    assert models_dir() == tmp_path / "models"
+    assert resolve_checkpoint(AppSettings()) is None
+    assert str(tmp_path / "models") in choose_segmenter(AppSettings()).reason   # says where it looked
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "sam2.1_hiera_tiny.pt").write_bytes(b"x")
+    got = resolve_checkpoint(AppSettings())
+    assert got.path == tmp_path / "models" / "sam2.1_hiera_tiny.pt" and got.source == "discovered"
+    monkeypatch.delenv("KILN_MODELS_DIR")
+    assert models_dir() == Path("checkpoints")
+
 # -- loading through the real loader -----------------------------------------------
 
 def _trap_cuda(monkeypatch):

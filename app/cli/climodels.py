@@ -39,10 +39,12 @@ def _sam3d_commands() -> str:
 
 
 def _app_search_note(folder: Path) -> Optional[str]:
-    """The app looks for SAM 2 checkpoints in checkpoints/ only: say how to use files elsewhere."""
-    if folder.resolve() == Path(DEFAULT_FOLDER).resolve():
+    """The app looks for SAM 2 checkpoints in ``models_dir()`` only: say how to use files
+    a --dest elsewhere put somewhere else."""
+    if folder.resolve() == models.models_dir().resolve():
         return None
-    return (f"note: the app searches {DEFAULT_FOLDER}/ for SAM 2 checkpoints; to use one from {folder}, "
+    return (f"note: the app searches {models.models_dir()}/ (${models.MODELS_DIR_ENV}, else "
+            f"{DEFAULT_FOLDER}/) for SAM 2 checkpoints; to use one from {folder}, "
             f"set app.sam2_checkpoint (e.g. --set app.sam2_checkpoint={folder / 'sam2.1_hiera_tiny.pt'})")
 
 
@@ -134,7 +136,7 @@ def cmd_fetch(args) -> int:
 def add_parser(sub) -> None:
     """Register ``kiln models {list,fetch}`` on the top-level sub-parsers."""
     where = (f"Files go to --dest, else ${models.MODELS_DIR_ENV}, else {DEFAULT_FOLDER}/ (the folder the "
-             "app searches for SAM 2 checkpoints).")
+             "app, the self-test and kiln doctor search for SAM 2 checkpoints).")
     mp = sub.add_parser("models", help="list the model checkpoints Kiln can use; download them",
                         description="Model checkpoints: which ones Kiln can use, whether they are on disk "
                                     "and intact, and a resumable, checksum-checked download. " + where)

@@ -25,6 +25,7 @@ from kiln.checkpoints import (  # noqa: F401  (re-exported for the app)
     CheckpointInfo,
     config_name,
     find_checkpoints,
+    models_dir,
     resolve_checkpoint,
 )
 
@@ -106,7 +107,8 @@ def _read_state_dict(path: Path) -> dict:
 
     if not path.exists():
         raise Sam2LoadError(f"SAM2 checkpoint {path} does not exist; put an official file such as "
-                            f"sam2.1_hiera_tiny.pt into {DEFAULT_FOLDER}/ or fix app.sam2_checkpoint")
+                            f"sam2.1_hiera_tiny.pt into {models_dir()}/ (kiln models fetch tiny) or fix "
+                            "app.sam2_checkpoint")
     if not path.is_file():
         raise Sam2LoadError(f"SAM2 checkpoint {path} is not a file")
     size = path.stat().st_size

@@ -366,8 +366,10 @@ def choose_segmenter(app_settings) -> SegmenterChoice:
         return SegmenterChoice(grabcut, "GrabCut", f"SAM2 support unavailable ({e})")
     info = resolve_checkpoint(app_settings)
     if info is None:
+        from kiln.checkpoints import models_dir
+
         return SegmenterChoice(grabcut, "GrabCut",
-                               "no SAM2 checkpoint configured or found in checkpoints/")
+                               f"no SAM2 checkpoint configured or found in {models_dir()}/")
     try:
         predictor = load_predictor(info)
     except Sam2LoadError as e:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from kiln import settings as settings_mod
-from kiln.checkpoints import DEFAULT_FOLDER
+from kiln.checkpoints import DEFAULT_FOLDER, MODELS_DIR_ENV, models_dir
 
 from worker.checks.backendchecks import (check_cuda_backend, check_device, check_moderngl, check_sam2, check_sam3d,
                             check_torch_cuda, check_worker_python)
@@ -73,7 +73,7 @@ def needs(settings) -> dict:
 
 
 def run_checks(settings, quick: bool = False, timeout: float = 180.0,
-               checkpoints: str = DEFAULT_FOLDER, env: Optional[Mapping] = None,
+               checkpoints: Optional[str] = None, env: Optional[Mapping] = None,
                cwd: Optional[Path] = None) -> list[Check]:
     env = dict(os.environ if env is None else env)
     cwd = Path(cwd or os.getcwd())
@@ -130,7 +130,7 @@ def run_checks(settings, quick: bool = False, timeout: float = 180.0,
     checks.append(check_cuda_backend("gsplat", "gsplat", f"{sys.executable} -m pip install gsplat==1.5.3",
                                      "views.backend cpu", quick, cuda_ok, need["gsplat"], probes.get("gsplat")))
     checks.append(nvd)
-    checks.append(check_sam2(settings, checkpoints))
+    checks.append(check_sam2(settings, str(checkpoints or models_dir())))
     checks.append(check_sam3d(settings, gpus))
     checks.append(check_worker_python(settings, quick, min(timeout, 120.0)))
     return checks
@@ -190,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print one summary line (implies --quick unless --full); for run.sh")
     p.add_argument("--full", action="store_true", help="with --summary: run the render probes too")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per build/render probe (default 180)")
-    p.add_argument("--checkpoints", default=DEFAULT_FOLDER, help="folder searched for SAM2 checkpoints")
+    p.add_argument("--checkpoints", default=None,
+                   help=f"folder searched for SAM2 checkpoints (default: ${MODELS_DIR_ENV}, else {DEFAULT_FOLDER}/)")
     return p
 
 
