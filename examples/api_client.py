@@ -15,6 +15,7 @@ import argparse
 import json
 import shutil
 import sys
+from pathlib import Path
 
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
@@ -51,16 +52,20 @@ def make_glb(client: Client, image: str, out: str, mask: str | None = None,
 
     job = client.submit(**(settings or {}), **({"mask": "auto"} if auto else {}), api_name="/generate")
     shown = None
-    for status, _glb, _ply in job:   # an update when the job changes, and every second
+    for status, *_files in job:   # an update when the job changes, and every second
         line = f"  {status['state']:<8} {status['stage'] or '':<13} {100 * status['progress']:5.1f}%"
         if line != shown:
             print(line, flush=True)
             shown = line
-    status, glb, ply = job.result()   # raises AppError with the reason if the job failed
+    status, glb, ply, files = job.result()   # raises AppError with the reason if the job failed
     if "mask" in status:
         print(f"object found by {status['mask']['method']} ({100 * status['mask']['share']:.1f}% of the image)")
     shutil.copyfile(glb, out)
     print(f"job {status['job']} done in {status.get('total_s', 0):.1f} s -> {out}")
+    for path in files or ():   # the other formats asked for (--set formats=obj,stl), by their own names
+        other = Path(out).parent / Path(path).name
+        shutil.copyfile(path, other)
+        print(f"  and {other}")
     return status
 
 

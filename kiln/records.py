@@ -9,7 +9,7 @@ reads its JSON form: a key is spelt once, a default is stated once, here.
 * ``Capabilities``: what a worker's start-up probes found it can run (``Ready``).
 * ``Backends``: the renderer, rasterizer and device a job's attempt uses (``Started``).
 * ``BakeStats``, ``ModelStats``, ``PipelineStats``: what the bake, a model file's reading and
-  the whole pipeline measured.
+  the whole pipeline measured; ``OutputFile``: one file the export wrote.
 * ``JobTimes``, ``WorkerReport``: a worker's report of an attempt that ended done
   (``result.json``).
 * ``JobStats``: a job's stats as its status shows them (``JobStatus.stats``).
@@ -298,6 +298,41 @@ class ModelStats:
 
 
 @dataclass(frozen=True)
+class OutputFile:
+    """One file a job's export wrote (``pipeline.io.outputs.write_outputs``).
+
+    key: its outputs key (``kiln.formats.OUTPUT_TAIL``: glb, obj, stl, mesh_ply); name: its
+    file name in the job's outputs; bytes: its size; vertices, faces: what a reader of the
+    file finds (the STL's and the PLY's vertices welded). texture_format: the texture's
+    encoding (png, jpeg, webp), None without a texture. units, scale: the STL's units and
+    the factor Kiln's coordinates were multiplied by. up: the file's up axis ("y" or "z").
+    """
+
+    key: str
+    name: str
+    bytes: int
+    vertices: int = 0
+    faces: int = 0
+    texture_format: Optional[str] = None
+    units: Optional[str] = None
+    scale: Optional[float] = None
+    up: Optional[str] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _without_none({"key": self.key, "name": self.name, "bytes": self.bytes,
+                              "vertices": self.vertices, "faces": self.faces,
+                              "texture_format": self.texture_format, "units": self.units,
+                              "scale": self.scale, "up": self.up})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> OutputFile:
+        return cls(key=str(data.get("key", "")), name=str(data.get("name", "")), bytes=int(data.get("bytes", 0)),
+                   vertices=int(data.get("vertices", 0)), faces=int(data.get("faces", 0)),
+                   texture_format=_opt_str(data.get("texture_format")), units=_opt_str(data.get("units")),
+                   scale=_opt_float(data.get("scale")), up=_opt_str(data.get("up")))
+
+
+@dataclass(frozen=True)
 class PipelineStats:
     """What one run of ``pipeline.run.run_pipeline`` measured (``PipelineResult.stats``).
 
@@ -309,7 +344,8 @@ class PipelineStats:
     texture_size_auto: the size ``bake.texture_size: auto`` picked. bake: the bake's stats, None
     without one. glb_bytes: the GLB's size. reconstruction_cache_error / views_cache_error: why
     a result could not be stored in the cache (the job went on without). model: what baking a
-    model file found (``kiln bake``), None for a job that reconstructed from a photo.
+    model file found (``kiln bake``), None for a job that reconstructed from a photo. files:
+    every file the export wrote, the GLB first (empty in reports from before Kiln wrote more).
     """
 
     backends: Backends = field(default_factory=Backends)
@@ -326,6 +362,7 @@ class PipelineStats:
     reconstruction_cache_error: Optional[str] = None
     views_cache_error: Optional[str] = None
     model: Optional[ModelStats] = None
+    files: tuple[OutputFile, ...] = ()
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -343,6 +380,8 @@ class PipelineStats:
             "reconstruction_cache_error": self.reconstruction_cache_error,
             "views_cache_error": self.views_cache_error,
             "model": None if self.model is None else self.model.to_dict()})
+        if self.files:
+            out["files"] = [f.to_dict() for f in self.files]
         if self.bake is not None:
             out.update(self.bake.to_dict())
         return out
@@ -363,7 +402,8 @@ class PipelineStats:
                    glb_bytes=int(data.get("glb_bytes", 0)),
                    reconstruction_cache_error=_opt_str(data.get("reconstruction_cache_error")),
                    views_cache_error=_opt_str(data.get("views_cache_error")),
-                   model=ModelStats.from_dict(data["model"]) if data.get("model") else None)
+                   model=ModelStats.from_dict(data["model"]) if data.get("model") else None,
+                   files=tuple(OutputFile.from_dict(f) for f in data.get("files") or () if isinstance(f, Mapping)))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from kiln.formats import FORMATS, PRIMARY, TEXTURE_FORMATS, UNITS
 from kiln.limits import MAX_INPUT_PIXELS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +36,12 @@ def _num(lo: float, hi: float, help: str = "") -> dict:
 
 def _choice(*options: str, help: str = "") -> dict:
     return {"choices": options, "help": help}
+
+
+def _subset(*options: str, always: str = "", help: str = "") -> dict:
+    """Some of ``options``, from a YAML list or a comma-separated text (``_coerce_subset``);
+    ``always`` is added when missing."""
+    return {"subset": options, "always": always, "help": help}
 
 
 def _networks(help: str = "") -> dict:
@@ -98,6 +105,11 @@ class RasterizeSettings:
 @dataclass(frozen=True)
 class ExportSettings:
     gaussians_ply: bool = False
+    # the files written beside the GLB (kiln.formats); the GLB itself always is
+    formats: tuple[str, ...] = field(default=(PRIMARY,), metadata=_subset(*FORMATS, always=PRIMARY))
+    texture_format: str = field(default="png", metadata=_choice(*TEXTURE_FORMATS))
+    # what one unit of Kiln's model is in the STL (Kiln's coordinates are taken as metres)
+    units: str = field(default="m", metadata=_choice(*UNITS))
 
 
 @dataclass(frozen=True)
@@ -186,7 +198,8 @@ class Settings:
 # API's /generate and `kiln run`'s flags (``--bake``, ``--simplify-ratio``, ...) give them.
 JOB_SETTINGS = {"bake": "bake.enabled", "simplify_ratio": "mesh.simplify_ratio",
                 "texture_size": "bake.texture_size", "views": "views.count", "bake_mode": "bake.mode",
-                "seed": "seed", "gaussians_ply": "export.gaussians_ply"}
+                "seed": "seed", "gaussians_ply": "export.gaussians_ply", "formats": "export.formats",
+                "texture_format": "export.texture_format", "units": "export.units"}
 
 
 def setting_value(settings: Settings, dotted: str) -> Any:
@@ -234,9 +247,33 @@ def _coerce_networks(key: str, value: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _coerce_subset(key: str, options: tuple[str, ...], always: str, value: Any) -> tuple[str, ...]:
+    """Some of ``options`` from a YAML list or a comma-separated text ("obj, stl"), in
+    ``options``' order, each once, with ``always`` among them; anything else is refused
+    naming the value and what is allowed."""
+    if isinstance(value, str):
+        items: list = [v for v in (part.strip() for part in value.split(",")) if v]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise SettingsError(f"setting '{key}' must be a list of {', '.join(options)}, got {value!r}")
+    chosen = set()
+    for item in items:
+        name = item.strip().lower().lstrip(".") if isinstance(item, str) else item
+        if name not in options:
+            raise SettingsError(f"setting '{key}': {item!r} is not one of {', '.join(options)}; "
+                                f"give one or more separated by commas, e.g. {','.join(options[:2])}")
+        chosen.add(name)
+    if always:
+        chosen.add(always)
+    return tuple(o for o in options if o in chosen)
+
+
 def _coerce(key: str, f: dataclasses.Field, value: Any) -> Any:
     if f.metadata.get("networks"):
         return _coerce_networks(key, value)
+    if "subset" in f.metadata:
+        return _coerce_subset(key, f.metadata["subset"], f.metadata["always"], value)
     typ = f.type if isinstance(f.type, str) else f.type.__name__
     if f.metadata.get("auto"):
         if isinstance(value, str) and value.strip().lower() == "auto":
@@ -384,6 +421,8 @@ def allowed_values(key: str) -> tuple:
     meta = field_metadata(key)
     if "choices" in meta:
         return tuple(meta["choices"])
+    if "subset" in meta:
+        return tuple(meta["subset"])
     if meta.get("power_of_two"):
         lo, hi = meta["range"]
         return tuple(1 << k for k in range(int(hi).bit_length()) if lo <= 1 << k <= hi)
@@ -406,6 +445,8 @@ def describe() -> list[tuple[str, Any, str]]:
                 allowed = "|".join(meta["choices"])
             elif meta.get("networks"):
                 allowed = "list of IP addresses / CIDR networks"
+            elif "subset" in meta:
+                allowed = "list of " + ",".join(meta["subset"])
             else:
                 allowed = f.type if isinstance(f.type, str) else f.type.__name__
             out.append((prefix + f.name, f.default, allowed))

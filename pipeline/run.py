@@ -28,12 +28,14 @@ EventFn = Callable[[str, float, str], None]
 @dataclass(frozen=True)
 class PipelineResult:
     """What ``run_pipeline`` wrote and measured: the GLB (and the Gaussians' .ply, when
-    asked for), stage -> seconds, and the stats (``kiln.records.PipelineStats``)."""
+    asked for), stage -> seconds, the stats (``kiln.records.PipelineStats``; ``stats.files``:
+    every model file written), and the other formats' paths by output key (``extra``)."""
 
     glb_path: Path
     ply_path: Optional[Path]
     timings: dict[str, float] = field(default_factory=dict)
     stats: PipelineStats = field(default_factory=PipelineStats)
+    extra: dict[str, Path] = field(default_factory=dict)
 
     @property
     def reconstruction_cached(self) -> bool:
@@ -50,7 +52,8 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
                  cache_dir: Path | None = None,
                  name: str = "model",
                  raster_ctx: "RasterContext | None" = None) -> PipelineResult:
-    """Run every stage and write ``<out_dir>/<name>.glb`` (and ``.ply`` on request).
+    """Run every stage and write ``<out_dir>/<name>.glb`` (and ``.ply`` on request, and the
+    formats of ``export.formats`` beside it: ``pipeline.io.outputs``).
 
     ``raster_ctx``: the bake's rasterizer context (``pipeline.raster.rasterize.raster_context``
     for ``backends.rasterize``), made by the caller on this thread and kept across jobs; without
@@ -63,6 +66,7 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     """
     from pipeline.texture import bake as bake_mod
     from pipeline.io import export as export_mod
+    from pipeline.io.outputs import write_outputs
     from pipeline.meshing import mesh_ops
     from pipeline.unwrap import uv
     from pipeline.raster.rasterize import raster_context
@@ -138,8 +142,9 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
         done("bake", t0)
 
     t0 = stage("export")
-    glb_path = export_mod.export_glb(mesh, texture, out_dir / f"{name}.glb")
-    done("export", t0)
+    files = write_outputs(mesh, texture, out_dir, name, settings.export)
+    glb_path = out_dir / files[0].name
+    done("export", t0, ", ".join(f.name for f in files))
     stats = PipelineStats(
         backends=backends, reconstruction_cached=cached, reconstruct_faces=recon.mesh.num_faces,
         gaussians=len(recon.gaussians),
@@ -147,8 +152,9 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
         views_cached=views_cached, faces=simplified.num_faces, vertices=simplified.num_vertices,
         texture_size_auto=texture_size_auto, bake=bake_stats, glb_bytes=glb_path.stat().st_size,
         reconstruction_cache_error=cache_errors.get("reconstruct"),
-        views_cache_error=cache_errors.get("render_views"))
-    return PipelineResult(glb_path=glb_path, ply_path=ply_path, timings=timings, stats=stats)
+        views_cache_error=cache_errors.get("render_views"), files=files)
+    return PipelineResult(glb_path=glb_path, ply_path=ply_path, timings=timings, stats=stats,
+                          extra={f.key: out_dir / f.name for f in files[1:]})
 
 
 def _auto_texture_size(mesh, recon: Reconstruction) -> int:

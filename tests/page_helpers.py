@@ -18,6 +18,7 @@ from app.web import browser
 from app.web.context import AppContext
 from app.web.requestinfo import Caller
 from app.segment.segment import GrabCutSegmenter, SegmenterChoice
+from kiln.records import JobStats, OutputFile, PipelineStats
 from worker.jobstore import JobStatus
 
 ALICE, BOB = "a" * 43, "b" * 43   # two browsers' cookies
@@ -73,6 +74,7 @@ class FakeSup:
         self.waiting = False
         self.ahead = 0
         self.ply: dict[str, bool] = {}     # job id -> a .ply was asked for
+        self.export: dict = {}             # job id -> its settings' export section
         self.bakes: dict = {}              # job id -> the CheckedBake of a bake job
 
     # the pool
@@ -114,6 +116,7 @@ class FakeSup:
             self.statuses[job_id] = JobStatus(id=job_id, session=session, state="queued", seq=1,
                                               created=1000.0 + len(self.statuses))
             self.ply[job_id] = bool(settings.export.gaussians_ply)
+            self.export[job_id] = settings.export
         return FakeJob(self, job_id)
 
     def submit_bake(self, bake, settings, session):
@@ -129,6 +132,7 @@ class FakeSup:
             self.statuses[job_id] = JobStatus(id=job_id, session=session, kind="bake", state="queued", seq=1,
                                               created=1000.0 + len(self.statuses))
             self.ply[job_id] = False
+            self.export[job_id] = settings.export
             self.bakes[job_id] = bake
         return FakeJob(self, job_id)
 
@@ -165,8 +169,15 @@ class FakeSup:
         if self.ply.get(st.id):
             (out / "model.ply").write_bytes(b"ply\n" + st.id.encode())
             outputs["ply"] = str(out / "model.ply")
+        stats = JobStats()
+        export = self.export.get(st.id)
+        if export is not None and len(export.formats) > 1:
+            files = extra_outputs(out, export)
+            outputs.update({f.key: str(out / f.name) for f in files})
+            glb = OutputFile(key="glb", name="model.glb", bytes=(out / "model.glb").stat().st_size)
+            stats = JobStats(pipeline=PipelineStats(files=(glb, *files)))
         return replace(st, state="done", stage="export", progress=1.0, seq=st.seq + 1, outputs=outputs,
-                       timings={"total_s": 2.0, "queued_s": 0.0}, finished=st.created + 2)
+                       timings={"total_s": 2.0, "queued_s": 0.0}, finished=st.created + 2, stats=stats)
 
     def cancel(self, job_id: str, reason: str = "") -> bool:
         with self.lock:
@@ -176,6 +187,30 @@ class FakeSup:
                 self.statuses[job_id] = replace(st, state="cancelled", seq=st.seq + 1,
                                                 error=reason or "cancelled by user")
         return True
+
+
+def extra_outputs(out: Path, export) -> tuple:
+    """The formats of ``export`` besides the GLB, written for real (``pipeline.io.mesh_formats``)
+    from a small textured tetrahedron into ``out`` as a job names them: its OutputFiles."""
+    from kiln.formats import output_key, output_name
+    from pipeline.io import mesh_formats
+    from pipeline.types import Mesh, Texture
+
+    mesh = Mesh(np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], np.float32) - 0.25,
+                np.array([[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]], np.int32),
+                uvs=np.array([[0.1, 0.1], [0.9, 0.1], [0.1, 0.9], [0.9, 0.9]], np.float32))
+    tex = Texture(np.full((8, 8, 3), 120, np.uint8), np.ones((8, 8), bool))
+    files = []
+    for fmt in export.formats[1:]:
+        key = output_key(fmt)
+        path = out / output_name("model", key)
+        if key == "obj":
+            files.append(mesh_formats.export_obj_zip(mesh, tex, path, export.texture_format))
+        elif key == "stl":
+            files.append(mesh_formats.export_stl(mesh, path, export.units))
+        else:
+            files.append(mesh_formats.export_mesh_ply(mesh, tex, path))
+    return tuple(files)
 
 
 def make_context(tmp_path: Path, settings, sup: FakeSup | None = None, start: bool = True) -> AppContext:

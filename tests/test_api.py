@@ -175,14 +175,14 @@ def test_one_client_is_one_session_from_upload_to_result(server, images, tmp_pat
         assert info["mask"]["source"] == "alpha" and info["width"] == 160
         job = a.submit(api_name="/generate")
         updates = list(job)
-        status, glb, ply = job.result()
+        status, glb, ply, _ = job.result()
         assert status["state"] == "done" and ply is None
         assert Path(glb).name == "cutout-1.glb"   # named for the image, as the page names results
         assert [u[0]["state"] for u in updates][-1] == "done"
         assert Path(glb).read_bytes()[:4] == b"glTF"
         jobs = a.predict(api_name="/status")["jobs"]
         assert [j["job"] for j in jobs] == [status["job"]]
-        again, glb2, _ = a.predict(status["job"], api_name="/result")
+        again, glb2, _, _ = a.predict(status["job"], api_name="/result")
         assert again["job"] == status["job"] and Path(glb2).read_bytes() == Path(glb).read_bytes()
         assert a.predict(api_name="/cancel") == {"cancelled": []}
         # the files carry no server paths in what the client reads

@@ -198,7 +198,7 @@ def test_bake_runs_a_job_with_the_sessions_photo_and_publishes_its_glb(app, tmp_
     mesh = _coloured_mesh(tmp_path / "ball.ply")
     api.upload_image(app.ctx, A, app.files.cutout)
     answers = list(api_bake.bake(app.ctx, A, mesh, session_image=True, focal=300.0, progress=_no_progress))
-    info, glb, ply = answers[-1]
+    info, glb, ply, files = answers[-1]
     assert info["state"] == "done" and glb.endswith(".glb") and ply is None
     (job_id, checked), = app.sup.bakes.items()
     assert checked.request.photo and checked.request.focal == 300.0 and checked.rgb.shape == (160, 160, 3)
@@ -208,3 +208,57 @@ def test_bake_runs_a_job_with_the_sessions_photo_and_publishes_its_glb(app, tmp_
     assert json.loads((app.sup.dirs[job_id] / "settings.json").read_text())["mesh"]["simplify_ratio"] == 0.0
     # the job is the client's, as /generate's are
     assert api.status(app.ctx, B)["jobs"] == [] and len(api.status(app.ctx, A)["jobs"]) == 1
+
+
+def test_generate_takes_formats_and_answers_every_file_with_its_size_for_this_client_only(app):
+    import zipfile
+
+    from pipeline.io.texture_file import sniff
+
+    api.upload_image(app.ctx, A, app.files.cutout)
+    *_, last = api.generate(app.ctx, A, views=4, formats=["obj", "stl", "ply"], texture_format="jpeg",
+                            units="mm", progress=_no_progress)
+    assert last.info["outputs"] == ["glb", "mesh_ply", "obj", "stl"]
+    assert [Path(p).name for p in last.files] == ["cutout-1.obj.zip", "cutout-1.stl", "cutout-1.mesh.ply"]
+    with zipfile.ZipFile(last.files[0]) as z:   # named as the download, its texture a JPEG
+        assert sorted(z.namelist()) == ["cutout-1.jpg", "cutout-1.mtl", "cutout-1.obj"]
+        assert sniff(z.read("cutout-1.jpg")) == "jpeg"
+    # the status says each file's size (no server paths), and the STL's units and scale
+    sizes = {f["format"]: f for f in last.info["files"]}
+    assert list(sizes) == ["glb", "obj", "stl", "ply"] and "name" not in sizes["stl"]
+    assert sizes["stl"]["units"] == "mm" and sizes["stl"]["scale"] == 1000.0
+    for fmt, path in zip(("glb", "obj", "stl", "ply"), [last.glb, *last.files]):
+        assert sizes[fmt]["bytes"] == Path(path).stat().st_size
+        # published for this client's browser only, as the GLB is
+        assert app.ctx.publisher.owner(path) == A.session
+    settings = json.loads((app.sup.dirs["job0"] / "settings.json").read_text())["export"]
+    assert settings == {**settings, "formats": ["glb", "obj", "stl", "ply"], "texture_format": "jpeg", "units": "mm"}
+    # /result answers the same files; another client gets none of them
+    again = api.result(app.ctx, A, "job0")
+    assert again.files == last.files
+    assert "no job" in _refused(api.result, app.ctx, B, "job0")
+    # a comma-separated text works too; only the GLB when none is asked for
+    *_, plain = api.generate(app.ctx, A, formats="", progress=_no_progress)
+    assert plain.files is None and plain.info["outputs"] == ["glb"]
+
+
+@pytest.mark.parametrize("values,needle", [
+    ({"formats": ["fbx"]}, "formats: 'fbx' is not one of glb, obj, stl, ply"),
+    ({"units": "km"}, "units: 'km' is not allowed; choose one of m, mm (setting 'export.units')"),
+    ({"texture_format": "gif"}, "texture_format: 'gif' is not allowed"),
+])
+def test_a_bad_format_unit_or_texture_format_is_refused_before_a_job(app, values, needle):
+    api.upload_image(app.ctx, A, app.files.cutout)
+    assert needle in _refused(api.generate, app.ctx, A, progress=_no_progress, **values)
+    assert app.sup.jobs() == []
+
+
+def test_bake_takes_formats_too(app, tmp_path):
+    from app.web import api_bake
+
+    mesh = _coloured_mesh(tmp_path / "ball.ply")
+    api.upload_image(app.ctx, A, app.files.cutout)
+    *_, last = api_bake.bake(app.ctx, A, mesh, session_image=True, focal=300.0, formats="stl", units="mm",
+                             progress=_no_progress)
+    assert [Path(p).name for p in last.files] == ["ball-1.stl"]
+    assert json.loads((app.sup.dirs["job0"] / "settings.json").read_text())["export"]["units"] == "mm"

@@ -1051,10 +1051,14 @@ def test_a_jobs_settings_come_back_into_the_form_as_they_were_used():
     from kiln.settings import load
 
     base = load()
-    values = (True, 0.8, 512, 12, "opt", 7, True)
+    values = (True, 0.8, 512, 12, "opt", 7, True, ["obj", "stl"], "jpeg", "mm")
     used = form.job_settings(base, form.ui_overrides(*values))
     assert form.form_values(used.to_dict()) == values
     assert form.form_values({"bake": {}}) is None and form.form_values(None) is None
+    # a job from before Kiln wrote other formats: its export section lacks them, the defaults stand in
+    old = used.to_dict()
+    old["export"] = {"gaussians_ply": True}
+    assert form.form_values(old) == (*values[:7], [], "png", "m")
 
 
 def test_small_wordings_a_user_noticed():

@@ -179,3 +179,17 @@ def test_every_bake_handler_is_wired(app):
                 and name.startswith(("on_", "show_", "run_", "follow_"))]
     assert len(handlers) == 7
     assert [h.__name__ for h in handlers if h not in app.outputs] == []
+
+
+def test_a_bake_s_download_choices_give_each_format_its_file_and_size(app):
+    values = (*form(_ball(app.tmp / "ball.ply")), ["stl"], "jpeg", "mm")
+    out = answer(app, baking.on_bake, *values)
+    assert _is_update(out["more_files"], value=None, visible=False) and out["file_sizes"] == ""
+    stream(app, baking.run_bake, *values)
+    export = app.sup.export["job0"]
+    assert (export.formats, export.texture_format, export.units) == (("glb", "stl"), "jpeg", "mm")
+    out = answer(app, baking.show_bake_outcome)
+    (stl,) = [Path(p) for p in out["more_files"]["value"]]
+    assert stl.name == "ball-1.stl" and _is_update(out["more_files"], visible=True)
+    assert app.ctx.publisher.owner(str(stl)) == A1.session
+    assert "`ball-1.glb`" in out["file_sizes"] and "`ball-1.stl`" in out["file_sizes"]

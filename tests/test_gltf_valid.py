@@ -1,6 +1,6 @@
 """Every kind of GLB Kiln writes passes the Khronos glTF validator with no errors: an image
-job's (texture, and vertex colours without a bake), and a bake job's (the model's own UVs
-kept, and new ones)."""
+job's (texture as PNG, JPEG or WebP, and vertex colours without a bake), and a bake job's (the
+model's own UVs kept, and new ones)."""
 
 from __future__ import annotations
 
@@ -31,16 +31,60 @@ def _assert_valid(path):
 
 
 @needs_gl
-@pytest.mark.parametrize("bake", [True, False], ids=["textured", "vertex-colours"])
-def test_an_image_job_s_glb_is_valid(node, tmp_path, bake):
-    from kiln.examples import draw_object
+@pytest.mark.parametrize("bake,texture_format", [(True, "png"), (True, "jpeg"), (True, "webp"), (False, "png")],
+                         ids=["textured-png", "textured-jpeg", "textured-webp", "vertex-colours"])
+def test_an_image_job_s_glb_is_valid(node, tmp_path, bake, texture_format):
     from pipeline.run import run_pipeline
     from pipeline.types import ImageInput
 
-    rgb, mask = draw_object(128)
-    res = run_pipeline(ImageInput(rgb, mask), load(None, {**SMALL, "bake.enabled": bake}), tmp_path)
+    rgb, mask = _object()
+    s = load(None, {**SMALL, "bake.enabled": bake, "export.texture_format": texture_format,
+                    "export.formats": "glb,obj,stl,ply"})
+    res = run_pipeline(ImageInput(rgb, mask), s, tmp_path)
     report = _assert_valid(res.glb_path)
     assert report["info"]["drawCallCount"] == 1
+    if bake:
+        # the validator decoded the image it was told of: the format asked for
+        (image,) = [r for r in report["info"]["resources"] if r["pointer"] == "/images/0"]
+        assert image["mimeType"] == f"image/{texture_format}" and image["image"]["width"] == 256
+        assert ("EXT_texture_webp" in (report["info"].get("extensionsRequired") or [])) == (texture_format == "webp")
+    assert set(res.extra) == {"obj", "stl", "mesh_ply"}   # the other files beside it, from the same job
+
+
+def _object():
+    from kiln.examples import draw_object
+
+    return draw_object(128)
+
+
+@pytest.mark.parametrize("texture_format", ["png", "jpeg", "webp"])
+def test_a_glb_is_valid_with_each_texture_format(node, tmp_path, texture_format):
+    from test_formats import photo_like_texture, seamed_sphere
+
+    from pipeline.io.export import export_glb
+
+    path = export_glb(seamed_sphere(), photo_like_texture(), tmp_path / "m.glb", texture_format=texture_format)
+    report = _assert_valid(path)
+    assert report["issues"]["numWarnings"] == 0
+
+
+def test_webp_without_its_extension_is_an_error_to_the_validator(node, tmp_path):
+    """Why a WebP GLB declares EXT_texture_webp: glTF 2.0 itself allows only PNG and JPEG."""
+    from test_formats import photo_like_texture, seamed_sphere
+
+    from pipeline.io.export import export_glb
+    from pipeline.io.glb_texture import join_glb, split_glb
+
+    doc, binary = split_glb(export_glb(seamed_sphere(), photo_like_texture(), tmp_path / "w.glb",
+                                       texture_format="webp").read_bytes())
+    del doc["extensionsUsed"], doc["extensionsRequired"]
+    doc["textures"][0] = {"source": 0}
+    (tmp_path / "bare.glb").write_bytes(join_glb(doc, binary))
+    report = gltf_validator.validate(tmp_path / "bare.glb")
+    assert report["issues"]["numErrors"] > 0, report["issues"]
+    # "'image/webp' MIME type requires an extension"
+    assert any(m.startswith("IMAGE_NON_ENABLED_MIME_TYPE") for m in gltf_validator.errors(report)), \
+        gltf_validator.errors(report)
 
 
 @needs_gl

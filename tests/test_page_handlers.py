@@ -24,6 +24,7 @@ from app.web.outcome import not_started  # noqa: E402
 from app.web.page import layout  # noqa: E402
 from app.web.requestinfo import Caller, caller_of, event_fn  # noqa: E402
 from app.web.wiring import wire  # noqa: E402
+from kiln.formats import human_bytes  # noqa: E402
 from kiln.settings import Settings  # noqa: E402
 from page_helpers import ALICE, BOB, FakeSup, caller, make_context, named, png_file, request, wired_outputs  # noqa: E402
 from synthetic import make_object_image  # noqa: E402
@@ -523,3 +524,57 @@ def test_find_the_object_selects_it_without_clicks_and_clicks_correct_it(app, tm
     out = answer(app, image.on_find, A2)
     assert "No single object found automatically: the background" in out["mask_info"]
     assert app.ctx.sessions.get(A2.session).mask is None
+
+
+def test_the_download_choices_give_each_format_its_file_with_its_size_for_this_browser_only(app, blob):
+    """Ticked formats become the job's settings; the outcome offers each file (published for
+    the browser that made it: another browser's request for it is refused) with its size; a
+    reloaded page shows the choices its last job used."""
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route, Router
+    from starlette.testclient import TestClient
+
+    from app.web import browser
+    from app.web.server import RequestGuard
+
+    _ready(app, blob)
+    form = (True, 0.95, 512, 8, "fast", 0, False, ["stl", "obj", "ply"], "webp", "mm")
+    out = answer(app, job.on_generate, A1, *form)
+    assert _is_update(out["more_files"], value=None, visible=False) and out["file_sizes"] == ""
+    stream(app, job.run_job, A1, *form)
+    export = app.sup.export["job0"]
+    assert (export.formats, export.texture_format, export.units) == (("glb", "obj", "stl", "ply"), "webp", "mm")
+
+    out = answer(app, job.show_outcome, A1)
+    assert _is_update(out["glb_download"], visible=True)
+    assert _is_update(out["more_files"], visible=True)
+    files = [Path(p) for p in out["more_files"]["value"]]
+    assert [p.name for p in files] == ["blob-1.obj.zip", "blob-1.stl", "blob-1.mesh.ply"]
+    for p in [Path(out["model"]), *files]:   # each file's name and its size, as a person reads it
+        assert f"`{p.name}` {human_bytes(p.stat().st_size)}" in out["file_sizes"]
+    assert sorted(Path(p).name for p in out["history_files"]) == \
+        ["blob-1.glb", "blob-1.mesh.ply", "blob-1.obj.zip", "blob-1.stl"]
+
+    # served only to this browser, as the GLB is (the server's guard asks the publisher)
+    async def serve(request):
+        return PlainTextResponse("the file")
+
+    guard = RequestGuard(Router(routes=[Route("/{path:path}", serve)]), owner_of=app.ctx.publisher.owner,
+                         max_upload_bytes=10_000)
+    alice = TestClient(guard, cookies={browser.BROWSER_COOKIE: ALICE})
+    bob = TestClient(guard, cookies={browser.BROWSER_COOKIE: BOB})
+    for p in files:
+        url = f"/gradio_api/file={p}"
+        assert alice.get(url).status_code == 200, p.name
+        assert bob.get(url).status_code == 403 and TestClient(guard).get(url).status_code == 403, p.name
+
+    # a reload shows what the last job used (the GLB is not a choice: it is always made)
+    shown = stream(app, job.follow_on_load, A2)
+    assert (shown[-1]["formats"], shown[-1]["texture_format"], shown[-1]["units"]) == \
+        (["obj", "stl", "ply"], "webp", "mm")
+    # a bad value is refused naming the box, before a job
+    with pytest.raises(gr.Error, match="STL units: 'km' is not allowed"):
+        answer(app, job.on_generate, A1, *form[:-1], "km")
+    # a new image takes the last result's files off the page
+    out = answer(app, image.on_upload, A1, png_file(app.tmp, "blob.png", blob[0]))
+    assert _is_update(out["more_files"], value=None, visible=False) and out["file_sizes"] == ""

@@ -387,11 +387,18 @@ class Dispatcher:
             append_log(job.dir, reason)
             self._finish(job, FAILED, reason)
             return
+        missing = [Path(p).name for p in (msg.extra or {}).values() if not _nonempty(Path(p))]
+        if missing:
+            reason = f"the result failed its check after stage 'export': {', '.join(missing)} missing or empty"
+            append_log(job.dir, reason)
+            self._finish(job, FAILED, reason)
+            return
         report = self.store.read_result(job.status.id)
         st = job.status
         st.outputs = {"glb": str(glb)}
         if msg.ply:
             st.outputs["ply"] = msg.ply
+        st.outputs.update(msg.extra or {})
         if report is not None:
             st.timings = dict(report.timings)
             st.stats = JobStats(pipeline=report.stats, glb_check=report.check, job=report.job,
@@ -492,3 +499,10 @@ class Dispatcher:
         # restarted server continues from it); fsync only for state/stage changes.
         self.store.write_status(st, fsync=changed)
         self.cond.notify_all()
+
+
+def _nonempty(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False

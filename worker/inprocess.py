@@ -18,8 +18,9 @@ OnEvent = Callable[[str, float, str], None]   # (stage, fraction of that stage, 
 
 def run_in_process(rgb: np.ndarray, mask: np.ndarray, settings, out: Path,
                    on_event: Optional[OnEvent] = None, cache_dir: Optional[Path] = None) -> dict:
-    """Run every stage here and leave the GLB at ``out`` (the .ply, when asked for, beside
-    it). Returns ``{"timings", "stats" (a ``kiln.records.PipelineStats``), "ply"}``. Stage errors
+    """Run every stage here and leave the GLB at ``out`` (the .ply and the other formats, when
+    asked for, beside it: ``kiln.formats.output_path``). Returns ``{"timings", "stats" (a
+    ``kiln.records.PipelineStats``), "ply", "extra" (output key -> path)}``. Stage errors
     propagate unchanged."""
     from pipeline.run import run_pipeline
     from pipeline.types import ImageInput
@@ -29,16 +30,18 @@ def run_in_process(rgb: np.ndarray, mask: np.ndarray, settings, out: Path,
                        cache_dir=cache_dir, name=out.stem)
     if res.glb_path != out:   # an output without the .glb suffix
         shutil.move(res.glb_path, out)
-    return {"timings": res.timings, "stats": res.stats, "ply": res.ply_path}
+    return {"timings": res.timings, "stats": res.stats, "ply": res.ply_path, "extra": dict(res.extra)}
 
 
 def bake_in_process(bake, settings, out: Path, on_event: Optional[OnEvent] = None) -> dict:
     """``kiln bake --in-process``: a ``worker.bakeinputs.CheckedBake`` laid out in a temporary
-    job folder as the job store would, baked here, the GLB left at ``out``. Returns
-    ``{"timings", "stats" (a ``kiln.records.PipelineStats``)}``."""
+    job folder as the job store would, baked here, the GLB left at ``out`` and the other
+    formats beside it. Returns ``{"timings", "stats" (a ``kiln.records.PipelineStats``),
+    "ply" (None), "extra" (output key -> path)}``."""
     import tempfile
 
     from kiln.atomic import atomic_copy
+    from kiln.formats import copy_output, output_path
     from pipeline.backends import resolve_backends
     from pipeline.raster.rasterize import raster_context
 
@@ -54,4 +57,7 @@ def bake_in_process(bake, settings, out: Path, on_event: Optional[OnEvent] = Non
             res = bake_folder(job_dir, settings, backends, rc, on_event or (lambda *a: None),
                               job_dir / "outputs")
         atomic_copy(res.glb_path, Path(out))
-    return {"timings": res.timings, "stats": res.stats, "ply": None}
+        extra = {}
+        for key, path in res.extra.items():
+            extra[key] = copy_output(key, path, output_path(out, key))
+    return {"timings": res.timings, "stats": res.stats, "ply": None, "extra": extra}

@@ -12,7 +12,8 @@ Layout of ``<root>/<session>/<job_id>/``::
     status.json        JobStatus, rewritten atomically on every change
     result.json        what the worker reports besides the GLB (kiln.records.WorkerReport)
     log                human-readable history: supervisor notes, worker stage lines, tracebacks
-    outputs/model.glb  (and model.ply when asked for)
+    outputs/model.glb  (and model.ply when asked for, and model.obj.zip, model.stl,
+                       model.mesh.ply for export.formats: kiln.formats names them)
 
 Only the supervisor writes ``status.json``; the worker writes ``outputs/``,
 ``result.json`` and appends to ``log``. Every file that is replaced is written to a
@@ -67,7 +68,8 @@ class JobStatus:
     stage_progress: 0..1 within ``stage``.
     message: the latest human-readable line; error: why it failed/was cancelled.
     seq: sequence number of the last event; increases by one with every change.
-    outputs: {'glb': path[, 'ply': path]} once done.
+    outputs: {'glb': path[, 'ply': path][, 'obj' | 'stl' | 'mesh_ply': path]} once done
+        (``kiln.formats.OUTPUT_TAIL`` names the keys).
     timings: stage -> seconds of the successful attempt (as PipelineResult.timings), plus
         'queued_s' (submit -> first start) and 'total_s' (submit -> end) once it ended.
     stats: ``kiln.records.JobStats``: the pipeline's stats (done jobs), the GLB check, where

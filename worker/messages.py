@@ -90,11 +90,13 @@ class Progress:
 
 @dataclass(frozen=True)
 class Done:
-    """The attempt wrote its GLB (and result.json); ``ply`` when one was asked for."""
+    """The attempt wrote its GLB (and result.json); ``ply`` when one was asked for; ``extra``:
+    the other formats it wrote beside the GLB, output key -> path (``kiln.formats``)."""
 
     job: str
     glb: str
     ply: Optional[str] = None
+    extra: Optional[dict[str, str]] = None
 
 
 @dataclass(frozen=True)

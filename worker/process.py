@@ -341,7 +341,8 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
         atomic_write(job_dir / "result.json",
                      json.dumps(report.to_dict(), indent=1, default=_json_default).encode())
         append_log(job_dir, "done: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items()))
-        send(Done(job_id, str(result.glb_path), str(result.ply_path) if result.ply_path else None))
+        send(Done(job_id, str(result.glb_path), str(result.ply_path) if result.ply_path else None,
+                  {k: str(v) for k, v in result.extra.items()}))
     except Exception as e:
         kind = classify_error(e)
         tb = traceback.format_exc()

@@ -12,13 +12,14 @@ import time
 from pathlib import Path
 
 from kiln import settings as settings_mod
+from kiln.formats import human_bytes
 from worker.inputs import InputProblem, Loaded, NoSpace, is_no_space, no_space
 
-from app.cli.cliargs import settings_from_args
+from app.cli.cliargs import add_format_flags, settings_from_args
 from app.cli.clibake import add_parser as add_bake_parser
 from app.cli.climodels import add_parser as add_models_parser
 from app.cli.clirunner import Cancelled, CliError, InProcessRunner, CliJobFailed, WorkerRunner, write_report
-from app.cli.cliview import BatchLine, ItemResult, ProgressLine, summary_table, timing_table
+from app.cli.cliview import BatchLine, ItemResult, ProgressLine, summary_table, timing_table, written_files
 
 EXIT_CODES = ("Exit status: 0 the GLB was written (every GLB, with several images); 1 the job "
               "failed (a stage error, a worker crash or hang, no worker could start, no space "
@@ -124,12 +125,13 @@ def _run_one(runner, item, got, args) -> int:
     for w in stats.pipeline.warnings if stats.pipeline is not None else ():
         print(f"kiln: warning: {w}", file=sys.stderr)
     out = item.output
+    written = written_files(out, result, stats.pipeline)
     if args.report:
         write_report(args.report, {"timings": result["timings"], "total_s": total,
-                                    "stats": stats.to_dict(), "glb": str(out.resolve())})
-    print(f"wrote {out.resolve()}" + (f" ({result['source']})" if result.get("source") else ""))
-    if result.get("ply"):
-        print(f"wrote {Path(result['ply']).resolve()}")
+                                    "stats": stats.to_dict(), "glb": str(out.resolve()), "files": written})
+    source = f", {result['source']}" if result.get("source") else ""
+    for i, f in enumerate(written):
+        print(f"wrote {f['path']} ({human_bytes(f['bytes'])}{source if i == 0 else ''})")
     return 0
 
 
@@ -162,6 +164,7 @@ def _run_batch(runner, items, load_item, args) -> int:
                 res = runner.run(got, item.output, line)
                 r.state, r.timings, r.stats, r.ply = "done", res["timings"], res["stats"], res["ply"]
                 r.source = res.get("source", "")
+                r.files = written_files(item.output, res, res["stats"].pipeline)
             except Cancelled as e:
                 r.state, r.error, interrupted = "cancelled", str(e), e
             except KeyboardInterrupt:   # --in-process, or between jobs
@@ -213,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  kiln run photo.jpg --mask mask.png --no-bake --simplify-ratio 0.98\n"
                "  kiln run a.png b.jpg --mask-dir masks/ -o out/   (several images, one worker)\n"
                "  kiln run shot.jpg --mask auto               (find the object on a plain background)\n"
+               "  kiln run photo.png --format glb,obj,stl --units mm --texture-format jpeg\n"
                "  kiln bake --mesh m.glb --splat s.ply -o baked.glb (texture a mesh you already have)\n"
                "  kiln serve                                  (web UI on http://127.0.0.1:7860)\n"
                "  kiln doctor                                 (check CUDA, compilers, backends)\n"
@@ -222,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     r = sub.add_parser("run", help="turn an image (+ mask) into a GLB; several images in one go",
-                       description="Run the whole pipeline on an image and write a GLB. The stages run "
+                       description="Run the whole pipeline on an image and write a GLB (and, with "
+                                   "--format, OBJ, STL or PLY files beside it). The stages run "
                                    "in a crash-isolated worker process (--in-process: in this one). "
                                    "Every image and mask is checked before the worker starts. With "
                                    "several images (or --mask-dir) one worker takes them in turn: a "
@@ -246,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(or, with --mask auto, the object found automatically)")
     r.add_argument("-o", "--output", help="one image: output .glb path or a folder (default: IMAGE "
                                           "name with .glb, here); several images or --mask-dir: "
-                                          "the folder for <image name>.glb (default: here)")
+                                          "the folder for <image name>.glb (default: here). "
+                                          "--format's other files go beside each GLB, named after it "
+                                          "(photo.obj.zip, photo.stl, photo.mesh.ply)")
     r.add_argument("--config", help="settings YAML (default: configs/default.yaml)")
     bake = r.add_mutually_exclusive_group()
     bake.add_argument("--bake", dest="bake", action="store_true", default=None, help="bake a texture (default)")
@@ -264,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="texture bake mode (default %s)" % dflt.bake.mode)
     r.add_argument("--seed", type=int, help="random seed, %d-%d (default %d)" % (*rng("seed"), dflt.seed))
     r.add_argument("--ply", action="store_true", help="also write the Gaussians as a 3DGS .ply next to the GLB")
+    add_format_flags(r)
     r.add_argument("--device", choices=["auto", "cpu", "cuda"], help="worker device (default auto)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override any setting, e.g. --set bake.steps=200 (see `kiln settings`)")

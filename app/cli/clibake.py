@@ -12,10 +12,11 @@ from pathlib import Path
 
 from kiln import settings as settings_mod
 from kiln.bakerequest import CAMERA_FRAMES, SOURCES
+from kiln.formats import human_bytes
 
-from app.cli.cliargs import settings_from_args
+from app.cli.cliargs import add_format_flags, settings_from_args
 from app.cli.clirunner import CliError, InProcessRunner, WorkerRunner, write_report
-from app.cli.cliview import ProgressLine, timing_table
+from app.cli.cliview import ProgressLine, timing_table, written_files
 
 DESCRIPTION = """\
 Bake a textured GLB from a mesh you already have. Each texel takes its colour from, in order:
@@ -70,7 +71,9 @@ def add_parser(sub) -> None:
     files.add_argument("--mask", metavar="K", help="the object's mask in the photo (white = object; "
                                                    "default: the photo's transparency); a texel outside "
                                                    "it never takes the photo's colour")
-    files.add_argument("-o", "--output", required=True, metavar="OUT.glb", help="the GLB to write")
+    files.add_argument("-o", "--output", required=True, metavar="OUT.glb",
+                       help="the GLB to write; --format's other files go beside it (OUT.obj.zip, OUT.stl, "
+                            "OUT.mesh.ply)")
     files.add_argument("--report", metavar="R.json",
                        help="write timings and stats (camera used, frame, surface distance, "
                             "silhouette, texel sources, peak memory) to this JSON file")
@@ -113,6 +116,7 @@ def add_parser(sub) -> None:
     how.add_argument("--config", help="settings YAML (default: configs/default.yaml)")
     how.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override any setting, e.g. --set bake.photo_min_inside=0.8 (see `kiln settings`)")
+    add_format_flags(b.add_argument_group("files to write (beside the GLB)"))
     how.add_argument("--in-process", action="store_true",
                      help="run the stages in this process instead of a crash-isolated worker (debugging)")
     b.set_defaults(func=cmd_bake, uvs="auto")
@@ -156,10 +160,12 @@ def cmd_bake(args) -> int:
         print(line, file=sys.stderr)
     for w in stats.pipeline.warnings if stats.pipeline is not None else ():
         print(f"kiln: warning: {w}", file=sys.stderr)
+    written = written_files(out, result, stats.pipeline)
     if args.report:
         write_report(args.report, {"timings": result["timings"], "total_s": total,
-                                    "stats": stats.to_dict(), "glb": str(out.resolve())})
-    print(f"wrote {out.resolve()}")
+                                    "stats": stats.to_dict(), "glb": str(out.resolve()), "files": written})
+    for f in written:
+        print(f"wrote {f['path']} ({human_bytes(f['bytes'])})")
     return 0
 
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kiln.formats import EXTRA_OUTPUTS, copy_output, output_path
 from kiln.records import JobStats
 from worker.inputs import Loaded, NoSpace, no_space, writing_to
 
@@ -41,12 +42,11 @@ class Cancelled(CliError):
     exit_code = 130
 
 
-def _copy_atomic(src, dst: Path) -> None:
-    """Copy a job's output so an interrupted copy never leaves a torn file at ``dst``."""
-    from kiln.atomic import atomic_copy
-
+def _copy_atomic(src, dst: Path, key: str = "glb") -> None:
+    """Copy a job's output ``key`` so an interrupted copy never leaves a torn file at ``dst``
+    (an OBJ zip's members named after ``dst``: ``kiln.formats.copy_output``)."""
     with writing_to(dst.parent):
-        atomic_copy(src, dst)
+        copy_output(key, src, dst)
 
 
 def write_report(path: str, data: dict) -> None:
@@ -106,8 +106,9 @@ class WorkerRunner:
             self.sup = None
 
     def run(self, item: Loaded, out: Path, display) -> dict:
-        """Run one image's job and copy its GLB (and .ply) to ``out``. Returns timings, stats
-        (a ``kiln.records.JobStats``), ply and queued; raises CliError / CliJobFailed /
+        """Run one image's job and copy its GLB (and .ply, and the other formats beside it) to
+        ``out``. Returns timings, stats (a ``kiln.records.JobStats``), ply, extra (output key ->
+        path) and queued; raises CliError / CliJobFailed /
         Cancelled / NoSpace."""
         source = ""
 
@@ -156,7 +157,12 @@ class WorkerRunner:
         if st.outputs.get("ply"):
             ply = out.with_suffix(".ply")
             _copy_atomic(st.outputs["ply"], ply)
-        return {"timings": st.timings, "stats": st.stats, "ply": ply,
+        extra = {}
+        for key in EXTRA_OUTPUTS:   # beside the GLB, named after it (kiln.formats)
+            if st.outputs.get(key):
+                extra[key] = output_path(out, key)
+                _copy_atomic(st.outputs[key], extra[key], key)
+        return {"timings": st.timings, "stats": st.stats, "ply": ply, "extra": extra,
                 "queued": st.timings.get("queued_s", 0.0)}
 
     def _cancel(self, job) -> None:

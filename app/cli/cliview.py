@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kiln.formats import EXTRA_OUTPUTS, format_of
 from kiln.records import JobStats
 
 
@@ -87,12 +88,38 @@ class ItemResult:
     stats: JobStats = field(default_factory=JobStats)
     ply: Path | None = None
     source: str = ""           # "" made now; "already done in job <id>" / "resumed job <id>" (--resume)
+    files: list = field(default_factory=list)   # written_files: the model files, the GLB first
 
     def to_dict(self) -> dict:
         return {"image": str(self.image), "output": str(self.output.resolve()) if self.state == "done"
                 else None, "state": self.state, "seconds": round(self.seconds, 3), "error": self.error,
                 "timings": self.timings, "stats": self.stats.to_dict(),
-                "ply": str(self.ply.resolve()) if self.ply else None, "source": self.source or None}
+                "ply": str(self.ply.resolve()) if self.ply else None, "source": self.source or None,
+                "files": self.files}
+
+
+def written_files(out: Path, result: dict, pipeline) -> list[dict]:
+    """What a job left for the person, the GLB first: one dict per model file with its
+    ``path`` here, ``format`` (as --format names it), ``bytes`` and what the job's export
+    reported of it (``kiln.records.OutputFile``: vertices, faces, texture_format, units,
+    scale, up). ``result``: a runner's answer ("extra": output key -> path); ``pipeline``:
+    the job's ``PipelineStats`` (None when unknown)."""
+    reported = {f.key: f for f in (pipeline.files if pipeline is not None else ())}
+    paths = {"glb": Path(out), **{k: Path(p) for k, p in (result.get("extra") or {}).items()}}
+    rows = []
+    for key in ("glb",) + EXTRA_OUTPUTS:
+        if key not in paths:
+            continue
+        path = paths[key]
+        row = {k: v for k, v in reported[key].to_dict().items() if k not in ("key", "name")} \
+            if key in reported else {}
+        row.update(format=format_of(key), path=str(path.resolve()), bytes=path.stat().st_size)
+        rows.append(row)
+    if result.get("ply"):
+        ply = Path(result["ply"])
+        rows.append({"format": "gaussians", "path": str(ply.resolve()), "bytes": ply.stat().st_size})
+    return rows
+
 
 
 class BatchLine:
@@ -128,7 +155,9 @@ class BatchLine:
 
     def finish(self, r: ItemResult) -> None:
         if r.state == "done":
-            what = f"done    {r.seconds:6.1f}s  -> {r.output}" + (f"  ({r.source})" if r.source else "")
+            others = [Path(f["path"]).name for f in r.files[1:]]
+            what = f"done    {r.seconds:6.1f}s  -> {r.output}" + (f" + {', '.join(others)}" if others else "") \
+                + (f"  ({r.source})" if r.source else "")
         else:
             what = f"{r.state:<7} {r.seconds:6.1f}s  {r.error}"
         self.stream.write(("\r\033[K" if self.drawn else "") + f"{self.prefix}  {what}\n")

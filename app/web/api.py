@@ -22,6 +22,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 import gradio as gr
 
+from kiln.formats import EXTRA_OUTPUTS, OUTPUT_TAIL, format_of, output_key
 from kiln.settings import JOB_SETTINGS, Settings, SettingsError
 
 from app.web import form, history, jobs, usertext, selection, statusview, uploads
@@ -78,7 +79,12 @@ def describe_job(st) -> dict:
     if isinstance(total, (int, float)):
         out["total_s"] = round(float(total), 2)
     if st.state == "done":
-        out["outputs"] = sorted(k for k in (st.outputs or {}) if k in ("glb", "ply"))
+        out["outputs"] = sorted(k for k in (st.outputs or {}) if k in OUTPUT_TAIL)
+        pipeline = st.stats.pipeline if st.stats is not None else None
+        if pipeline is not None and pipeline.files:
+            # each model file's size and contents, as --report has them, without server paths
+            out["files"] = [{"format": format_of(f.key), **{k: v for k, v in f.to_dict().items()
+                                                            if k not in ("key", "name")}} for f in pipeline.files]
     return out
 
 
@@ -96,11 +102,25 @@ def to_work_pixels(st: uploads.SessionState, x: float, y: float) -> tuple[float,
 
 class JobAnswer(NamedTuple):
     """What /generate yields and /result answers: the job (``describe_job``) and its
-    published files, once it is done."""
+    published files, once it is done: the GLB, the Gaussians' .ply, and the other formats
+    asked for (``files``: OBJ zip, STL, PLY mesh)."""
 
     info: dict
     glb: Optional[str] = None
     ply: Optional[str] = None
+    files: Optional[list[str]] = None
+
+
+def job_answer(st, files: dict[str, str]) -> JobAnswer:
+    """A done job's answer from its published ``files`` (output key -> path); the status's
+    sizes are the published files' (an OBJ zip's members are renamed for the download)."""
+    info = describe_job(st)
+    for f in info.get("files", ()):
+        path = files.get(output_key(f["format"]))
+        if path is not None:
+            f["bytes"] = Path(path).stat().st_size
+    extra = [files[k] for k in EXTRA_OUTPUTS if k in files]
+    return JobAnswer(info, files.get("glb"), files.get("ply"), extra or None)
 
 
 def upload_image(ctx: AppContext, caller: Caller, image: str, mask: Optional[str] = None,
@@ -176,22 +196,26 @@ AUTO_MASK = "auto"
 def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simplify_ratio: Optional[float] = None,
              texture_size: Any = None, views: Optional[int] = None, bake_mode: Optional[str] = None,
              seed: Optional[int] = None, gaussians_ply: Optional[bool] = None, mask: Optional[str] = None,
+             formats: Any = None, texture_format: Optional[str] = None, units: Optional[str] = None,
              progress=gr.Progress()) -> Iterator[JobAnswer]:
     """Make a 3D model of the session's image and mask. The parameters are the page's
     settings (kiln.settings names the setting each sets; null keeps the server's), and
     mask: "auto" finds the object automatically in the session's image (SAM 2 when its
     checkpoint is installed, else from a plain or smooth background) instead of using the
     session's selection, transparency or mask file; refused with the reason when no single
-    object stands out. Yields (status, glb, ply) as the job changes; the last has the GLB
-    (and the .ply with gaussians_ply); with mask "auto" each status says how the object was
-    found. A failed or cancelled job raises its reason."""
+    object stands out. formats: the files to write besides the GLB (a list, or "obj,stl": obj,
+    stl, ply), texture_format: png, jpeg or webp, units: the STL's, m or mm. Yields (status,
+    glb, ply, files) as the job changes; the last has the GLB (and the .ply with gaussians_ply,
+    and the other formats in files), its status each file's size; with mask "auto" each status
+    says how the object was found. A failed or cancelled job raises its reason."""
     session = caller.session
     if mask not in (None, "", AUTO_MASK):
         raise refusal(f'mask: give "{AUTO_MASK}" to find the object automatically, or leave it out '
                       "to use the session's selection, transparency or mask file")
     auto = mask == AUTO_MASK
     values = dict(bake=bake, simplify_ratio=simplify_ratio, texture_size=texture_size, views=views,
-                  bake_mode=bake_mode, seed=seed, gaussians_ply=gaussians_ply)
+                  bake_mode=bake_mode, seed=seed, gaussians_ply=gaussians_ply, formats=formats,
+                  texture_format=texture_format, units=units)
     st = ctx.sessions.get(session)
     settings = _checked_settings(ctx, st, values, mask_found=auto)
     if ctx.sup_error:
@@ -248,8 +272,7 @@ def stream_job(ctx: AppContext, session: str, steps, progress) -> Iterator[JobAn
         state = last.state if last is not None else "not started"
         why = usertext.public_text(last.error or "") if last is not None else ""
         raise refusal(f"job {last.id if last else ''} {state}" + (f": {why}" if why else ""))
-    files = publish(ctx, session, last)
-    yield JobAnswer(describe_job(last), files.get("glb"), files.get("ply"))
+    yield job_answer(last, publish(ctx, session, last))
 
 
 def _checked_settings(ctx: AppContext, st: uploads.SessionState, values: dict,
@@ -262,7 +285,8 @@ def _checked_settings(ctx: AppContext, st: uploads.SessionState, values: dict,
         uploads.require_image(st)
         form.check_job_request(st, ctx.settings, settings.bake.enabled, settings.mesh.simplify_ratio,
                                settings.bake.texture_size, settings.views.count, settings.bake.mode,
-                               settings.seed, settings.export.gaussians_ply, mask_found=mask_found)
+                               settings.seed, settings.export.gaussians_ply, list(settings.export.formats),
+                               settings.export.texture_format, settings.export.units, mask_found=mask_found)
     except usertext.UIError as e:
         raise _fail(e) from None
     return settings
@@ -275,14 +299,13 @@ def status(ctx: AppContext, caller: Caller) -> dict:
 
 
 def result(ctx: AppContext, caller: Caller, job: str) -> JobAnswer:
-    """The files of a finished job of this client: (status, glb, ply)."""
+    """The files of a finished job of this client: (status, glb, ply, files)."""
     st = next((j for j in jobs.browser_jobs(ctx, caller.session) if j.id == str(job or "")), None)
     if st is None:
         raise refusal(f"job: no job {str(job)[:64]!r} of this client")
     if st.state != "done":
         raise refusal(f"job {st.id} is {st.state}" + (f": {usertext.public_text(st.error)}" if st.error else ""))
-    files = publish(ctx, caller.session, st)
-    return JobAnswer(describe_job(st), files.get("glb"), files.get("ply"))
+    return job_answer(st, publish(ctx, caller.session, st))
 
 
 def cancel(ctx: AppContext, caller: Caller) -> dict:

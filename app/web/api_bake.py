@@ -20,17 +20,20 @@ def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None
          principal: Optional[list] = None, camera_frame: Optional[str] = None, fit_camera: Optional[bool] = None,
          source: Optional[str] = None, uvs: Optional[str] = None, session_image: Optional[bool] = None,
          simplify_ratio: Optional[float] = None, texture_size: Any = None, views: Optional[int] = None,
-         bake_mode: Optional[str] = None, seed: Optional[int] = None,
+         bake_mode: Optional[str] = None, seed: Optional[int] = None, formats: Any = None,
+         texture_format: Optional[str] = None, units: Optional[str] = None,
          progress=gr.Progress()) -> Iterator[JobAnswer]:
     """Bake a textured GLB from a mesh the script has (GLB/glTF, OBJ, PLY, STL), with its splat
     (3DGS PLY), its photo (image + mask, or the session's image and selection with
     session_image) and the photo's camera (camera: a source_camera JSON, or focal [+
     principal] with camera_frame; none: fitted to the mask). source: the splat's tool (auto,
-    kiln, inria, sam3d, trellis); uvs: auto, keep or new. Yields (status, glb, ply) as the
-    job changes; the last has the GLB. Bad files are refused before a job is queued."""
+    kiln, inria, sam3d, trellis); uvs: auto, keep or new. formats, texture_format, units: the
+    files to write besides the GLB, as /generate takes them. Yields (status, glb, ply, files) as
+    the job changes; the last has the GLB and the other formats. Bad files are refused before a
+    job is queued."""
     session = caller.session
     values = dict(simplify_ratio=simplify_ratio, texture_size=texture_size, views=views,
-                  bake_mode=bake_mode, seed=seed)
+                  bake_mode=bake_mode, seed=seed, formats=formats, texture_format=texture_format, units=units)
     if ctx.sup_error:
         raise refusal(usertext.public_text(ctx.sup_error))
     try:

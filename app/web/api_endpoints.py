@@ -12,7 +12,7 @@ import gradio as gr
 from gradio.components.api_component import Api
 
 from kiln.bakerequest import CAMERA_FRAMES, SOURCES, UV_MODES
-from kiln.settings import Settings
+from kiln.settings import Settings, allowed_values
 
 from app.web.api import JobAnswer, cancel, generate, result, select, status, upload_image
 from app.web.api_bake import bake
@@ -24,7 +24,8 @@ from app.web.requestinfo import event_fn
 class ApiSlots:
     """The hidden components the endpoints read and write: what a script sends and gets.
     ``settings``: /generate's settings, in its order, and ``generate_mask`` its mask ("auto");
-    ``bake_options``: /bake's after its files (``app.web.api_bake.BAKE_PARAMS``)."""
+    ``bake_options``: /bake's after its files (``app.web.api_bake.BAKE_PARAMS``);
+    ``export_options``: the files both write (formats, texture_format, units), last."""
 
     image: gr.File
     mask: gr.File
@@ -37,10 +38,12 @@ class ApiSlots:
     info: Api
     glb: gr.File
     ply: gr.File
+    files: gr.File
     mesh: gr.File
     splat: gr.File
     camera: gr.File
     bake_options: tuple
+    export_options: tuple
 
 
 def _json_slot(value: Any, schema: dict, label: str) -> Api:
@@ -74,6 +77,7 @@ def api_slots(s: Settings) -> ApiSlots:
         info=_json_slot(None, {"type": "object"}, "info"),
         glb=gr.File(label="glb"),
         ply=gr.File(label="ply"),
+        files=gr.File(label="files", file_count="multiple"),
         mesh=gr.File(label="mesh", type="filepath"),
         splat=gr.File(label="splat", type="filepath"),
         camera=gr.File(label="camera", type="filepath"),
@@ -90,6 +94,14 @@ def api_slots(s: Settings) -> ApiSlots:
             _json_slot(None, {"type": "integer"}, "views"),
             _json_slot(None, {"type": "string", "enum": ["fast", "opt"]}, "bake_mode"),
             _json_slot(None, {"type": "integer"}, "seed"),
+        ),
+        export_options=(
+            _json_slot(None, {"type": "array", "items": {"type": "string",
+                                                         "enum": list(allowed_values("export.formats"))},
+                              "description": "files besides the GLB, e.g. [\"obj\", \"stl\"]"}, "formats"),
+            _json_slot(None, {"type": "string", "enum": list(allowed_values("export.texture_format"))},
+                       "texture_format"),
+            _json_slot(None, {"type": "string", "enum": list(allowed_values("export.units"))}, "units"),
         ),
     )
 
@@ -111,9 +123,10 @@ class Endpoint:
 ENDPOINT_TABLE = (
     Endpoint("upload_image", upload_image, ("image", "mask", "use_alpha"), ("info",)),
     Endpoint("select", select, ("points", "box"), ("info",)),
-    Endpoint("generate", generate, ("settings", "generate_mask"), JobAnswer._fields, queue="job"),
-    Endpoint("bake", bake, ("mesh", "splat", "image", "mask", "camera", "bake_options"), JobAnswer._fields,
+    Endpoint("generate", generate, ("settings", "generate_mask", "export_options"), JobAnswer._fields,
              queue="job"),
+    Endpoint("bake", bake, ("mesh", "splat", "image", "mask", "camera", "bake_options", "export_options"),
+             JobAnswer._fields, queue="job"),
     Endpoint("status", status, (), ("info",), queue="now"),
     Endpoint("result", result, ("job",), JobAnswer._fields),
     Endpoint("cancel", cancel, (), ("info",), queue="now"),

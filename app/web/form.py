@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from kiln.formats import PRIMARY
 from kiln.settings import JOB_SETTINGS, Settings, SettingsError, from_dict, setting_value
 from worker.inputs import InputProblem, check_reconstructable
 
@@ -17,26 +18,37 @@ from app.web.uploads import SessionState, require_image
 
 
 def ui_overrides(bake: bool, simplify_ratio: float, texture_size: Any, views: Any, bake_mode: str,
-                 seed: Any, gaussians_ply: bool) -> dict:
+                 seed: Any, gaussians_ply: bool, formats: Any = None, texture_format: Any = None,
+                 units: Any = None) -> dict:
     """The web form's values (``kiln.settings.JOB_SETTINGS``, in its order) as dotted setting
-    keys (checked later by kiln.settings)."""
+    keys (checked later by kiln.settings). ``formats``: the formats besides the GLB that are
+    ticked (the settings add the GLB); None for these last three keeps the server's."""
     texture = (texture_size if str(texture_size) == "auto" else int(texture_size)) \
         if texture_size not in (None, "") else None
-    values = (bool(bake), simplify_ratio, texture, views, bake_mode, seed, bool(gaussians_ply))
+    values = (bool(bake), simplify_ratio, texture, views, bake_mode, seed, bool(gaussians_ply),
+              list(formats) if isinstance(formats, (list, tuple)) else formats, texture_format or None,
+              units or None)
     return dict(zip(JOB_SETTINGS.values(), values))
+
+
+# job settings a job from before Kiln wrote other formats lacks; their defaults stand in
+_NEWER = ("export.formats", "export.texture_format", "export.units")
 
 
 def form_values(settings: Optional[dict]) -> Optional[tuple]:
     """The web form's boxes (``ui_overrides``' arguments, in order) showing a job's
     settings (``Settings.to_dict()``), so a reloaded page shows what its last job used;
     None when ``settings`` is not such a dict."""
-    if not isinstance(settings, dict) or not all(_has(settings, key) for key in JOB_SETTINGS.values()):
+    if not isinstance(settings, dict) or not all(_has(settings, key) for key in JOB_SETTINGS.values()
+                                                 if key not in _NEWER):
         return None
     try:
         job = from_dict(settings)
     except (SettingsError, KeyError, TypeError, ValueError):
         return None
-    return tuple(setting_value(job, key) for key in JOB_SETTINGS.values())
+    # the formats box lists only what goes beside the GLB
+    return tuple([f for f in job.export.formats if f != PRIMARY] if key == "export.formats"
+                 else setting_value(job, key) for key in JOB_SETTINGS.values())
 
 
 def _has(data: dict, dotted: str) -> bool:
@@ -50,8 +62,10 @@ def _has(data: dict, dotted: str) -> bool:
 # the form's labels for the setting keys it sets, so an error names the box to fix
 FIELD_LABELS = {"bake.enabled": "Bake texture", "mesh.simplify_ratio": "Simplify ratio",
                 "bake.texture_size": "Texture size", "views.count": "Bake views",
-                "bake.mode": "Bake mode", "seed": "Seed", "export.gaussians_ply": "Also export Gaussians"}
-SETTING_RE = re.compile(r"setting '([\w.]+)'(?: = )?")
+                "bake.mode": "Bake mode", "seed": "Seed", "export.gaussians_ply": "Also export Gaussians",
+                "export.formats": "Also download as", "export.texture_format": "Texture file",
+                "export.units": "STL units"}
+SETTING_RE = re.compile(r"setting '([\w.]+)'(?: = |: )?")
 
 
 def field_error(message: str) -> str:

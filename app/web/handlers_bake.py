@@ -39,21 +39,24 @@ def running_buttons(page: Page) -> Updates:
 
 
 def _request(ctx: AppContext, session: str, mesh, splat, photo, mask, reuse, source, camera, focal, frame,
-             fit, uvs, texture, simplify):
+             fit, uvs, texture, simplify, formats=None, texture_format=None, units=None):
     """The tab's values as a checked bake (``app.web.bakeform``); a simplify ratio of 0 is none."""
-    values = {"texture_size": texture, "simplify_ratio": simplify if simplify else None}
+    values = {"texture_size": texture, "simplify_ratio": simplify if simplify else None,
+              "formats": list(formats) if formats is not None else None,
+              "texture_format": texture_format or None, "units": units or None}
     return bake_request(ctx, session, mesh, splat, photo, mask, camera, focal or None, None, frame, fit,
                         source, uvs, reuse, values)
 
 
 def on_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
             photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
-            focal, frame: str, fit: bool, uvs: str, texture, simplify: float) -> Updates:
+            focal, frame: str, fit: bool, uvs: str, texture, simplify: float, formats=None, texture_format=None,
+            units=None) -> Updates:
     """Read and check the files at once (a ``gr.Error`` says what is wrong with which file,
     and stays on the progress line: ``show_bake_refusal``), before the job is submitted;
     show what was read and clear the last result."""
     return kept_refusal(ctx, caller, "bake", _check_bake, page, ctx, caller, mesh, splat, photo, mask, reuse,
-                        source, camera, focal, frame, fit, uvs, texture, simplify)
+                        source, camera, focal, frame, fit, uvs, texture, simplify, formats, texture_format, units)
 
 
 def show_bake_refusal(page: Page, ctx: AppContext, caller: Caller) -> Updates:
@@ -67,7 +70,8 @@ def show_bake_refusal(page: Page, ctx: AppContext, caller: Caller) -> Updates:
 
 def _check_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
                 photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
-                focal, frame: str, fit: bool, uvs: str, texture, simplify: float) -> Updates:
+                focal, frame: str, fit: bool, uvs: str, texture, simplify: float, formats=None, texture_format=None,
+                units=None) -> Updates:
     session = caller.session
     if ctx.active.busy(session):
         raise refusal(BUSY)
@@ -75,7 +79,7 @@ def _check_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str]
         raise refusal(usertext.public_text(ctx.sup_error))
     try:
         checked, _ = _request(ctx, session, mesh, splat, photo, mask, reuse, source, camera, focal, frame,
-                              fit, uvs, texture, simplify)
+                              fit, uvs, texture, simplify, formats, texture_format, units)
     except usertext.UIError as e:
         raise refusal(usertext.public_text(str(e))) from None
     if not ctx.active.press(session):
@@ -83,12 +87,14 @@ def _check_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str]
     t = page.baking
     notes = "\n".join(f"- {usertext.public_text(n)}" for n in checked.notes)
     return {t.progress: _progress(note="Starting…"), t.notes: notes, t.model: None,
-            t.download: gr.update(visible=False), **running_buttons(page)}
+            t.download: gr.update(visible=False), t.more_files: gr.update(value=None, visible=False),
+            t.file_sizes: "", **running_buttons(page)}
 
 
 def run_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
              photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
-             focal, frame: str, fit: bool, uvs: str, texture, simplify: float) -> Iterator[Updates]:
+             focal, frame: str, fit: bool, uvs: str, texture, simplify: float, formats=None, texture_format=None,
+             units=None) -> Iterator[Updates]:
     """The Bake ``on_bake`` let through: submit the job at once (the supervisor's queue holds
     it until a worker is free) and stream its progress bar; its end goes to the active-jobs
     record for ``show_bake_outcome``."""
@@ -98,7 +104,7 @@ def run_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], s
     pressed = ctx.active.pending_since(session)
     try:
         checked, settings = _request(ctx, session, mesh, splat, photo, mask, reuse, source, camera, focal,
-                                     frame, fit, uvs, texture, simplify)
+                                     frame, fit, uvs, texture, simplify, formats, texture_format, units)
         info = history.JobInfo(checked.request.names.get("mesh", "model"))
         steps = jobs.follow_bake(ctx, session, checked, settings, info=info, pressed_at=pressed)
         for note, last, view in jobs.progress_views(ctx, steps, dom_id=BAKE_PROGRESS_ID):
@@ -123,7 +129,8 @@ def bake_outcome_view(page: Page, out: Optional[Outcome]) -> Updates:
         return idle_buttons(page)
     shown = {t.progress: out.progress_html(BAKE_PROGRESS_ID),
              t.download: gr.update(value=out.glb, visible=True) if out.glb else gr.update(visible=False),
-             **idle_buttons(page)}
+             t.more_files: gr.update(value=out.extra_files(), visible=bool(out.extra)),
+             t.file_sizes: out.sizes_markdown(), **idle_buttons(page)}
     if out.glb:
         shown[t.model] = out.glb
     warnings = out.status.stats.pipeline.warnings if out.status is not None and out.status.stats.pipeline else ()

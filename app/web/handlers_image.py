@@ -94,7 +94,8 @@ def cleared_result(page: Page, ctx: AppContext, caller: Caller) -> Updates:
     if ctx.active.busy(caller.session):
         return {}
     return {page.progress: statusview.progress_html(), page.model: None,
-            page.glb_download: gr.update(visible=False), page.ply_download: gr.update(visible=False)}
+            page.glb_download: gr.update(visible=False), page.ply_download: gr.update(visible=False),
+            page.more_files: gr.update(value=None, visible=False), page.file_sizes: ""}
 
 
 def on_upload_cleared(page: Page, ctx: AppContext, caller: Caller) -> Updates:

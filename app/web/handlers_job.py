@@ -38,14 +38,15 @@ def running_buttons(page: Page) -> Updates:
 
 
 def on_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: float, texture,
-                views, mode: str, seed, ply: bool) -> Updates:
+                views, mode: str, seed, ply: bool, formats=None,
+                texture_format=None, units=None) -> Updates:
     """Refuse at once what cannot run, before the job is submitted (raises a ``gr.Error``
     the page shows as a pop-up, and keeps why for ``show_refusal``, which leaves it on the
     progress line), and clear the previous result. Queued in a group of its own so it runs
     at once: Gradio 6.31 shows no gr.Error raised by a queue=False event. The setting boxes
     then show the values the job will use (e.g. the seed rounded)."""
     return kept_refusal(ctx, caller, "image", _check_generate, page, ctx, caller, bake, simplify,
-                        texture, views, mode, seed, ply)
+                        texture, views, mode, seed, ply, formats, texture_format, units)
 
 
 def kept_refusal(ctx: AppContext, caller: Caller, kind: str, check, *args):
@@ -69,7 +70,8 @@ def show_refusal(page: Page, ctx: AppContext, caller: Caller) -> Updates:
 
 
 def _check_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: float, texture,
-                    views, mode: str, seed, ply: bool) -> Updates:
+                    views, mode: str, seed, ply: bool, formats=None,
+                    texture_format=None, units=None) -> Updates:
     session, s = caller.session, ctx.settings
     st = ctx.sessions.get(session)
     if st.image is None:
@@ -77,7 +79,8 @@ def _check_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, sim
     if ctx.active.busy(session):
         raise refusal(BUSY)
     try:
-        used = form.check_job_request(st, s, bake, simplify, texture, views, mode, seed, ply)
+        used = form.check_job_request(st, s, bake, simplify, texture, views, mode, seed, ply, formats,
+                                      texture_format, units)
     except usertext.UIError as e:
         raise refusal(usertext.public_text(str(e))) from None
     if ctx.sup_error:
@@ -93,12 +96,13 @@ def _check_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, sim
                                              if waiting else "…")
     return {page.progress: statusview.progress_html(note=note), page.model: None,
             page.glb_download: gr.update(visible=False), page.ply_download: gr.update(visible=False),
-            **running_buttons(page),
+            page.more_files: gr.update(value=None, visible=False), page.file_sizes: "", **running_buttons(page),
             page.views: used.views.count, page.simplify: used.mesh.simplify_ratio, page.seed: used.seed}
 
 
 def run_job(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: float, texture,
-            views, mode: str, seed, ply: bool) -> Iterator[Updates]:
+            views, mode: str, seed, ply: bool, formats=None,
+            texture_format=None, units=None) -> Iterator[Updates]:
     """The Generate ``on_generate`` let through: submit the job at once (the supervisor's
     queue holds it until a worker is free, so a reload finds it waiting) and stream its
     progress bar; its end goes to the active-jobs record as an ``Outcome`` for
@@ -113,7 +117,8 @@ def run_job(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: f
         if st_now.image is not None:
             info = history.JobInfo(st_now.image.name, history.thumbnail_uri(st_now.image.work))
         with ctx.decodes:   # the full-size image is decoded again for the job
-            request_ = form.job_request(st_now, ctx.settings, bake, simplify, texture, views, mode, seed, ply)
+            request_ = form.job_request(st_now, ctx.settings, bake, simplify, texture, views, mode, seed, ply,
+                                        formats, texture_format, units)
         del st_now
         # follow_job lets go of the full-size arrays once the job store has them
         steps = jobs.follow_job(ctx, session, *request_, info=info, pressed_at=pressed)
@@ -142,7 +147,8 @@ def outcome_view(page: Page, out: Optional[Outcome], idle_when_empty: bool = Tru
     shown = {page.progress: out.progress_html(),
              page.glb_download: gr.update(value=out.glb, visible=True) if out.glb else gr.update(visible=False),
              page.ply_download: gr.update(value=out.ply, visible=True) if out.ply else gr.update(visible=False),
-             **idle_buttons(page)}
+             page.more_files: gr.update(value=out.extra_files(), visible=bool(out.extra)),
+             page.file_sizes: out.sizes_markdown(), **idle_buttons(page)}
     if out.glb:
         shown[page.model] = out.glb
     if out.history is not None:

@@ -154,8 +154,13 @@ def settings_summary(settings: Settings) -> str:
     b = settings.bake
     tex = f"texture {b.texture_size}px {b.mode}" if b.enabled else "vertex colours"
     ply = ", +ply" if settings.export.gaussians_ply else ""
+    e = settings.export
+    others = [f if f != "stl" or e.units == "m" else f"stl ({e.units})" for f in e.formats if f != "glb"]
+    files = (", +" + ", +".join(others) if others else "") + \
+        (f", {e.texture_format} texture" if e.texture_format != "png" and b.enabled else "")
     n = settings.views.count
-    return f"{tex}, {n} view{'s' if n != 1 else ''}, simplify {settings.mesh.simplify_ratio:g}, seed {settings.seed}{ply}"
+    return (f"{tex}, {n} view{'s' if n != 1 else ''}, simplify {settings.mesh.simplify_ratio:g}, "
+            f"seed {settings.seed}{ply}{files}")
 
 
 # -- what a page reads ----------------------------------------------------------------

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
+
+from kiln.formats import EXTRA_OUTPUTS, human_bytes
 
 from app.web import history, jobs, usertext, statusview
 
@@ -41,9 +44,10 @@ class Outcome:
     ``status``: the job's last status (``worker.jobstore.JobStatus``); None when the press
     never became a job, and ``note`` says why. For a done job, ``glb`` / ``ply`` are the
     published files (``app.web.results``); ``note`` says why they are missing when publishing
-    failed. ``waited_s``: how long the press waited for a worker slot before the job was
-    submitted ("Done in" counts it). ``history``: the browser's history once it ended.
-    ``kind``: the job's kind ("image" | "bake"), so each tab shows only its own."""
+    failed. ``extra``: the other formats' published files (OBJ zip, STL, PLY mesh), in
+    ``kiln.formats.EXTRA_OUTPUTS``' order. ``waited_s``: how long the press waited for a worker
+    slot before the job was submitted ("Done in" counts it). ``history``: the browser's history
+    once it ended. ``kind``: the job's kind ("image" | "bake"), so each tab shows only its own."""
 
     status: Optional["JobStatus"] = None
     note: str = ""
@@ -51,6 +55,7 @@ class Outcome:
     waited_s: float = 0.0
     glb: Optional[str] = None
     ply: Optional[str] = None
+    extra: tuple[str, ...] = ()
     history: Optional[HistoryView] = None
 
     @property
@@ -64,6 +69,26 @@ class Outcome:
 
     def progress_html(self, dom_id: str = "kiln-progress") -> str:
         return statusview.progress_html(self.status, note=self.note, waited_s=self.waited_s, dom_id=dom_id)
+
+    def extra_files(self) -> Optional[list[str]]:
+        """The other formats' files as a ``gr.File(file_count="multiple")`` takes them."""
+        return list(self.extra) or None
+
+    def sizes_markdown(self) -> str:
+        """Each published file and its size, one line ("" when there are none)."""
+        paths = [p for p in (self.glb, *self.extra, self.ply) if p]
+        return files_markdown(paths)
+
+
+def files_markdown(paths) -> str:
+    """'**Files:** `horse-1.glb` 1.2 MB · `horse-1.stl` 0.4 MB' for the files at ``paths``."""
+    shown = []
+    for p in paths:
+        try:
+            shown.append(f"`{Path(p).name}` {human_bytes(Path(p).stat().st_size)}")
+        except OSError:
+            continue
+    return ("**Files:** " + " · ".join(shown)) if shown else ""
 
 
 def not_started(note: str, kind: str = "image") -> Outcome:
@@ -99,4 +124,5 @@ def job_outcome(ctx, session: str, last: Any, waited_s: float = 0.0) -> Outcome:
     return Outcome(status=last, note=note, waited_s=waited_s, kind=last.kind,
                    glb=str(files["glb"]) if "glb" in files else None,
                    ply=str(files["ply"]) if "ply" in files else None,
+                   extra=tuple(str(files[k]) for k in EXTRA_OUTPUTS if k in files),
                    history=browser_history(ctx, session, statuses))

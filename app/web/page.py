@@ -41,17 +41,23 @@ class BakeTab:
     uvs: gr.Radio
     texture: gr.Dropdown
     simplify: gr.Slider
+    formats: gr.CheckboxGroup
+    texture_format: gr.Radio
+    units: gr.Radio
     generate: gr.Button
     cancel: gr.Button
     progress: gr.HTML
     notes: gr.Markdown
     model: gr.Model3D
     download: gr.DownloadButton
+    more_files: gr.File
+    file_sizes: gr.Markdown
 
     @property
     def form(self) -> list:
         return [self.mesh, self.splat, self.photo, self.mask, self.reuse, self.source, self.camera,
-                self.focal, self.frame, self.fit, self.uvs, self.texture, self.simplify]
+                self.focal, self.frame, self.fit, self.uvs, self.texture, self.simplify,
+                self.formats, self.texture_format, self.units]
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +90,9 @@ class Page:
     views: gr.Slider
     simplify: gr.Slider
     seed: gr.Number
+    formats: gr.CheckboxGroup
+    texture_format: gr.Radio
+    units: gr.Radio
     # the job and its result
     generate: gr.Button
     cancel: gr.Button
@@ -91,6 +100,8 @@ class Page:
     model: gr.Model3D
     glb_download: gr.DownloadButton
     ply_download: gr.DownloadButton
+    more_files: gr.File
+    file_sizes: gr.Markdown
     history: gr.HTML
     history_files: gr.File
     timer: gr.Timer
@@ -98,7 +109,8 @@ class Page:
 
     @property
     def form(self) -> list:
-        return [self.bake, self.simplify, self.texture, self.views, self.mode, self.seed, self.ply]
+        return [self.bake, self.simplify, self.texture, self.views, self.mode, self.seed, self.ply,
+                self.formats, self.texture_format, self.units]
 
     @property
     def selection_view(self) -> list:
@@ -191,6 +203,7 @@ def _settings_and_result_column(c: dict, s: Settings) -> None:
                                   elem_id="kiln-simplify")
         # no minimum here: Gradio's own refusal would not name the box; form.job_settings does
         c["seed"] = gr.Number(label="Seed", value=s.seed, precision=0, elem_id="kiln-seed")
+        format_widgets(c, s, "kiln")
     with gr.Row():
         c["generate"] = gr.Button("Generate", variant="primary", elem_id="kiln-generate")
         c["cancel"] = gr.Button("Cancel", variant="stop", elem_id="kiln-cancel", interactive=False)
@@ -199,6 +212,7 @@ def _settings_and_result_column(c: dict, s: Settings) -> None:
     with gr.Row():
         c["glb_download"] = gr.DownloadButton("Download GLB", visible=False, elem_id="kiln-dl-glb")
         c["ply_download"] = gr.DownloadButton("Download Gaussians (.ply)", visible=False, elem_id="kiln-dl-ply")
+    result_files(c, "kiln")
     with gr.Accordion("History (this browser)", open=False):
         c["history"] = gr.HTML(history.history_html([]), elem_id="kiln-history")
         c["history_files"] = gr.File(label="Earlier results", file_count="multiple", interactive=False,
@@ -251,6 +265,7 @@ def _bake_tab(s: Settings) -> BakeTab:
             ratio_lo, ratio_hi = allowed_range("mesh.simplify_ratio")
             c["simplify"] = gr.Slider(label="Simplify ratio (new UVs; 0 keeps every face)", minimum=ratio_lo,
                                       maximum=ratio_hi, step=0.005, value=0.0, elem_id="kiln-bake-simplify")
+            format_widgets(c, s, "kiln-bake")
             with gr.Row():
                 c["generate"] = gr.Button("Bake", variant="primary", elem_id="kiln-bake-generate")
                 c["cancel"] = gr.Button("Cancel", variant="stop", elem_id="kiln-bake-cancel", interactive=False)
@@ -259,4 +274,30 @@ def _bake_tab(s: Settings) -> BakeTab:
             c["model"] = gr.Model3D(label="Result", elem_id="kiln-bake-model", height=420,
                                     clear_color=(0.93, 0.93, 0.95, 1.0))
             c["download"] = gr.DownloadButton("Download GLB", visible=False, elem_id="kiln-bake-dl")
+            result_files(c, "kiln-bake")
     return BakeTab(**c)
+
+
+# the other formats as the page offers them: (label, --format name)
+FORMAT_CHOICES = [("OBJ (.zip with .mtl + texture)", "obj"), ("STL (z up)", "stl"), ("PLY mesh (vertex colours)", "ply")]
+
+
+def format_widgets(c: dict, s: Settings, prefix: str) -> None:
+    """The download choices: formats besides the GLB, the texture's encoding, the STL's units
+    (``export.formats``, ``export.texture_format``, ``export.units``; choices from the settings)."""
+    c["formats"] = gr.CheckboxGroup(label="Also download as", choices=FORMAT_CHOICES,
+                                    value=[f for f in s.export.formats if f != "glb"], elem_id=f"{prefix}-formats",
+                                    info="the GLB is always made; these go beside it")
+    with gr.Row():
+        c["texture_format"] = gr.Radio(label="Texture file", choices=list(allowed_values("export.texture_format")),
+                                       value=s.export.texture_format, elem_id=f"{prefix}-texture-format",
+                                       info="jpeg / webp: several times smaller")
+        c["units"] = gr.Radio(label="STL units", choices=list(allowed_values("export.units")), value=s.export.units,
+                              elem_id=f"{prefix}-units", info="the model's coordinates taken as metres")
+
+
+def result_files(c: dict, prefix: str) -> None:
+    """The other formats' downloads and every file's size, shown when a job is done."""
+    c["more_files"] = gr.File(label="Other formats", file_count="multiple", interactive=False, visible=False,
+                              elem_id=f"{prefix}-dl-more")
+    c["file_sizes"] = gr.Markdown("", elem_id=f"{prefix}-file-sizes")

@@ -11,15 +11,16 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from kiln.atomic import atomic_copy
+from kiln.formats import OUTPUT_TAIL, copy_output, output_name
 
 from app.web.browser import browser_of, same_browser
 from app.web.usertext import UIError
 
-# What the server's file guard treats as a result: any .glb / .ply name, wherever it lies.
+# What the server's file guard treats as a result: any name a job's output can have
+# (``kiln.formats.OUTPUT_TAIL``: .glb, .ply, .mesh.ply, .obj.zip, .stl), wherever it lies.
 # Each is served only when ``ResultPublisher.owner`` names the requesting browser, so a
-# GLB or PLY this server did not publish (or published for someone else) is never served.
-RESULT_NAME_RE = re.compile(r"[^/\\]+\.(glb|ply)", re.IGNORECASE)
+# result this server did not publish (or published for someone else) is never served.
+RESULT_NAME_RE = re.compile(r"[^/\\]+\.(glb|ply|stl|zip)", re.IGNORECASE)
 _STEM_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
@@ -27,7 +28,8 @@ class ResultPublisher:
     """Copies a browser's finished outputs into Gradio's own file folder, so the browser
     downloads them from there and the job store itself is never served.
 
-    Layout: ``<root>/<random 128-bit folder per browser>/<image-name>-<n>.glb|ply``. The
+    Layout: ``<root>/<random 128-bit folder per browser>/<image-name>-<n>.glb`` (and .ply,
+    .obj.zip, .stl, .mesh.ply: ``kiln.formats.OUTPUT_TAIL``). The
     file's own name is what a browser saves it as (Gradio's download buttons and file
     lists use it), so it carries the image's name; the folder's random name keeps one
     browser's ``horse-1.glb`` apart from another's and unguessable. A cookie-less tab
@@ -62,7 +64,8 @@ class ResultPublisher:
         return self.root / tok
 
     def publish(self, session: str, st: Any, stem: Optional[str] = None) -> dict[str, Path]:
-        """{'glb': path, 'ply': path} copies of a done job's outputs named ``<stem>.<ext>``
+        """{'glb': path, 'ply': path, 'obj': path, ...} copies of a done job's outputs (by output
+        key, ``kiln.formats``) named ``<stem><tail>`` ('horse-1.glb', 'horse-1.obj.zip')
         (``history.result_stems``: '<image-name>-<n>'; 'kiln-<job>' without one); {} for a
         job that is not done.
 
@@ -82,19 +85,19 @@ class ResultPublisher:
         out = {}
         for kind, src in sorted(st.outputs.items()):
             src = Path(src)
-            if kind not in ("glb", "ply") or not src.is_file():
+            if kind not in OUTPUT_TAIL or not src.is_file():
                 continue
-            name = f"{stem}.{kind}"
+            name = output_name(stem, kind)
             with self._lock:
                 taken = self._owners.get((dest.name, name))
                 if taken is not None and taken[0] != st.id:
                     # the name went to another job first (its stem was counted differently):
                     # never overwrite it, never hand this job's bytes out under it
-                    name = f"{stem}-{st.id[-6:]}.{kind}"
+                    name = output_name(f"{stem}-{st.id[-6:]}", kind)
                 self._owners[(dest.name, name)] = (st.id, st.session)
             target = dest / name
             if not target.exists():
-                atomic_copy(src, target)
+                copy_output(kind, src, target)
             out[kind] = target
         with self._lock:
             self._done[key] = dict(out)
@@ -102,7 +105,7 @@ class ResultPublisher:
 
     def owner(self, path: str) -> Optional[str]:
         """The session whose job a published file (a served path ending
-        ``<folder>/<name>.glb|ply``) came from; None for any file this server did not
+        ``<folder>/<name>.glb|ply|stl|zip``) came from; None for any file this server did not
         publish, e.g. one from before a restart or a copy elsewhere."""
         p = Path(str(path))
         if RESULT_NAME_RE.fullmatch(p.name) is None:

@@ -49,7 +49,7 @@ def upload_outputs(page: Page) -> list:
 
 def result_view(page: Page) -> list:
     """What shows the last job's result: a new image takes it off the page."""
-    return [page.progress, page.model, page.glb_download, page.ply_download]
+    return [page.progress, page.model, page.glb_download, page.ply_download, page.more_files, page.file_sizes]
 
 
 def _wire_image(page: Page, ctx: AppContext) -> None:
@@ -78,8 +78,7 @@ def _wire_image(page: Page, ctx: AppContext) -> None:
 
 def result_outputs(page: Page) -> list:
     """What an outcome sets (``handlers_job.outcome_view``)."""
-    return [page.progress, page.model, page.glb_download, page.ply_download, page.history,
-            page.history_files, page.generate, page.cancel]
+    return [*result_view(page), page.history, page.history_files, page.generate, page.cancel]
 
 
 def _wire_job(page: Page, ctx: AppContext) -> None:
@@ -88,8 +87,7 @@ def _wire_job(page: Page, ctx: AppContext) -> None:
 
     check = page.generate.click(
         on(job.on_generate), page.form,
-        [page.progress, page.model, page.glb_download, page.ply_download, page.generate, page.cancel,
-         page.views, page.simplify, page.seed],
+        [*result_view(page), page.generate, page.cancel, page.views, page.simplify, page.seed],
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
     )
     gen_event = check.success(
@@ -112,7 +110,8 @@ def _wire_job(page: Page, ctx: AppContext) -> None:
 def bake_result_outputs(page: Page) -> list:
     """What a bake's outcome sets (``handlers_bake.bake_outcome_view``)."""
     t = page.baking
-    return [t.progress, t.model, t.download, t.notes, t.generate, t.cancel, page.history, page.history_files]
+    return [t.progress, t.model, t.download, t.more_files, t.file_sizes, t.notes, t.generate, t.cancel, page.history,
+            page.history_files]
 
 
 def _wire_bake(page: Page, ctx: AppContext) -> None:
@@ -121,7 +120,8 @@ def _wire_bake(page: Page, ctx: AppContext) -> None:
 
     t = page.baking
     check = t.generate.click(
-        on(baking.on_bake), t.form, [t.progress, t.notes, t.model, t.download, t.generate, t.cancel],
+        on(baking.on_bake), t.form,
+        [t.progress, t.notes, t.model, t.download, t.more_files, t.file_sizes, t.generate, t.cancel],
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
     )
     bake_event = check.success(

@@ -32,12 +32,14 @@ ROUGHNESS = 0.9
 # --------------------------------------------------------------------------- GLB
 
 
-def export_glb(mesh: Mesh, texture: Texture | None, path) -> Path:
+def export_glb(mesh: Mesh, texture: Texture | None, path, texture_format: str = "png") -> Path:
     """Write ``mesh`` as a binary glTF and return its path.
 
     mesh:    vertices (V, 3) float32, faces (F, 3) int32; with a texture also uvs (V, 2) float32
     texture: image (S, S, 3) uint8, row 0 = top (v = 1), or None for a vertex-coloured GLB
              (mesh.vertex_colors (V, 3) float32 in [0, 1]; a plain grey material when absent)
+    texture_format: how the texture is stored, "png", "jpeg" or "webp" (``EXT_texture_webp``,
+             declared required: glTF 2.0 itself knows only PNG and JPEG)
 
     Smooth vertex normals are computed over vertices that share a position, so UV
     seams (split vertices) do not show as creases. The material is PBR with
@@ -48,7 +50,12 @@ def export_glb(mesh: Mesh, texture: Texture | None, path) -> Path:
     import trimesh
     from PIL import Image
 
+    from pipeline.io.glb_texture import replace_image
+    from pipeline.io.texture_file import MIME, encode_texture
+
     mesh.validate("mesh", max_faces=MAX_FACES)
+    if texture_format not in MIME:
+        raise StageInputError(f"texture format {texture_format!r} is not one of {', '.join(MIME)}")
     path = Path(path)
     tm = trimesh.Trimesh(vertices=mesh.vertices.astype(np.float64), faces=mesh.faces,
                          process=False, validate=False)
@@ -56,8 +63,9 @@ def export_glb(mesh: Mesh, texture: Texture | None, path) -> Path:
         _check_texture(texture)
         if mesh.uvs is None:
             raise StageInputError("a textured GLB needs mesh.uvs; unwrap the mesh first")
+        # a one-texel stand-in: the texture's own bytes go in below, encoded once (glb_texture)
         material = trimesh.visual.material.PBRMaterial(
-            name="kiln_baked", baseColorTexture=Image.fromarray(texture.image, "RGB"),
+            name="kiln_baked", baseColorTexture=Image.new("RGB", (1, 1)),
             baseColorFactor=[255, 255, 255, 255], metallicFactor=0.0, roughnessFactor=ROUGHNESS)
         tm.visual = trimesh.visual.TextureVisuals(uv=mesh.uvs.astype(np.float64), material=material)
     elif mesh.vertex_colors is not None:
@@ -72,6 +80,8 @@ def export_glb(mesh: Mesh, texture: Texture | None, path) -> Path:
     # a settable cached property in trimesh, which its annotations show as a method
     tm.vertex_normals = smooth_vertex_normals(mesh)  # type: ignore[method-assign]
     data = trimesh.exchange.gltf.export_glb(trimesh.Scene(tm), include_normals=True)
+    if texture is not None:
+        data = replace_image(data, encode_texture(texture.image, texture_format), MIME[texture_format])
     return atomic_write(path, data)
 
 

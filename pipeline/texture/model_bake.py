@@ -12,7 +12,7 @@ Stage names, as ``kiln.stages`` has them: render_views, mesh, uv, bake, export.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
@@ -84,12 +84,14 @@ class SilhouetteFit:
 @dataclass
 class ModelBakeResult:
     """glb_path: the GLB written; timings: stage -> seconds; stats: what was measured, with
-    ``stats.model`` saying how the files were read and placed."""
+    ``stats.model`` saying how the files were read and placed and ``stats.files`` every file
+    written; extra: the other formats' paths by output key."""
 
     glb_path: Path
     timings: dict
     stats: PipelineStats
     ply_path: Optional[Path] = None   # a model bake writes no Gaussians
+    extra: dict = field(default_factory=dict)
 
 
 def silhouette_fit(raster_ctx: "RasterContext", mesh: Mesh, camera: SourceCamera,
@@ -196,7 +198,7 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
                raster_ctx: "RasterContext", on_event: Optional[EventFn] = None,
                name: str = "model") -> ModelBakeResult:
     """Bake ``inputs`` into ``<out_dir>/<name>.glb`` with ``settings`` (bake, views, mesh)."""
-    from pipeline.io import export
+    from pipeline.io.outputs import write_outputs
     from pipeline.meshing import mesh_ops
     from pipeline.unwrap import uv
     from pipeline.texture.bake import bake_texture
@@ -253,13 +255,15 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
     texture, bake_stats = stage("bake", bake)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    glb = stage("export", lambda: export.export_glb(mesh, texture, out / f"{name}.glb"))
+    files = stage("export", lambda: write_outputs(mesh, texture, out, name, settings.export))
+    glb = out / files[0].name
     m["warnings"] = tuple(m["warnings"])
     stats = PipelineStats(backends=backends, faces=mesh.num_faces, vertices=mesh.num_vertices, bake=bake_stats,
                           glb_bytes=glb.stat().st_size,
                           source_camera=camera.to_dict() if camera is not None else None,
-                          model=ModelStats(**m))
-    return ModelBakeResult(glb_path=glb, timings=timings, stats=stats)
+                          model=ModelStats(**m), files=files)
+    return ModelBakeResult(glb_path=glb, timings=timings, stats=stats,
+                           extra={f.key: out / f.name for f in files[1:]})
 
 
 def _quiet(stage: str, fraction: float, message: str) -> None:
