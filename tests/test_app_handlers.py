@@ -1069,6 +1069,10 @@ def test_small_wordings_a_user_noticed():
 
     assert "1 view," in settings_summary(S().override({"views.count": 1}))
     assert "16 views," in settings_summary(S().override({"views.count": 16}))
+    assert settings_summary(S().override({"bake.enabled": True, "bake.texture_size": "auto", "bake.mode": "fast"})) \
+        .startswith("texture auto fast,")
+    assert settings_summary(S().override({"bake.enabled": True, "bake.texture_size": 512, "bake.mode": "opt"})) \
+        .startswith("texture 512px opt,")
     tiny = MaskCheck(share=0.0006, pieces=1, speck=False)
     assert percent(tiny.share) == "0.06%" and percent(0.287) == "28.7%"
     assert tiny.warnings and all("%" not in w for w in tiny.warnings)   # the share is said once

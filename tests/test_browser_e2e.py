@@ -8,122 +8,32 @@ toggle baking on and generate again (the previous result's download hides at
 once; the reconstruction must come from the cache), download the GLB and load it
 with trimesh. Session B, at the same time in a second browser context: has a
 broken file refused, uploads its own image, starts a slow job (A segments while
-it runs) and cancels it, then generates while A's job runs and is told it waits
-for a free worker; neither session sees the other's results (history, result
+it runs, then presses Generate and is told it waits for a free worker: B's job
+runs until cancelled, so the wait does not depend on timing) and cancels it, then
+generates again after A; neither session sees the other's results (history, result
 URLs), and no URL reaches the job store. Screenshots and the server log go to
 test-artifacts/browser/.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from browser_helpers import ARTIFACTS, require_browser, serve as _serve, chromium
+from browser_helpers import (assert_viewer_draws as _assert_viewer_draws, click_image as _click_image,
+                             open_page, progress as _progress, shown_image as _shown_image, upload as _upload,
+                             wait_state as _wait_state, write_png as _write_png)
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = "/usr/bin/chromium"
-ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = ROOT / "test-artifacts" / "browser"
-# SwiftShader gives headless Chromium a software WebGL, so the 3D viewer really draws
-LAUNCH_ARGS = ["--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
-               "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - depends on the machine
-    sync_playwright = None
-
-if sync_playwright is None:
-    pytest.skip("playwright is not installed (pip install playwright)", allow_module_level=True)
-if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-    pytest.skip(f"{CHROMIUM} not found (apt-get install chromium)", allow_module_level=True)
-
-SMALL_CONFIG = """
-reconstruct: {{resolution: 64, num_gaussians: 3000, max_image_side: 256}}
-views: {{count: 4, resolution: 128}}
-mesh: {{simplify_ratio: 0.9}}
-bake: {{enabled: false, texture_size: 256, mode: fast, steps: 400}}
-worker: {{count: 1, device: cpu}}
-app: {{jobs_dir: {var}/jobs, cache_dir: {var}/cache}}
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _assert_viewer_draws(page, timeout_s: float = 20.0, viewer: str = "#kiln-model") -> None:
-    """The 3D preview really shows the model: a WebGL canvas with more than its clear colour.
-    The first model takes seconds to appear (the viewer loads, SwiftShader compiles shaders)."""
-    page.wait_for_selector(f"{viewer} canvas", timeout=30000)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        shot = np.asarray(Image.open(io.BytesIO(page.locator(f"{viewer} canvas").screenshot())).convert("RGB"))
-        if shot.reshape(-1, 3).std(axis=0).max() > 10:
-            return
-        assert time.monotonic() < deadline, f"3D viewer still shows a blank canvas after {timeout_s:.0f} s"
-        page.wait_for_timeout(250)
-
-
-def _write_png(path: Path, arr: np.ndarray) -> Path:
-    Image.fromarray(arr).save(path)
-    return path
-
-
-def _serve(tmp_path_factory, name: str, extra_env: dict | None = None):
-    """Start ``python -m app`` as a person does, on a free port; yields (url, workdir, log
-    path, process) until the test module is done."""
-    work = tmp_path_factory.mktemp(name)
-    var = work / "var"
-    cfg = work / "small.yaml"
-    cfg.write_text(SMALL_CONFIG.format(var=var))
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log_path = ARTIFACTS / f"{name}.log"
-    port = _free_port()
-    # the checkout under test, not whichever copy of Kiln the interpreter has installed
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT), **(extra_env or {}))
-    env.pop("KILN_AUTH", None)
-    log_file = open(log_path, "w")
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "app", "--port", str(port), "--config", str(cfg)],
-                            cwd=work, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() - t0 > 120:
-                pytest.fail(f"server did not answer within 120 s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.3)
-        yield url, work, log_path, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log_file.close()
+require_browser()
 
 
 @pytest.fixture(scope="module")
@@ -143,60 +53,11 @@ def held_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    yield from chromium()
 
 
 def _open(browser, url):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1100}, accept_downloads=True)
-    page = ctx.new_page()
-    page.set_default_timeout(30_000)
-    page.goto(url)
-    page.wait_for_selector("#kiln-upload input[type=file]", state="attached")
-    return ctx, page
-
-
-def _upload(page, path: Path):
-    page.set_input_files("#kiln-upload input[type=file]", str(path))
-    page.wait_for_function(
-        "() => document.querySelector('#kiln-mask-info').innerText.includes('%s')" % path.name)
-    page.wait_for_selector("#kiln-canvas img")
-
-
-def _click_image(page, fx: float, fy: float, expect: str):
-    img = page.locator("#kiln-canvas img")
-    box = img.bounding_box()
-    img.click(position={"x": box["width"] * fx, "y": box["height"] * fy})
-    page.wait_for_function(
-        "(t) => document.querySelector('#kiln-mask-info').innerText.includes(t)", arg=expect)
-
-
-def _shown_image(page) -> np.ndarray:
-    """The canvas image exactly as the server sent it: (H, W, 3) uint8."""
-    from PIL import Image
-
-    src = page.locator("#kiln-canvas img").get_attribute("src")
-    data = page.request.get(src).body()
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-
-
-def _progress(page) -> tuple[str, str, str]:
-    return page.evaluate("""() => { const e = document.querySelector('#kiln-progress');
-        return e ? [e.dataset.state || '', e.dataset.job || '', e.innerText] : ['', '', '']; }""")
-
-
-def _wait_state(page, states, timeout=240) -> tuple[str, str, str]:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        st = _progress(page)
-        if st[0] in states:
-            return st
-        time.sleep(0.25)
-    raise AssertionError(f"job did not reach {states} within {timeout} s; last: {_progress(page)}")
+    return open_page(browser, url, 1400, 1100)
 
 
 def _wait_new_job(page, previous_job: str, states, timeout=240):
@@ -340,6 +201,18 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         _click_image(a, 0.5, 0.5, "Mask:")
         assert np.abs(_shown_image(a).astype(int) - mask_before.astype(int)).mean() < 2
         assert _progress(b)[0] == "running", "segmentation had to wait for the running job"
+
+        # -- A: bake on, Generate while B's job holds the only worker: A is told it waits
+        # (B's job runs until cancelled below, so A's wait does not depend on timing)
+        glb1_url = _download_url(a)
+        a.locator("#kiln-bake input").check()
+        a.click("#kiln-generate")
+        a.wait_for_selector("#kiln-dl-glb", state="hidden", timeout=5000)   # the old result's button
+        a.wait_for_function("() => /Waiting for a free worker/.test("
+                            "document.querySelector('#kiln-progress').innerText)", timeout=15000)
+        waiting_a = _progress(a)
+        assert _progress(b)[0] == "running", "B's job ended before A pressed Generate"
+        a.screenshot(path=str(ARTIFACTS / "a1b_waiting.png"), full_page=True)
         b.click("#kiln-cancel")
         cancelled = _wait_state(b, ("cancelled", "failed", "done"), timeout=30)
         assert cancelled[0] == "cancelled", cancelled
@@ -348,19 +221,14 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         assert b.locator("#kiln-cancel").is_disabled() and "Generate" in b.inner_text("#kiln-generate")
         b.screenshot(path=str(ARTIFACTS / "b2_cancelled.png"), full_page=True)
 
-        # -- A: toggle texture baking on, generate again: reconstruction is reused --
-        glb1_url = _download_url(a)
-        a.locator("#kiln-bake input").check()
-        a.click("#kiln-generate")
-        a.wait_for_selector("#kiln-dl-glb", state="hidden", timeout=5000)   # the old result's button
-        # B generates with fast settings at the same time; one worker serves both in turn
+        # -- A's job runs once B's is cancelled: its reconstruction is reused ---------
+        # B generates again with fast settings; one worker serves both in turn
         b.locator("#kiln-mode label", has_text="fast").click()
         b.locator("#kiln-views input[type=number]").fill("4")
         b.locator("#kiln-views input[type=number]").press("Enter")
         b.click("#kiln-generate")
         b.wait_for_function("() => /Waiting for a free worker|Rendering|Reconstructing|Done/.test("
                             "document.querySelector('#kiln-progress').innerText)", timeout=15000)
-        waiting_b = _progress(b)
         b.screenshot(path=str(ARTIFACTS / "b3_waiting.png"), full_page=True)
         st2 = _wait_new_job(a, st1[1], ("done", "failed", "cancelled"))
         assert st2[0] == "done", st2
@@ -373,8 +241,8 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         _assert_viewer_draws(a)
         a.screenshot(path=str(ARTIFACTS / "a2_result.png"), full_page=True)
 
-        # B pressed Generate while A's job ran on the only worker: B was told it waits
-        assert waiting_b[2].startswith("Waiting for a free worker"), waiting_b
+        # A pressed Generate while B's job ran on the only worker: A was told it waits, in line
+        assert waiting_a[0] == "queued" and waiting_a[2].startswith("Waiting for a free worker"), waiting_a
         stb = _wait_new_job(b, cancelled[1], ("done", "failed", "cancelled"))
         assert stb[0] == "done", stb
         glb_b = _download_glb(b, tmp_path / "b_textured.glb")

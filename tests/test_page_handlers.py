@@ -192,6 +192,33 @@ def test_a_cleared_upload_is_dropped_and_a_loaded_page_takes_over_the_browsers_i
     assert answer(app, image.on_restore, A3) == {"canvas": gr.skip()}, "a removed image must not come back"
 
 
+def test_a_file_given_to_the_filled_upload_box_replaces_the_image(app, blob, tmp_path):
+    """The page's script hands a file dropped on the filled upload box to the hidden
+    ``replace`` box: its upload replaces the image and its selection, shows the new file in
+    the upload box (from where it lies, not a copy) and empties the hidden box for the next."""
+    _ready(app, blob)
+    rgb2, _ = make_object_image(192, "ellipse", seed=9)
+    second = png_file(tmp_path, "second.png", rgb2)
+    out = answer(app, image.on_replace, A1, second)
+    assert out["canvas"].shape == (192, 192, 3) and "second.png" in out["mask_info"]
+    assert "Mask:" not in out["mask_info"]
+    assert _is_update(out["upload"], value=second, label=app.page.upload.label)
+    assert out["replace"] is None and out["mask_file"] is None and out["model"] is None
+    st = app.ctx.sessions.get(A1.session)
+    assert st.image.name == "second.png" and not st.clicks
+    # the same outputs as a drop on the empty box, plus the hidden box
+    (replaced,), dropped = app.outputs[image.on_replace], app.outputs[image.on_upload][0]
+    assert [id(c) for c in replaced] == [id(c) for c in [*dropped, app.page.replace]]
+
+    bad = Path(tmp_path) / "broken.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really" * 20)
+    with pytest.warns(UserWarning):
+        out = answer(app, image.on_replace, A1, str(bad))
+    assert out["upload"] is None and out["replace"] is None and out["canvas"] is None
+    assert "broken.png" in out["mask_info"] and app.ctx.sessions.get(A1.session).image is None
+    assert answer(app, image.on_replace, A1, None) == {"replace": gr.skip()}
+
+
 # -- Generate, its job, its outcome ----------------------------------------------------------
 
 def test_generate_refuses_what_cannot_run_and_says_why(app, blob, monkeypatch):

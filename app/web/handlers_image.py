@@ -89,6 +89,21 @@ def on_upload(page: Page, ctx: AppContext, caller: Caller, path: Optional[str]) 
     return {**selection_view(page, st), **fresh, page.mask_file: None, **upload_label(page)}
 
 
+def on_replace(page: Page, ctx: AppContext, caller: Caller, path: Optional[str]) -> Updates:
+    """A file dropped on the upload box while it holds an image, or chosen after a click on
+    it (``pageassets.REPLACE_JS`` hands it to the hidden ``replace`` box): an upload like
+    any other, then shown in the upload box in place of the old one; the hidden box is
+    emptied for the next file. A refused file leaves both boxes empty, as a refused drop
+    on the empty box does."""
+    if not path:
+        return {page.replace: gr.skip()}
+    answer = on_upload(page, ctx, caller, path)
+    if answer.get(page.upload) is not None:
+        # the file is in Gradio's upload folder already: shown from there, not copied
+        answer[page.upload] = gr.update(value=path, label=page.upload.label)
+    return {**answer, page.replace: None}
+
+
 def cleared_result(page: Page, ctx: AppContext, caller: Caller) -> Updates:
     """The last job's result taken off the page (none while the tab's job runs: it lands here)."""
     if ctx.active.busy(caller.session):

@@ -152,7 +152,8 @@ def _cancel(job, reason: str = "") -> None:
 def settings_summary(settings: Settings) -> str:
     """'texture 1024px opt, 16 views, simplify 0.95, seed 0': what a person chose for a job."""
     b = settings.bake
-    tex = f"texture {b.texture_size}px {b.mode}" if b.enabled else "vertex colours"
+    size = "auto" if str(b.texture_size) == "auto" else f"{b.texture_size}px"   # not "autopx"
+    tex = f"texture {size} {b.mode}" if b.enabled else "vertex colours"
     ply = ", +ply" if settings.export.gaussians_ply else ""
     e = settings.export
     others = [f if f != "stl" or e.units == "m" else f"stl ({e.units})" for f in e.formats if f != "glb"]

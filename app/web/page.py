@@ -64,12 +64,15 @@ class BakeTab:
 class Page:
     """The page's components. ``form`` lists the settings boxes in ``form.ui_overrides``'
     order; ``selection_view`` what shows the tab's image and selection; ``examples`` is
-    None when the page has none."""
+    None when the page has none. ``replace`` is a hidden file box: the page's script
+    (``pageassets.REPLACE_JS``) hands it a file dropped on, or chosen by clicking, the upload
+    box while that holds an image, so the file replaces the image."""
 
     demo: gr.Blocks
     status: gr.Markdown
     # the image and its selection (left column)
     upload: gr.File
+    replace: gr.File
     canvas: gr.Image
     mask_info: gr.Markdown
     background: gr.Checkbox
@@ -82,7 +85,7 @@ class Page:
     box_input: gr.Textbox
     box_button: gr.Button
     examples: Optional[gr.helpers.Examples]
-    # the settings (right column)
+    # the settings (right column, under the result)
     bake: gr.Checkbox
     ply: gr.Checkbox
     texture: gr.Dropdown
@@ -93,7 +96,7 @@ class Page:
     formats: gr.CheckboxGroup
     texture_format: gr.Radio
     units: gr.Radio
-    # the job and its result
+    # the job and its result (right column, at its top)
     generate: gr.Button
     cancel: gr.Button
     progress: gr.HTML
@@ -131,11 +134,15 @@ def layout(settings: Settings, examples: Optional[list[Path]] = None) -> Page:
         c["status"] = gr.Markdown(elem_id="kiln-status")
         with gr.Tabs():
             with gr.Tab("Photo to 3D", elem_id="kiln-tab-photo"):
-                with gr.Row(equal_height=False):
-                    with gr.Column(scale=1):
+                # on a phone the stylesheet puts the result column's top (Generate, the
+                # result) before the image column's tail (mask file, examples): pageassets.CSS
+                with gr.Row(equal_height=False, elem_id="kiln-photo-row"):
+                    with gr.Column(scale=1, elem_id="kiln-image-col"):
                         _image_column(c, upload_limits, examples)
-                    with gr.Column(scale=1):
-                        _settings_and_result_column(c, s)
+                    with gr.Column(scale=1, elem_id="kiln-job-col"):
+                        _job_column(c)
+                        _settings(c, s)
+                        _history(c)
             with gr.Tab("Bake a model", elem_id="kiln-tab-bake"):
                 c["baking"] = _bake_tab(s)
         c["timer"] = gr.Timer(2.0)
@@ -143,44 +150,67 @@ def layout(settings: Settings, examples: Optional[list[Path]] = None) -> Page:
 
 
 def _image_column(c: dict, upload_limits: str, examples: Optional[list[Path]]) -> None:
+    # "kiln-drop": a drop zone whose label takes its own line and whose text is never cut
     c["upload"] = gr.File(label=f"Image (PNG, JPEG, WebP, TIFF…; {upload_limits})", file_types=["image"],
-                          file_count="single", type="filepath", elem_id="kiln-upload", height=110)
+                          file_count="single", type="filepath", elem_id="kiln-upload", height=110,
+                          elem_classes=["kiln-drop"])
+    c["replace"] = gr.File(file_types=["image"], file_count="single", type="filepath", show_label=False,
+                           elem_id="kiln-upload-replace", elem_classes=["kiln-hidden"])
+    # the alt text names the button Gradio wraps around the image (it had no accessible name)
     c["canvas"] = gr.Image(label="Click the object or drag a box around it (green = object, red = background)",
                            interactive=False, type="numpy", format="jpeg", elem_id="kiln-canvas",
-                           buttons=["fullscreen"], height=460)
+                           buttons=["fullscreen"], height=460,
+                           alt_text="The image and its selection: click the object, or drag a box around it")
     c["mask_info"] = gr.Markdown(selection.mask_summary(uploads.SessionState()), elem_id="kiln-mask-info")
-    with gr.Row():
+    with gr.Row(elem_id="kiln-view-options"):
         c["background"] = gr.Checkbox(label="Background clicks", value=False, elem_id="kiln-bg")
         c["show_mask"] = gr.Checkbox(label="Show selection", value=True, elem_id="kiln-show-mask",
                                      info="off: the photo alone")
         c["use_alpha"] = gr.Checkbox(label="Use transparency as mask", value=False, visible=False,
                                      elem_id="kiln-alpha")
-    with gr.Row():
-        c["find"] = gr.Button("Find the object", size="sm", elem_id="kiln-find")
-        c["undo"] = gr.Button("Undo", size="sm", elem_id="kiln-undo")
-        c["clear"] = gr.Button("Clear selection", size="sm", elem_id="kiln-clear")
-    c["mask_file"] = gr.File(label="Or a mask file (same size as the image; alpha or white = object)",
-                             file_types=["image"], file_count="single", type="filepath",
-                             elem_id="kiln-mask-file", height=90)
+    # narrow minimums: the three stay on one line on a phone
+    with gr.Row(elem_id="kiln-selection-buttons"):
+        c["find"] = gr.Button("Find the object", size="sm", elem_id="kiln-find", min_width=60)
+        c["undo"] = gr.Button("Undo", size="sm", elem_id="kiln-undo", min_width=60)
+        c["clear"] = gr.Button("Clear selection", size="sm", elem_id="kiln-clear", min_width=60)
     # the drag-a-box script (pageassets.BOX_JS) writes "x0,y0,x1,y1" here and presses the button
     c["box_input"] = gr.Textbox(elem_id="kiln-box-input", elem_classes=["kiln-hidden"],
                                 show_label=False, container=False)
     c["box_button"] = gr.Button("box", elem_id="kiln-box-btn", elem_classes=["kiln-hidden"])
     # made here, shown in the right column (.render() there): an example's upload resets it
     c["progress"] = gr.HTML(statusview.progress_html(), elem_id="kiln-progress-box", render=False)
-    c["examples"] = None
-    if examples:
-        captions = dict(EXAMPLES)
-        # the upload handler runs after an example fills the upload box (app.web.wiring)
-        c["examples"] = gr.Examples(
-            examples=[[str(p)] for p in examples], inputs=[c["upload"]], cache_examples=False,
-            example_labels=[f"{p.name}: {captions[p.name]}" if p.name in captions else p.name
-                            for p in examples],
-            label="Examples (generated by Kiln)")
+    with gr.Column(elem_id="kiln-image-more"):
+        c["mask_file"] = gr.File(label="Or a mask file (same size as the image; alpha or white = object)",
+                                 file_types=["image"], file_count="single", type="filepath",
+                                 elem_id="kiln-mask-file", height=90, elem_classes=["kiln-drop"])
+        c["examples"] = None
+        if examples:
+            captions = dict(EXAMPLES)
+            # the upload handler runs after an example fills the upload box (app.web.wiring)
+            c["examples"] = gr.Examples(
+                examples=[[str(p)] for p in examples], inputs=[c["upload"]], cache_examples=False,
+                example_labels=[f"{p.name}: {captions[p.name]}" if p.name in captions else p.name
+                                for p in examples],
+                label="Examples (generated by Kiln)")
 
 
-def _settings_and_result_column(c: dict, s: Settings) -> None:
-    with gr.Accordion("Settings", open=True):
+def _job_column(c: dict) -> None:
+    """Generate, the progress and the result, at the top of the right column: the viewer is
+    on screen with the image beside it (1400x1000), and on a phone right after the image."""
+    with gr.Row(elem_id="kiln-job-buttons"):
+        # side by side on a phone too
+        c["generate"] = gr.Button("Generate", variant="primary", elem_id="kiln-generate", min_width=100)
+        c["cancel"] = gr.Button("Cancel", variant="stop", elem_id="kiln-cancel", interactive=False, min_width=100)
+    c["progress"].render()
+    c["model"] = gr.Model3D(label="Result", elem_id="kiln-model", height=420, clear_color=(0.93, 0.93, 0.95, 1.0))
+    with gr.Row(elem_id="kiln-downloads"):
+        c["glb_download"] = gr.DownloadButton("Download GLB", visible=False, elem_id="kiln-dl-glb")
+        c["ply_download"] = gr.DownloadButton("Download Gaussians (.ply)", visible=False, elem_id="kiln-dl-ply")
+    result_files(c, "kiln")
+
+
+def _settings(c: dict, s: Settings) -> None:
+    with gr.Accordion("Settings", open=True, elem_id="kiln-settings"):
         with gr.Row():
             c["bake"] = gr.Checkbox(label="Bake texture", value=s.bake.enabled, elem_id="kiln-bake",
                                     info="off: vertex colours, faster")
@@ -204,16 +234,10 @@ def _settings_and_result_column(c: dict, s: Settings) -> None:
         # no minimum here: Gradio's own refusal would not name the box; form.job_settings does
         c["seed"] = gr.Number(label="Seed", value=s.seed, precision=0, elem_id="kiln-seed")
         format_widgets(c, s, "kiln")
-    with gr.Row():
-        c["generate"] = gr.Button("Generate", variant="primary", elem_id="kiln-generate")
-        c["cancel"] = gr.Button("Cancel", variant="stop", elem_id="kiln-cancel", interactive=False)
-    c["progress"].render()
-    c["model"] = gr.Model3D(label="Result", elem_id="kiln-model", height=420, clear_color=(0.93, 0.93, 0.95, 1.0))
-    with gr.Row():
-        c["glb_download"] = gr.DownloadButton("Download GLB", visible=False, elem_id="kiln-dl-glb")
-        c["ply_download"] = gr.DownloadButton("Download Gaussians (.ply)", visible=False, elem_id="kiln-dl-ply")
-    result_files(c, "kiln")
-    with gr.Accordion("History (this browser)", open=False):
+
+
+def _history(c: dict) -> None:
+    with gr.Accordion("History (this browser)", open=False, elem_id="kiln-history-box"):
         c["history"] = gr.HTML(history.history_html([]), elem_id="kiln-history")
         c["history_files"] = gr.File(label="Earlier results", file_count="multiple", interactive=False,
                                      elem_id="kiln-history-files")
@@ -231,9 +255,10 @@ def _bake_tab(s: Settings) -> BakeTab:
         with gr.Column(scale=1):
             c["mesh"] = gr.File(label="Mesh (GLB, glTF, OBJ, PLY, STL)", file_count="single", type="filepath",
                                 file_types=[".glb", ".gltf", ".obj", ".ply", ".stl"], elem_id="kiln-bake-mesh",
-                                height=90)
+                                elem_classes=["kiln-drop"], height=90)
             c["splat"] = gr.File(label="Its splat (3DGS .ply), optional", file_count="single", type="filepath",
-                                 file_types=[".ply"], elem_id="kiln-bake-splat", height=90)
+                                 file_types=[".ply"], elem_id="kiln-bake-splat", elem_classes=["kiln-drop"],
+                                 height=90)
             c["source"] = gr.Dropdown(label="The splat comes from", choices=list(SOURCES), value="auto",
                                       elem_id="kiln-bake-source",
                                       info="auto: found from where the splat lies on the mesh")
@@ -242,13 +267,14 @@ def _bake_tab(s: Settings) -> BakeTab:
                                          elem_id="kiln-bake-reuse")
                 with gr.Row():
                     c["photo"] = gr.File(label="Or a photo", file_count="single", type="filepath",
-                                         file_types=["image"], elem_id="kiln-bake-photo", height=90)
+                                         file_types=["image"], elem_id="kiln-bake-photo",
+                                         elem_classes=["kiln-drop"], height=90)
                     c["mask"] = gr.File(label="and its mask (white = object; default: its transparency)",
                                         file_count="single", type="filepath", file_types=["image"],
-                                        elem_id="kiln-bake-mask", height=90)
+                                        elem_id="kiln-bake-mask", elem_classes=["kiln-drop"], height=90)
                 c["camera"] = gr.File(label="Its camera (JSON: the source_camera of kiln run --report)",
                                       file_count="single", type="filepath", file_types=[".json"],
-                                      elem_id="kiln-bake-camera", height=90)
+                                      elem_id="kiln-bake-camera", elem_classes=["kiln-drop"], height=90)
                 with gr.Row():
                     c["focal"] = gr.Number(label="Or its focal length in pixels (0: none)", value=0,
                                            minimum=0, elem_id="kiln-bake-focal")

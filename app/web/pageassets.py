@@ -1,5 +1,7 @@
 """What the page sends the browser besides its components: the stylesheet (progress bar,
-history list, the hidden box-drag controls) and the drag-a-box script."""
+history list, the hidden box-drag controls, drop zones that fit their text, the phone's
+order) and two scripts: drag a box on the image, and replace the image by dropping a file
+on the filled upload box."""
 
 CSS = """
 #kiln-progress .kiln-bar { height: 14px; border-radius: 7px; background: var(--neutral-200); overflow: hidden; }
@@ -21,6 +23,35 @@ CSS = """
 .kiln-job.kiln-failed, .kiln-job.kiln-cancelled { color: #a33; }
 /* the baking-only settings, switched off with baking: they look it, not just refuse input */
 #kiln-texture:has(:disabled), #kiln-mode:has(:disabled), #kiln-views:has(:disabled) { opacity: .45; }
+/* File drop zones: Gradio floats the label over the drop zone, where it hides the upload
+   icon (and, on two lines at 390 px, the text), and fixes the zone's height, which cuts
+   "Click to Upload" off. The label takes its own line; the zone is as tall as its text. */
+.kiln-drop label[data-testid="block-label"].float { position: static; max-width: calc(100% - 2 * var(--block-label-margin));
+  margin-top: var(--block-label-margin); margin-left: var(--block-label-margin); }
+.kiln-drop button.upload-container { height: auto !important; min-height: 64px; }
+.kiln-drop [data-testid="upload-text"] { min-height: 0; padding: var(--size-2) 0; font-size: var(--text-md); }
+.kiln-drop [data-testid="upload-icon"] { width: 22px; margin-bottom: var(--size-1); }
+/* the upload box holding an image takes a drop or a click as a new image (REPLACE_JS) */
+#kiln-upload:has(.file-preview-holder) .file-preview-holder { cursor: pointer; }
+#kiln-upload:has(.file-preview-holder)::after { content: "Drop another image here, or click, to replace it";
+  display: block; padding: 0 var(--size-3) var(--size-2); font-size: var(--text-sm);
+  color: var(--body-text-color-subdued); }
+#kiln-upload.kiln-drop-over { outline: 2px dashed var(--color-accent); outline-offset: -2px; }
+/* the selection's check boxes wrap rather than squeeze their labels (Gradio lets them shrink
+   to nothing, and clips) */
+#kiln-view-options .form { flex-wrap: wrap; }
+#kiln-view-options .block { min-width: max-content !important; flex: 1 1 0%; }
+/* a phone: one column in this order: the image and its selection, Generate and the result,
+   the settings, then the mask file and the examples, then the history; the image box is
+   no taller than the screen is wide */
+@media (max-width: 767px) {
+  #kiln-photo-row { flex-direction: column; flex-wrap: nowrap; }
+  #kiln-image-col, #kiln-job-col { display: contents; }
+  #kiln-settings { order: 1; }
+  #kiln-image-more { order: 2; }
+  #kiln-history-box { order: 3; }
+  #kiln-canvas { height: min(460px, 100vw) !important; }
+}
 """
 
 # Dragging on the image draws a box (sent to the server through a hidden textbox and
@@ -73,5 +104,56 @@ BOX_JS = """
   document.addEventListener('click', (e) => {
     if (suppress && target(e)) { suppress = false; e.stopPropagation(); e.preventDefault(); }
   }, true);
+}
+"""
+
+
+# While the upload box holds an image Gradio shows the file, not a drop zone, and ignores a
+# drop on it. This takes a file dropped there (or chosen after a click on it) and hands it
+# to the hidden replace box, whose upload event replaces the image (handlers_image.on_replace).
+# One event, so nothing races (clearing the box first would be a second event).
+REPLACE_JS = """
+() => {
+  if (window.__kilnReplace) return; window.__kilnReplace = true;
+  const filledBox = (e) => {
+    const box = e.target && e.target.closest ? e.target.closest('#kiln-upload') : null;
+    return box && box.querySelector('.file-preview-holder') && !box.querySelector('input[type=file]') ? box : null;
+  };
+  const replaceInput = () => document.querySelector('#kiln-upload-replace input[type=file]');
+  const carriesFiles = (e) => e.dataTransfer && Array.from(e.dataTransfer.types || []).includes('Files');
+  const replaceWith = (file) => {
+    const input = replaceInput();
+    if (!input || !file) return;
+    const dt = new DataTransfer();
+    dt.items.add(file);
+    input.files = dt.files;
+    input.dispatchEvent(new Event('change', {bubbles: true}));
+  };
+  document.addEventListener('dragover', (e) => {
+    const box = filledBox(e);
+    if (!box || !carriesFiles(e)) return;
+    e.preventDefault(); e.stopPropagation();
+    e.dataTransfer.dropEffect = 'copy';
+    box.classList.add('kiln-drop-over');
+  }, true);
+  document.addEventListener('dragleave', (e) => {
+    const box = filledBox(e);
+    if (box && !box.contains(e.relatedTarget)) box.classList.remove('kiln-drop-over');
+  }, true);
+  document.addEventListener('drop', (e) => {
+    const box = filledBox(e);
+    if (!box) return;
+    e.preventDefault(); e.stopPropagation();
+    box.classList.remove('kiln-drop-over');
+    const files = e.dataTransfer ? e.dataTransfer.files : null;
+    if (files && files.length) replaceWith(files[0]);
+  }, true);
+  // a click on the box (not on its × or its download link) opens the file chooser
+  document.addEventListener('click', (e) => {
+    const box = filledBox(e);
+    if (!box || e.target.closest('button, a')) return;
+    const input = replaceInput();
+    if (input) input.click();
+  });
 }
 """

@@ -10,6 +10,8 @@ on Gradio's block list, so no URL reaches another session's job files.
 serves a result, an upload or a canvas image only to the browser it belongs to, caps
 request bodies, and names each request's client (behind ``app.trusted_proxies``, the one
 they forward).
+Behind it, ``app.web.viewerlight.NeutralViewerLight`` serves the 3D viewer's light without
+its tint.
 """
 
 from __future__ import annotations
@@ -555,9 +557,12 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
                        proxies=TrustedProxies(settings.app.trusted_proxies),
                        max_upload_bytes=max_upload + UPLOAD_OVERHEAD_BYTES,
                        upload_bytes_per_hour=int(settings.app.upload_mb_per_client_hour * 1024 * 1024))
+    from app.web.viewerlight import NeutralViewerLight
+
     _, url, _ = demo.launch(
         server_name=host, server_port=port, auth=auth, share=False, inbrowser=False,
-        max_file_size=max_upload, app_kwargs={"middleware": [guard]},
+        # the guard first; then the 3D viewer's light, neutral (app.web.viewerlight)
+        max_file_size=max_upload, app_kwargs={"middleware": [guard, Middleware(NeutralViewerLight)]},
         # show_error off: an unexpected exception's text (paths, internals) never reaches the
         # page; what a person should read is raised as gr.Error, which is shown regardless
         allowed_paths=[], blocked_paths=blocked, show_error=False, quiet=True,

@@ -23,7 +23,7 @@ from app.web import handlers_job as job
 from app.web import handlers_page as around
 from app.web.context import AppContext
 from app.web.page import Page
-from app.web.pageassets import BOX_JS
+from app.web.pageassets import BOX_JS, REPLACE_JS
 from app.web.requestinfo import event_fn
 
 # follows submitted jobs: one event per job in progress, its wait in the supervisor's queue
@@ -35,6 +35,7 @@ def wire(page: Page, ctx: AppContext) -> None:
     with page.demo:
         _wire_image(page, ctx)
         page.demo.load(None, None, None, js=BOX_JS)
+        page.demo.load(None, None, None, js=REPLACE_JS)
         # texture size and bake mode mean nothing without baking
         page.bake.change(partial(around.on_bake, page), [page.bake], [page.texture, page.mode, page.views],
                          queue=False, show_progress="hidden")
@@ -64,6 +65,8 @@ def _wire_image(page: Page, ctx: AppContext) -> None:
                                             api_visibility="undocumented")
     # .upload/.clear fire on what the person does only, not when a handler sets the box
     page.upload.upload(on(image.on_upload), [page.upload], upload_outputs(page), **seg)
+    # a file dropped on the filled upload box (REPLACE_JS hands it to the hidden box)
+    page.replace.upload(on(image.on_replace), [page.replace], [*upload_outputs(page), page.replace], **seg)
     page.upload.clear(on(image.on_upload_cleared), None, [*view, *result_view(page), page.upload], **seg)
     page.canvas.select(on(image.on_click), [page.background], view, **seg)
     page.find.click(on(image.on_find), None, view, **seg)
