@@ -67,6 +67,11 @@ setup_python() {
         "$PY" -m pip install -q -e ".[$extras]"
         echo "$want" > "$stamp"
     fi
+    # the tests cover the Ray engine too (tests/test_ray_engine.py): its extra, for `test` only
+    if [ "$mode" = test ] && ! "$PY" -c 'import ray' 2>/dev/null; then
+        log "installing kiln3d[ray] (Ray, for the cluster engine's tests)"
+        "$PY" -m pip install -q -e ".[ray]"
+    fi
     if ! "$PY" -c 'import sam2' 2>/dev/null; then
         log "installing sam2 1.1.0 (CPU build, no build isolation)"
         SAM2_BUILD_CUDA=0 "$PY" -m pip install -q --no-build-isolation sam2==1.1.0

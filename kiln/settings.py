@@ -129,6 +129,17 @@ class WorkerSettings:
     max_queue: int = field(default=16, metadata=_num(1, 1000))
     # python executable the workers run under (e.g. SAM 3D Objects' env); "" = Kiln's own
     python: str = ""
+    # where the workers run: local processes, or a Ray cluster (docs/cluster.md)
+    engine: str = field(default="local", metadata=_choice("local", "ray"))
+    # engine ray: the cluster to join ("auto": the one started on this machine)
+    ray_address: str = "auto"
+    # engine ray: a worker holds one unit of this Ray resource (GPU, CPU or a custom one)
+    ray_resource: str = "GPU"
+    # engine ray: how a job's inputs and outputs reach the node: Ray's object store, or a
+    # filesystem every node mounts at the same path (jobs_dir and cache_dir on it)
+    ray_transfer: str = field(default="object_store", metadata=_choice("object_store", "shared"))
+    # engine ray: the folder on each node for workers' logs and jobs' copies ("": its temp dir)
+    ray_scratch: str = ""
 
 
 @dataclass(frozen=True)
@@ -208,6 +219,16 @@ def setting_value(settings: Settings, dotted: str) -> Any:
     for part in dotted.split("."):
         node = getattr(node, part)
     return node
+
+
+RAY_FLAG_HELP = ("run the workers on the Ray cluster at ADDRESS (auto, HOST:6379 or ray://HOST:10001): "
+                 "sets worker.engine=ray and worker.ray_address; needs pip install 'kiln3d[ray]' "
+                 "(docs/cluster.md)")
+
+
+def ray_overrides(address: str | None) -> dict[str, str]:
+    """The settings ``--ray ADDRESS`` (kiln run, kiln serve) stands for; {} without it."""
+    return {"worker.engine": "ray", "worker.ray_address": address} if address else {}
 
 
 def parse_set(items) -> dict[str, str]:

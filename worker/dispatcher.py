@@ -10,7 +10,6 @@ dispatcher's thread, and the public API's calls through ``Supervisor`` and ``Job
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import signal
 import threading
@@ -19,14 +18,12 @@ from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from types import EllipsisType
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from kiln.glb import GLBError, check_glb_light
 from kiln.records import JobStats, JobTimes
 from kiln.settings import Settings
 
-from worker import interpreter
-from worker import leftovers
 from worker.crashcounts import CrashCounts
 from worker.faults import FaultPlan
 from worker.jobrecord import EVENTS_KEPT, EVENTS_KEPT_FINISHED, JobRecord, event_of, where
@@ -35,8 +32,11 @@ from worker.jobstore import (CANCELLED, DONE, FAILED, QUEUED, RUNNING, Event, Jo
 from worker.messages import Done, Failed, Progress, Ready, Run, Started, Stop
 from worker.progress import job_progress
 from worker.retry import CANCELLED_BY_USER, CRASH_KINDS, Decision, FailureKind, decide
-from worker.slots import WorkerSlot, describe_exit
+from worker.slots import WorkerSlot
 from worker.workerconfig import WorkerConfig
+
+if TYPE_CHECKING:
+    from worker.engines import Engine
 
 log = logging.getLogger("kiln.worker")
 
@@ -49,14 +49,14 @@ class Dispatcher:
     """Job records, the queue, the worker slots and the thread that moves jobs between them."""
 
     def __init__(self, settings: Settings, store: JobStore, cache_dir: Optional[Path],
-                 var_dir: Path, faults: Optional[FaultPlan], poll_s: float):
+                 var_dir: Path, faults: Optional[FaultPlan], poll_s: float, engine: Engine):
         self.settings = settings
+        self.engine = engine   # where workers run (``worker.engines``)
         self.store = store
         self.cache_dir = cache_dir
         self.var_dir = var_dir
         self.faults = faults
         self._poll_s = poll_s
-        self._ctx = mp.get_context("spawn")
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self._wake = threading.Event()
@@ -134,6 +134,7 @@ class Dispatcher:
                     reason = "the server shut down before the job started"
                 self._finish(job, FAILED, reason)
             self.queue.clear()
+            self.engine.close()
             self.cond.notify_all()
 
     # ------------------------------------------------------------------ jobs in and out
@@ -246,17 +247,14 @@ class Dispatcher:
 
     def _spawn(self, s: WorkerSlot) -> None:
         try:
-            foreign = interpreter.foreign_interpreter(self.settings.worker.python)  # None unless set
+            # the engine fills in what depends on where the worker runs (its interpreter,
+            # its parent: this process, or a Ray host actor)
             cfg = WorkerConfig(
                 settings=self.settings, slot=s.index, gpu=s.gpu, log_path=str(s.log_path),
                 parent_pid=os.getpid(), skip_probes=dict(s.skip_probes),
                 faults_enabled=self.faults is not None,
-                probe_faults=self.faults.probe_faults(s.starts + 1) if self.faults else {},
-                interpreter=foreign)
-            with interpreter.spawning(self._ctx, foreign.python if foreign else None):
-                s.spawn(self._ctx, cfg)
-            if s.proc is not None and s.proc.pid:
-                leftovers.record(s.log_path.parent, s.index, s.proc.pid, os.getpid())
+                probe_faults=self.faults.probe_faults(s.starts + 1) if self.faults else {})
+            self.engine.spawn(s, cfg)
         except Exception as e:  # e.g. out of file descriptors: back off, then retry
             self._start_failed(s, f"could not be spawned ({type(e).__name__}: {e})")
 
@@ -321,8 +319,7 @@ class Dispatcher:
             self._emit(job, state=RUNNING, stage=None, message=what, force_write=True)
 
     def _on_exit(self, s: WorkerSlot) -> None:
-        code = s.proc.exitcode if s.proc is not None else None
-        desc = describe_exit(code)
+        code, desc = s.exit_code(), s.exit_description()
         job, reason, was, frozen_status = s.job, s.kill_reason, s.state, s.frozen_status
         if was == "starting":
             what = s.start_ended(desc)   # before discard(): it needs the probe that ran

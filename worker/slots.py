@@ -112,6 +112,14 @@ class WorkerSlot:
         self.starts += 1
         self.spawned = self.last_msg = self.phase_since = time.monotonic()
 
+    def exit_code(self) -> Optional[int]:
+        """The dead worker's exit status (negative: the signal that killed it); None when unknown."""
+        return self.proc.exitcode if self.proc is not None else None
+
+    def exit_description(self) -> str:
+        """How the worker ended, in words that follow "worker" ("crashed with SIGSEGV")."""
+        return describe_exit(self.exit_code())
+
     @property
     def exited(self) -> bool:
         """The process is gone (``is_alive`` also reaps it, so it leaves no zombie)."""
@@ -282,11 +290,7 @@ class WorkerSlot:
                 text = f.read().decode(errors="replace")
         except OSError:
             return ""
-        if marker is not None:
-            i = text.rfind(marker)
-            if i >= 0:
-                text = text[i:]
-        return "\n".join(text.splitlines()[-lines:])
+        return cut_tail(text, lines, marker)
 
     def info(self, now: float, job_id: Optional[str]) -> dict:
         """What ``Supervisor.workers`` reports; ``job_id``: the job it runs."""
@@ -295,6 +299,15 @@ class WorkerSlot:
                 "restarts": self.restarts, "startup_s": self.startup_s, "broken": self.broken,
                 "heartbeat_age_s": round(now - self.last_msg, 2) if self.proc else None,
                 "capabilities": self.caps, "log": str(self.log_path)}
+
+
+def cut_tail(text: str, lines: int, marker: Optional[str] = None) -> str:
+    """The last ``lines`` lines of a log's ``text``, from the last ``marker`` on when it is there."""
+    if marker is not None:
+        i = text.rfind(marker)
+        if i >= 0:
+            text = text[i:]
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def _close_queues(*queues) -> None:

@@ -45,7 +45,7 @@ from kiln.settings import Settings
 from kiln.settings import load as load_settings
 
 from worker import env as env_mod
-from worker import leftovers, resume
+from worker import resume
 from worker.dispatcher import Dispatcher, WorkerStartError
 from worker.faults import FaultPlan
 from worker.jobhandle import Job
@@ -53,7 +53,7 @@ from worker.jobrecord import JobRecord
 from worker.jobstore import QUEUED, RUNNING, Event, JobStatus, JobStore, append_log, check_inputs, safe_session
 from worker.jobstore import load_inputs as load_job_inputs
 from worker.jobstore import load_settings as load_job_settings
-from worker.slots import WorkerSlot
+from worker.engines import Engine, make_engine
 
 if TYPE_CHECKING:
     from worker.bakeinputs import CheckedBake
@@ -72,7 +72,8 @@ class Supervisor:
 
     def __init__(self, settings: Optional[Settings] = None, jobs_dir: Optional[Path] = None,
                  cache_dir: Optional[Path] = None, *, var_dir: Optional[Path] = None,
-                 faults: Optional[FaultPlan] = None, poll_s: float = 0.02):
+                 faults: Optional[FaultPlan] = None, poll_s: float = 0.02,
+                 engine: Optional[Engine] = None):
         self.settings = settings or load_settings()
         self.jobs_dir = Path(jobs_dir if jobs_dir is not None else self.settings.app.jobs_dir)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -82,8 +83,10 @@ class Supervisor:
         env_mod.share_extension_env()
         # Test-only fault hook: a constructor argument or KILN_TEST_FAULTS, nothing else.
         self.faults = faults if faults is not None else FaultPlan.from_env()
+        # where the workers run: ``worker.engine`` (local processes, or a Ray cluster)
+        self.engine = engine if engine is not None else make_engine(self.settings)
         self._dispatcher = Dispatcher(self.settings, self.store, self.cache_dir, self.var_dir,
-                                      self.faults, poll_s)
+                                      self.faults, poll_s, self.engine)
         self._started = False
 
     @property
@@ -114,14 +117,12 @@ class Supervisor:
             # what the previous server left queued or running (each record's own status, so
             # settling it updates what clients read)
             left = [r.status for r in d.jobs.values() if r.status.state in (QUEUED, RUNNING)]
-            workers_dir = self.var_dir / "workers"
-            for pid in leftovers.kill_leftovers(workers_dir) if workers_dir.is_dir() else ():
-                log.warning("killed worker %d, left running (stopped) by a server that is gone", pid)
-            gpus = [] if self.settings.worker.device == "cpu" else env_mod.detect_gpus()
-            count = self.settings.worker.count or max(1, len(gpus))
-            d.start([WorkerSlot(i, gpus[i % len(gpus)] if gpus else None,
-                                self.var_dir / "workers" / f"worker-{i}.log")
-                     for i in range(count)])
+            try:
+                slots = self.engine.slots(self.var_dir)
+            except BaseException:
+                self._started = False   # nothing was started: a later start() may try again
+                raise
+            d.start(slots)
             for st in left:   # after d.start: the crash counts are loaded, the slots exist
                 self._resume_or_settle(st)
         if wait:

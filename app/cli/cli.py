@@ -276,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override any setting, e.g. --set bake.steps=200 (see `kiln settings`)")
     r.add_argument("--report", metavar="JSON", help="write stage timings and stats to this JSON file")
+    r.add_argument("--ray", metavar="ADDRESS", help=settings_mod.RAY_FLAG_HELP)
     r.add_argument("--in-process", action="store_true",
                    help="run the stages in this process instead of a crash-isolated worker (debugging)")
     r.add_argument("--resume", action="store_true",

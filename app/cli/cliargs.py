@@ -53,6 +53,7 @@ def settings_from_args(args) -> settings_mod.Settings:
         if value is not None:
             overrides[key] = value
             given[key] = "--" + dest.replace("_", "-")
+    overrides.update(settings_mod.ray_overrides(getattr(args, "ray", None)))
     try:
         return settings_mod.load(getattr(args, "config", None), overrides)
     except settings_mod.SettingsError as e:

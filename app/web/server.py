@@ -443,6 +443,8 @@ async def _refuse(send, status: int, text: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kiln.settings import RAY_FLAG_HELP
+
     p = argparse.ArgumentParser(
         prog="kiln serve",
         description="Start the Kiln web UI. Binds 127.0.0.1 unless --listen is given.")
@@ -459,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting, e.g. --set worker.count=2")
     p.add_argument("--no-examples", action="store_true", help="do not generate/show example images")
+    p.add_argument("--ray", metavar="ADDRESS", help=RAY_FLAG_HELP)
     return p
 
 
@@ -603,7 +606,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from kiln import settings as settings_mod
 
     try:
-        settings = settings_mod.load(args.config, settings_mod.parse_set(args.set))
+        settings = settings_mod.load(args.config, {**settings_mod.parse_set(args.set),
+                                                   **settings_mod.ray_overrides(args.ray)})
         auth = parse_auth(args.auth if args.auth is not None else os.environ.get("KILN_AUTH"))
         if auth and args.no_auth:
             raise LaunchError("--no-auth contradicts --auth/KILN_AUTH; pick one")
