@@ -208,8 +208,9 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         a.locator("#kiln-bake input").check()
         a.click("#kiln-generate")
         a.wait_for_selector("#kiln-dl-glb", state="hidden", timeout=5000)   # the old result's button
-        a.wait_for_function("() => /Waiting for a free worker/.test("
-                            "document.querySelector('#kiln-progress').innerText)", timeout=15000)
+        # the press's own note first ("Waiting for a free worker…"), then the job in line
+        a.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
+                            " return e && e.dataset.state === 'queued'; }", timeout=15000)
         waiting_a = _progress(a)
         assert _progress(b)[0] == "running", "B's job ended before A pressed Generate"
         a.screenshot(path=str(ARTIFACTS / "a1b_waiting.png"), full_page=True)
@@ -242,7 +243,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         a.screenshot(path=str(ARTIFACTS / "a2_result.png"), full_page=True)
 
         # A pressed Generate while B's job ran on the only worker: A was told it waits, in line
-        assert waiting_a[0] == "queued" and waiting_a[2].startswith("Waiting for a free worker"), waiting_a
+        assert waiting_a[2].startswith("Waiting for a free worker: 1st in line"), waiting_a
         stb = _wait_new_job(b, cancelled[1], ("done", "failed", "cancelled"))
         assert stb[0] == "done", stb
         glb_b = _download_glb(b, tmp_path / "b_textured.glb")
