@@ -326,3 +326,26 @@ def test_a_file_dropped_on_the_filled_upload_box_replaces_the_image(server, brow
         upload(page, second)
     finally:
         ctx.close()
+
+
+def test_a_typed_value_out_of_range_is_named_when_the_slider_clamps_it(server, browser):
+    """Gradio's slider clamps 1.5 to 0.999 when the box loses focus; the page says so under
+    the slider, and the note goes with the next value in range."""
+    ctx, page = open_page(browser, server, 1400, 1000)
+    try:
+        box = page.locator("#kiln-simplify input[type=number]")
+        box.fill("1.5")
+        box.press("Tab")
+        page.wait_for_function("() => { const n = document.querySelector('#kiln-simplify .kiln-range-note');"
+                               " return n && n.innerText.includes('outside'); }", timeout=10_000)
+        note = page.inner_text("#kiln-simplify .kiln-range-note")
+        assert "Simplify ratio" in note and "1.5 is outside 0 to 0.999" in note and "set to 0.999" in note, note
+        assert float(box.input_value()) == pytest.approx(0.999)      # Gradio's clamp, now said
+        page.locator("#kiln-simplify").screenshot(path=str(ARTIFACTS / "p5_range_note.png"))
+        box.fill("0.9")
+        box.press("Tab")
+        page.wait_for_function("() => { const n = document.querySelector('#kiln-simplify .kiln-range-note');"
+                               " return n && n.innerText.trim() === ''; }", timeout=10_000)
+        assert not page.locator("#kiln-simplify .kiln-range-note").is_visible()
+    finally:
+        ctx.close()

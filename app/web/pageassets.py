@@ -12,6 +12,8 @@ CSS = """
 #kiln-progress .kiln-note.kiln-refused, #kiln-bake-progress .kiln-note.kiln-refused { color: #a33; }
 #kiln-canvas img { cursor: crosshair; user-select: none; -webkit-user-drag: none; }
 .kiln-hidden { display: none !important; }
+.kiln-range-note { color: var(--error-text-color, #b91c1c); font-size: var(--text-sm); }
+.kiln-range-note:empty { display: none; }
 #kiln-box-drag { position: fixed; border: 2px dashed #ffd200; outline: 1px solid #000;
                  pointer-events: none; z-index: 1000; }
 #kiln-status details summary { cursor: pointer; display: inline; font-size: 0.9em; }
@@ -155,5 +157,43 @@ REPLACE_JS = """
     const input = replaceInput();
     if (input) input.click();
   });
+}
+"""
+
+
+# Gradio's sliders clamp a typed number to their range when the box loses focus, without a
+# word: 1.5 in "Simplify ratio" silently became 0.999. This reads what was typed before the
+# slider clamps it and says so under the slider until the next value in range.
+RANGE_JS = """
+() => {
+  if (window.__kilnRange) return; window.__kilnRange = true;
+  const note = (block) => {
+    let el = block.querySelector(':scope > .kiln-range-note');
+    if (!el) {
+      el = document.createElement('div');
+      el.className = 'kiln-range-note';
+      el.setAttribute('role', 'status');
+      block.appendChild(el);
+    }
+    return el;
+  };
+  const check = (e) => {
+    const input = e.target;
+    if (!input || input.type !== 'number' || !input.closest) return;
+    const block = input.closest('.block');
+    if (!block || !block.querySelector('input[type=range]')) return;   // sliders only
+    const typed = Number(input.value), lo = Number(input.min), hi = Number(input.max);
+    if (input.value === '' || !isFinite(typed) || input.min === '' || input.max === '') return;
+    const label = ((block.querySelector('label span, label') || {}).innerText || 'This value').trim();
+    const el = note(block);
+    if (typed < lo || typed > hi) {
+      const to = typed < lo ? lo : hi;
+      el.innerText = `${label}: ${input.value} is outside ${lo} to ${hi}; it is set to ${to}.`;
+    } else {
+      el.innerText = '';
+    }
+  };
+  document.addEventListener('change', check, true);
+  document.addEventListener('blur', check, true);
 }
 """

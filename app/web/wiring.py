@@ -23,7 +23,7 @@ from app.web import handlers_job as job
 from app.web import handlers_page as around
 from app.web.context import AppContext
 from app.web.page import Page
-from app.web.pageassets import BOX_JS, REPLACE_JS
+from app.web.pageassets import BOX_JS, RANGE_JS, REPLACE_JS
 from app.web.requestinfo import event_fn
 
 # follows submitted jobs: one event per job in progress, its wait in the supervisor's queue
@@ -36,6 +36,7 @@ def wire(page: Page, ctx: AppContext) -> None:
         _wire_image(page, ctx)
         page.demo.load(None, None, None, js=BOX_JS)
         page.demo.load(None, None, None, js=REPLACE_JS)
+        page.demo.load(None, None, None, js=RANGE_JS)
         # texture size and bake mode mean nothing without baking
         page.bake.change(partial(around.on_bake, page), [page.bake], [page.texture, page.mode, page.views],
                          queue=False, show_progress="hidden")
