@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from PIL import Image
 
 # a required dependency; absent only on the offline GPU image, which runs `pytest -m gpu`
 gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
@@ -172,6 +173,52 @@ def test_a_reloaded_page_follows_its_bake_on_this_tab_and_the_image_tab_leaves_i
     assert app.ctx.active.take_outcome(A2.session) is None, "no image outcome for a bake"
     out = _checked(app, baking.show_followed_bake, baking.show_followed_bake(app.page, app.ctx, A2))
     assert out["model"].endswith("ball-1.glb") and 'data-state="done"' in out["progress"]
+
+
+def test_a_fitted_camera_shows_its_silhouette_over_the_photo_before_the_bake_ends(app, monkeypatch):
+    """The worker draws the fitted silhouette over the photo as soon as it has fitted the
+    camera (worker.bakejob.FIT_IMAGE); the running bake's stream shows it once, as a file only
+    this browser may fetch, while the job still runs; the outcome says how well it fits."""
+    from dataclasses import replace
+
+    from app.web import fitview
+    from app.web.browser import browser_of
+    from kiln.records import JobStats, ModelStats, PipelineStats
+    from worker.bakejob import FIT_IMAGE
+
+    app.sup.hold = True
+    values = form(_ball(app.tmp / "ball.ply"), fit=True)
+    out = answer(app, baking.on_bake, *values)
+    assert _is_update(out["fit_view"], value=None, visible=False)
+    steps = baking.run_bake(app.page, app.ctx, A1, *values)
+    while 'data-state="running"' not in str(next(steps).get(app.page.baking.progress)):
+        pass
+    job_id = "job0"
+    picture = np.zeros((30, 40, 3), np.uint8)
+    picture[10:20, 10:30] = (60, 120, 255)
+    png_file(app.sup.dirs[job_id] / "outputs", FIT_IMAGE, picture)
+    shown = _checked(app, baking.run_bake, next(steps))
+    update = shown["fit_view"]
+    assert _is_update(update, visible=True) and app.sup.statuses[job_id].state == "running"
+    assert app.ctx.owned.owners(update["value"]) == {browser_of(A1.session)}, "only this browser may fetch it"
+    shown_px = np.asarray(Image.open(update["value"]), np.int16)   # a JPEG: its colours near the PNG's
+    assert shown_px.shape == (30, 40, 3) and np.abs(shown_px[15, 20] - (60, 120, 255)).max() <= 16
+    fit = {"silhouette_iou": 0.68, "silhouette_coverage": 0.96, "fit_seconds": 2.1,
+           "tie_break": {"decided_by": "photo", "tied": 2, "photo_error": {"chosen": 0.004, "runner_up": 0.237},
+                         "photo_margin": 0.233}}
+    end = app.sup._end
+    monkeypatch.setattr(app.sup, "_end", lambda st: replace(end(st), stats=JobStats(
+        pipeline=PipelineStats(model=ModelStats(camera="fitted", camera_fit=fit)))))
+    app.sup.hold = False
+    rest = [_checked(app, baking.run_bake, s) for s in steps]
+    assert all("fit_view" not in s for s in rest), "shown once"
+    out = answer(app, baking.show_bake_outcome)
+    assert "Camera fitted to the mask in 2.1 s: silhouette IoU 0.68, covering 96 % of the mask" in out["notes"]
+    assert "the photo's colours chose one (colour error 0.004 against 0.237)" in out["notes"]
+    # a ball looks the same from every side: no clear choice, and the notes say so
+    alike = dict(fit, tie_break={"decided_by": "photo", "tied": 4, "photo_margin": 0.0,
+                                 "photo_error": {"chosen": 0.002, "runner_up": 0.002}})
+    assert "4 views fit the silhouette alike and look alike in colour too" in fitview.fit_summary(alike)
 
 
 def test_every_bake_handler_is_wired(app):

@@ -593,3 +593,45 @@ def test_bake_a_model_tab(server, browser, tmp_path):
         assert _textures(tmp_path / "got.glb"), "the baked GLB has no texture"
     finally:
         ctx.close()
+
+
+def test_a_fitted_camera_shows_its_silhouette_over_the_photo(server, browser, tmp_path):
+    """The bake tab with a photo and mask but no camera: the worker fits the camera and the
+    page shows the model's silhouette over the photo (a file this browser may fetch), and
+    the notes say how well it fits."""
+    import trimesh
+    from PIL import Image
+
+    url, _, _ = server
+    ball = trimesh.creation.icosphere(subdivisions=3, radius=0.5)
+    ball.visual.vertex_colors = np.full((len(ball.vertices), 4), (200, 120, 60, 255), np.uint8)
+    mesh = tmp_path / "ball.ply"
+    ball.export(mesh)
+    yy, xx = np.mgrid[:240, :320]
+    disc = (xx - 170) ** 2 + (yy - 115) ** 2 < 70 ** 2
+    photo, mask = tmp_path / "photo.png", tmp_path / "mask.png"
+    rgb = np.full((240, 320, 3), 90, np.uint8)
+    rgb[disc] = (200, 120, 60)
+    Image.fromarray(rgb).save(photo)
+    Image.fromarray(disc.astype(np.uint8) * 255).save(mask)
+    ctx, page = _open(browser, url)
+    try:
+        page.get_by_role("tab", name="Bake a model").click()
+        page.wait_for_selector("#kiln-bake-mesh input[type=file]", state="attached")
+        for box, path in (("mesh", mesh), ("photo", photo), ("mask", mask)):
+            page.set_input_files(f"#kiln-bake-{box} input[type=file]", str(path))
+            page.wait_for_function("(a) => document.querySelector(a[0]).innerText.includes(a[1])",
+                                   arg=[f"#kiln-bake-{box}", path.stem])
+        page.click("#kiln-bake-generate")
+        t0 = time.monotonic()
+        while page.evaluate("() => (document.querySelector('#kiln-bake-progress') || {dataset: {}}).dataset.state") \
+                != "done":
+            assert time.monotonic() - t0 < 240, page.inner_text("#kiln-bake-progress-box")
+            time.sleep(0.25)
+        page.wait_for_function("() => { const i = document.querySelector('#kiln-bake-fit-view img');"
+                               " return i && i.complete && i.naturalWidth === 320; }")
+        page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText"
+                               ".includes('Camera fitted to the mask')")
+        page.screenshot(path=str(ARTIFACTS / "d2_fitted_camera.png"), full_page=True)
+    finally:
+        ctx.close()

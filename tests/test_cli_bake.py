@@ -195,6 +195,33 @@ def test_the_photo_and_its_camera_from_a_report_bake_in_process(kiln_pair, tmp_p
     assert st["source_camera"]["width"] == 256
 
 
+@needs_gl
+@pytest.mark.slow
+def test_without_a_camera_it_is_fitted_and_its_silhouette_is_drawn_over_the_photo(kiln_pair, tmp_path, capsys):
+    """Kiln's GLB and its photo, no camera: fitted (a canonical search), said so, and its
+    picture and camera left beside the GLB; the camera file bakes again as --camera."""
+    from pipeline.io.camera_file import read_camera
+
+    glb, _, photo, _ = kiln_pair
+    out, rep = tmp_path / "o.glb", tmp_path / "r.json"
+    code = main(["bake", "--mesh", str(glb), "--image", str(photo), "--new-uvs", *FAST, "--report", str(rep),
+                 "-o", str(out), "--in-process", *_workdirs(tmp_path)])
+    assert code == 0
+    printed = capsys.readouterr()
+    st = json.loads(rep.read_text())["stats"]
+    fit = st["model"]["camera_fit"]
+    assert st["model"]["camera"] == "fitted" and fit["fit_case"] == "canonical" and fit["silhouette_iou"] > 0.9
+    assert "camera fitted to the mask" in printed.err
+    picture, camera = tmp_path / "o.camera_fit.png", tmp_path / "o.camera.json"
+    assert f"wrote {picture.resolve()}" in printed.out and f"wrote {camera.resolve()}" in printed.out
+    assert np.asarray(Image.open(picture)).shape == (256, 256, 3)
+    assert read_camera(camera).width == 256
+    again = tmp_path / "again.glb"
+    assert main(["bake", "--mesh", str(glb), "--image", str(photo), "--camera", str(camera), "--new-uvs", *FAST,
+                 "-o", str(again), "--in-process", *_workdirs(tmp_path)]) == 0
+    assert not (tmp_path / "again.camera_fit.png").exists(), "a given camera is not fitted"
+
+
 @needs_human
 @needs_gl
 @pytest.mark.slow

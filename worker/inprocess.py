@@ -36,8 +36,9 @@ def run_in_process(rgb: np.ndarray, mask: np.ndarray, settings, out: Path,
 def bake_in_process(bake, settings, out: Path, on_event: Optional[OnEvent] = None) -> dict:
     """``kiln bake --in-process``: a ``worker.bakeinputs.CheckedBake`` laid out in a temporary
     job folder as the job store would, baked here, the GLB left at ``out`` and the other
-    formats beside it. Returns ``{"timings", "stats" (a ``kiln.records.PipelineStats``),
-    "ply" (None), "extra" (output key -> path)}``."""
+    formats beside it (and a fitted camera's picture and JSON, ``worker.bakejob.copy_fit_files``).
+    Returns ``{"timings", "stats" (a ``kiln.records.PipelineStats``), "ply" (None), "extra"
+    (output key -> path), "fit_files"}``."""
     import tempfile
 
     from kiln.atomic import atomic_copy
@@ -45,7 +46,7 @@ def bake_in_process(bake, settings, out: Path, on_event: Optional[OnEvent] = Non
     from pipeline.backends import resolve_backends
     from pipeline.raster.rasterize import raster_context
 
-    from worker.bakejob import bake_folder
+    from worker.bakejob import bake_folder, copy_fit_files
     from worker.jobstore import JobStore
 
     with tempfile.TemporaryDirectory(prefix="kiln-bake-") as tmp:
@@ -60,4 +61,5 @@ def bake_in_process(bake, settings, out: Path, on_event: Optional[OnEvent] = Non
         extra = {}
         for key, path in res.extra.items():
             extra[key] = copy_output(key, path, output_path(out, key))
-    return {"timings": res.timings, "stats": res.stats, "ply": None, "extra": extra}
+        fit_files = copy_fit_files(job_dir / "outputs", Path(out))
+    return {"timings": res.timings, "stats": res.stats, "ply": None, "extra": extra, "fit_files": fit_files}

@@ -166,6 +166,10 @@ def cmd_bake(args) -> int:
                                     "stats": stats.to_dict(), "glb": str(out.resolve()), "files": written})
     for f in written:
         print(f"wrote {f['path']} ({human_bytes(f['bytes'])})")
+    for path in result.get("fit_files") or ():
+        # the fitted camera: its silhouette over the photo to judge it by, and the camera itself
+        # (a later bake takes it with --camera)
+        print(f"wrote {Path(path).resolve()}")
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from kiln.formats import EXTRA_OUTPUTS, copy_output, output_path
 from kiln.records import JobStats
+from worker.bakejob import copy_fit_files
 from worker.inputs import Loaded, NoSpace, no_space, writing_to
 
 if TYPE_CHECKING:
@@ -162,7 +163,9 @@ class WorkerRunner:
             if st.outputs.get(key):
                 extra[key] = output_path(out, key)
                 _copy_atomic(st.outputs[key], extra[key], key)
-        return {"timings": st.timings, "stats": st.stats, "ply": ply, "extra": extra,
+        with writing_to(out.parent):
+            fit_files = copy_fit_files(Path(st.outputs["glb"]).parent, out)
+        return {"timings": st.timings, "stats": st.stats, "ply": ply, "extra": extra, "fit_files": fit_files,
                 "queued": st.timings.get("queued_s", 0.0)}
 
     def _cancel(self, job) -> None:

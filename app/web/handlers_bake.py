@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 
 import gradio as gr
 
-from app.web import history, jobs, statusview, usertext
+from app.web import fitview, history, jobs, statusview, usertext
 from app.web.bakeform import bake_request
 from app.web.context import AppContext
 from app.web.handlers_job import BUSY, kept_refusal
@@ -88,7 +88,7 @@ def _check_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str]
     notes = "\n".join(f"- {usertext.public_text(n)}" for n in checked.notes)
     return {t.progress: _progress(note="Starting…"), t.notes: notes, t.model: None,
             t.download: gr.update(visible=False), t.more_files: gr.update(value=None, visible=False),
-            t.file_sizes: "", **running_buttons(page)}
+            t.file_sizes: "", t.fit_view: gr.update(value=None, visible=False), **running_buttons(page)}
 
 
 def run_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
@@ -107,8 +107,11 @@ def run_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], s
                                      frame, fit, uvs, texture, simplify, formats, texture_format, units)
         info = history.JobInfo(checked.request.names.get("mesh", "model"))
         steps = jobs.follow_bake(ctx, session, checked, settings, info=info, pressed_at=pressed)
+        fit_shown = False
         for note, last, view in jobs.progress_views(ctx, steps, dom_id=BAKE_PROGRESS_ID):
-            yield {t.progress: view}
+            picture = None if fit_shown else _fit_picture(page, ctx, session, last)
+            fit_shown = fit_shown or picture is not None
+            yield {t.progress: view, **(picture or {})}
     except usertext.UIError as e:   # a file changed between the check and the slot
         note = f"Cannot start: {usertext.public_text(str(e))}"
     finally:
@@ -119,6 +122,15 @@ def run_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], s
         waited = max(0.0, (last.created or 0.0) - (pressed or last.created or time.time()))
         ctx.active.keep_outcome(session, job_outcome(ctx, session, last, waited))
     yield {t.progress: gr.skip()}
+
+
+def _fit_picture(page: Page, ctx: AppContext, session: str, st) -> Optional[Updates]:
+    """The fitted silhouette over the photo, once the job's worker has drawn it (before the
+    texture is baked); None until then."""
+    if st is None or st.kind != "bake":
+        return None
+    picture = fitview.fit_picture(ctx, session, st.id)
+    return None if picture is None else {page.baking.fit_view: gr.update(value=picture, visible=True)}
 
 
 def bake_outcome_view(page: Page, out: Optional[Outcome]) -> Updates:
@@ -133,9 +145,13 @@ def bake_outcome_view(page: Page, out: Optional[Outcome]) -> Updates:
              t.file_sizes: out.sizes_markdown(), **idle_buttons(page)}
     if out.glb:
         shown[t.model] = out.glb
-    warnings = out.status.stats.pipeline.warnings if out.status is not None and out.status.stats.pipeline else ()
-    if warnings:
-        shown[t.notes] = "\n".join(f"- **{usertext.public_text(w)}**" for w in warnings)
+    pipeline = out.status.stats.pipeline if out.status is not None else None
+    warnings = pipeline.warnings if pipeline else ()
+    fitted = fitview.fit_summary(pipeline.model.camera_fit if pipeline and pipeline.model else None)
+    lines = [f"- {fitted}"] if fitted else []
+    lines += [f"- **{usertext.public_text(w)}**" for w in warnings]
+    if lines:
+        shown[t.notes] = "\n".join(lines)
     if out.history is not None:
         shown.update({page.history: out.history.html, page.history_files: out.history.file_list()})
     return shown
@@ -168,9 +184,12 @@ def follow_bake_on_load(page: Page, ctx: AppContext, caller: Caller) -> Iterator
     first = jobs.progress_view(ctx, live, BAKE_PROGRESS_ID)
     yield {t.progress: first, **running_buttons(page)}
     last = live
+    fit_shown = False
     for _, last, view in jobs.progress_views(ctx, jobs.follow_existing(ctx, session, live.id),
                                              dom_id=BAKE_PROGRESS_ID, shown=first):
-        yield {t.progress: view}
+        picture = None if fit_shown else _fit_picture(page, ctx, session, last)
+        fit_shown = fit_shown or picture is not None
+        yield {t.progress: view, **(picture or {})}
     if last.terminal:
         ctx.active.keep_outcome(session, job_outcome(ctx, session, last))
     yield {t.progress: gr.skip()}

@@ -267,6 +267,13 @@ def job_infos(ctx, statuses) -> dict[str, JobInfo]:
     return out
 
 
+def job_output(ctx, job_id: str, name: str):
+    """The path of the job's output ``name`` (under its ``outputs/``), whether or not it exists
+    yet; None when the job is unknown or there is no pool."""
+    d = _job_dir(ctx, job_id) if ctx.sup is not None else None
+    return d / "outputs" / name if d is not None else None
+
+
 def _job_dir(ctx, job_id: str):
     try:
         return ctx.sup.job(job_id).dir

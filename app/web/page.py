@@ -48,6 +48,7 @@ class BakeTab:
     cancel: gr.Button
     progress: gr.HTML
     notes: gr.Markdown
+    fit_view: gr.Image
     model: gr.Model3D
     download: gr.DownloadButton
     more_files: gr.File
@@ -281,7 +282,9 @@ def _bake_tab(s: Settings) -> BakeTab:
                     c["frame"] = gr.Radio(label="Mesh in the camera frame of", choices=list(CAMERA_FRAMES),
                                           value="opengl", elem_id="kiln-bake-frame")
                 c["fit"] = gr.Checkbox(label="Fit the camera to the photo (also when no camera is given)",
-                                       value=False, elem_id="kiln-bake-fit")
+                                       value=False, elem_id="kiln-bake-fit",
+                                       info="its silhouette over the photo shows as soon as it is fitted, "
+                                            "before the texture is baked: cancel if it is wrong")
         with gr.Column(scale=1):
             with gr.Row():
                 c["uvs"] = gr.Radio(label="UVs", choices=["auto", "keep", "new"], value="auto",
@@ -297,6 +300,9 @@ def _bake_tab(s: Settings) -> BakeTab:
                 c["cancel"] = gr.Button("Cancel", variant="stop", elem_id="kiln-bake-cancel", interactive=False)
             c["progress"] = gr.HTML(statusview.progress_html(dom_id=BAKE_PROGRESS_ID), elem_id="kiln-bake-progress-box")
             c["notes"] = gr.Markdown("", elem_id="kiln-bake-notes")
+            c["fit_view"] = gr.Image(label="The fitted camera: the model's silhouette (blue, orange outline) over "
+                                           "the photo; the mask's outline green", visible=False, interactive=False,
+                                     elem_id="kiln-bake-fit-view")
             c["model"] = gr.Model3D(label="Result", elem_id="kiln-bake-model", height=420,
                                     clear_color=(0.93, 0.93, 0.95, 1.0))
             c["download"] = gr.DownloadButton("Download GLB", visible=False, elem_id="kiln-bake-dl")

@@ -125,17 +125,18 @@ def _wire_bake(page: Page, ctx: AppContext) -> None:
     t = page.baking
     check = t.generate.click(
         on(baking.on_bake), t.form,
-        [t.progress, t.notes, t.model, t.download, t.more_files, t.file_sizes, t.generate, t.cancel],
+        [t.progress, t.notes, t.model, t.download, t.more_files, t.file_sizes, t.fit_view, t.generate,
+         t.cancel],
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
     )
     bake_event = check.success(
-        on(baking.run_bake), t.form, [t.progress],
+        on(baking.run_bake), t.form, [t.progress, t.fit_view],
         concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden",
     )
     check.failure(on(baking.show_bake_refusal), None, [t.progress], queue=False, show_progress="hidden")
     bake_event.then(on(baking.show_bake_outcome), None, bake_result_outputs(page), queue=False,
                     show_progress="hidden")
-    load_event = page.demo.load(on(baking.follow_bake_on_load), None, [t.progress, t.generate, t.cancel],
+    load_event = page.demo.load(on(baking.follow_bake_on_load), None, [t.progress, t.fit_view, t.generate, t.cancel],
                                 concurrency_id="follow", concurrency_limit=None, show_progress="hidden")
     load_event.then(on(baking.show_followed_bake), None, bake_result_outputs(page), queue=False,
                     show_progress="hidden")

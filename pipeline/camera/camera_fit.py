@@ -3,25 +3,25 @@
 Two cases:
 
 * ``posed``: the mesh already sits in the camera's frame (SAM 3D's meshes, OpenGL axes)
-  but its intrinsics were not saved: start from the camera at the origin, a focal length
-  that matches the mask's size, and refine.
+  but its intrinsics were not saved: start from the camera at the origin with a few fields
+  of view, each scaled and shifted so the mesh's box lands on the mask's, and refine.
 * canonical: the mesh has no pose (TRELLIS, SAM 3D splats' frame, any GLB): a global search
-  over yaw and pitch (10 degree steps) and a few fields of view, each silhouette mapped onto
-  the mask by its bounding box, then the best few refined.
+  over yaw and pitch (``fit_search``), then the best few from distinct basins refined, and
+  the opposite side of the best.
 
 Refinement moves all 7 degrees of freedom (3 rotations about the mesh's centre, field of
-view, 2D shift, scale) by a batched adaptive random search: each generation rasterizes a
-population of low-resolution silhouettes in one call.
+view, 2D shift, image scale: ``fit_pose``) by Levenberg-Marquardt on the mesh's outline
+against the mask's signed distance field (``fit_contour``), first at 128 pixels, then at
+512; the winner again from other fields of view and small turns (``_Fit.refine_restarts``),
+and last at up to 1024. Candidates are compared, and the fit is
+reported, by the area objective ``|S & M| / (|M| + 0.3 |S - M|)`` on rendered silhouettes.
+A mask shows only what is visible (the bench's mask leaves out the bag and skateboard in
+front of it) while the mesh is whole, so a silhouette reaching outside the mask is forgiven
+in part (it may be hidden there); plain IoU (weight 1) pulls the fit off to shrink the model
+into the visible part. The outline refinement forgives the same way (beyond 2 pixels outside
+the mask a pixel costs 0.3). The report still gives IoU, coverage and inside share.
 
-The objective is coverage-weighted: ``|S & M| / (|M| + OUTSIDE_WEIGHT * |S - M|)``. A mask
-shows only what is visible (the bench's mask leaves out the bag and skateboard in front of
-it) while the mesh is whole, so a silhouette reaching outside the mask is forgiven in part
-(it may be hidden there); plain IoU (weight 1) pulls the fit off to shrink the model into
-the visible part. The report still gives IoU, coverage and inside share.
-
-Silhouettes cannot tell front from back (mirror images) on near-symmetric objects: the
-two candidates are told apart photometrically (``tie_break``), by the mesh's own colours or
-a render of the splat against the photo inside the mask.
+Front against back, and mirror twins, are told apart photometrically (``fit_tiebreak``).
 """
 
 from __future__ import annotations
@@ -29,27 +29,33 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
+from pipeline.camera.fit_contour import MeshEdges, refine_outline
+from pipeline.camera.fit_pose import FitView, Pose, downscale_mask, focal_share
+from pipeline.camera.fit_search import distinct_best, global_search, hull_points, posed_starts
+from pipeline.camera.fit_tiebreak import RenderFn, decide, opposite_side
 from pipeline.types import Cameras, Mesh, SourceCamera
 from pipeline.validate import StageInputError
 
 if TYPE_CHECKING:
     from pipeline.raster.rasterize import RasterContext
 
-OUTSIDE_WEIGHT = 0.3      # share of a silhouette pixel outside the mask that counts against the fit
-FIT_SIDE = 128            # the mask's longest side during the search
-POLISH = ((256, 0.25, 20), (512, 0.08, 8))   # (mask side, step scale, generations) of the last steps
-REPORT_SIDE = 512         # ... when the final fit is measured
+SEARCH_SIDE = 96          # the mask's longest side during the global search
+COARSE_SIDE = 128         # ... during the first refinement of every candidate
+FINE_SIDE = 512           # ... during the second
+COMPARE_SIDE = 256        # ... when the refined candidates are compared
+POLISH_SIDE = 1024        # ... during the winner's last refinement
+OUTLINE_SIDE = 256        # the refinement draws silhouettes at most this large to find the outline
+REPORT_SIDE = 512         # ... when the final fit is measured (on the whole mesh)
 FIT_FACES = 8000          # meshes are decimated to about this many faces for the fit only
-FOVS_DEG = (30.0, 50.0)
-YAW_STEP, PITCHES = 10.0, (-40.0, -20.0, 0.0, 20.0, 40.0)
-GENERATIONS, POPULATION, KEEP = 30, 24, 2
-
-# a colour renderer for the tie-break: camera -> (rgb (H, W, 3) in [0, 1], covered (H, W))
-RenderFn = Callable[[SourceCamera], "tuple[np.ndarray, np.ndarray]"]
+GRID_FACES = 1000         # ... and to this many for the global search
+RESTART_FOVS_DEG = (15.0, 30.0, 55.0, 90.0)   # diagonal fields of view the winner is refined from too
+NUDGE_DEG = 6.0           # ... and turned by this much about the camera's x and y axes
+KEEP = 3                  # candidates from distinct basins that go on to the refinement
+SAME_DEG = 15.0           # refined candidates closer than this are the same camera (twins lie far apart)
 
 
 @dataclass(frozen=True)
@@ -75,139 +81,70 @@ class CameraFit:
         return out
 
 
-@dataclass(frozen=True)
-class _Pose:
-    """7 numbers: rotation about the mesh centre (axis-angle, 3), log focal / image diagonal,
-    centre's image position (u, v) as shares of the image, log depth of the centre."""
-
-    x: np.ndarray
-
-    @staticmethod
-    def of(rotvec, fov_deg: float, u: float, v: float, depth: float) -> "_Pose":
-        lf = math.log(0.5 / math.tan(math.radians(fov_deg) / 2.0))
-        return _Pose(np.array([*rotvec, lf, u, v, math.log(depth)], np.float64))
-
-
-class _Problem:
-    """The mesh (decimated), its base rotation, the mask at fit resolution, and cameras from poses."""
-
-    def __init__(self, mesh: Mesh, mask: np.ndarray, base: np.ndarray, side: int):
-        self.mesh = mesh
-        self.base = base                       # world -> canonical camera rotation before the fit's own
-        self.centre = (mesh.vertices.min(0) + mesh.vertices.max(0)).astype(np.float64) / 2.0
-        self.radius = float(np.linalg.norm(mesh.vertices - self.centre, axis=1).max())
-        self.full = mask.shape
-        self.mask = _downscale_mask(mask, side)
-        self.h, self.w = self.mask.shape
-        self.mask_px = float(self.mask.sum())
-
-    def cameras(self, poses: list[_Pose], w: int, h: int) -> Cameras:
-        from scipy.spatial.transform import Rotation
-
-        diag = math.hypot(w, h)
-        vms, Ks = [], []
-        for p in poses:
-            rv, lf, u, v, ld = p.x[:3], p.x[3], p.x[4], p.x[5], p.x[6]
-            R = Rotation.from_rotvec(rv).as_matrix() @ self.base
-            f, d = math.exp(lf) * diag, math.exp(ld)
-            t = np.array([(u - 0.5) * w * d / f, (v - 0.5) * h * d / f, d]) - R @ self.centre
-            vm = np.eye(4)
-            vm[:3, :3], vm[:3, 3] = R, t
-            vms.append(vm)
-            Ks.append([[f, 0, w / 2.0], [0, f, h / 2.0], [0, 0, 1]])
-        return Cameras(viewmats=np.asarray(vms, np.float32), Ks=np.asarray(Ks, np.float32), width=w, height=h)
-
-    def silhouettes(self, ctx, poses: list[_Pose], w: int, h: int) -> np.ndarray:
-        from pipeline.raster.rasterize import rasterize_silhouettes
-
-        return rasterize_silhouettes(ctx, self.mesh, self.cameras(poses, w, h))
-
-    def score(self, ctx, poses: list[_Pose]) -> np.ndarray:
-        sil = self.silhouettes(ctx, poses, self.w, self.h)
-        both = (sil & self.mask).sum((1, 2))
-        outside = (sil & ~self.mask).sum((1, 2))
-        return both / (self.mask_px + OUTSIDE_WEIGHT * outside)
-
-
-def _downscale_mask(mask: np.ndarray, side: int) -> np.ndarray:
-    import cv2
-
-    h, w = mask.shape
-    s = min(1.0, side / max(h, w))
-    if s == 1.0:
-        return mask.copy()
-    size = (max(1, round(w * s)), max(1, round(h * s)))
-    return cv2.resize(mask.astype(np.float32), size, interpolation=cv2.INTER_AREA) >= 0.5
-
-
-def _decimated(mesh: Mesh) -> Mesh:
+def _decimated(mesh: Mesh, faces: int) -> Mesh:
     from pipeline.meshing.mesh_ops import simplify_mesh
 
-    if mesh.num_faces <= FIT_FACES:
+    if mesh.num_faces <= faces:
         return mesh
-    return simplify_mesh(mesh, ratio=1.0 - FIT_FACES / mesh.num_faces)
+    return simplify_mesh(mesh, ratio=1.0 - faces / mesh.num_faces)
 
 
-def _mask_box(mask: np.ndarray) -> tuple[float, float, float, float]:
-    ys, xs = np.nonzero(mask)
-    return xs.min(), ys.min(), xs.max() + 1.0, ys.max() + 1.0
+class _Fit:
+    """The mesh at the fit's sizes and the mask at the fit's resolutions."""
 
+    def __init__(self, ctx: "RasterContext", mesh: Mesh, mask: np.ndarray):
+        self.ctx = ctx
+        self.mesh = mesh
+        self.small = _decimated(mesh, FIT_FACES)
+        self.edges = MeshEdges.of(self.small)
+        self.hull = hull_points(self.small)
+        v = mesh.vertices.astype(np.float64)
+        self.centre = (v.min(0) + v.max(0)) / 2.0
+        self.radius = float(np.linalg.norm(v - self.centre, axis=1).max())
+        self.mask = mask
+        self.views = {side: FitView(mask, side, self.centre)
+                      for side in {SEARCH_SIDE, COARSE_SIDE, FINE_SIDE, COMPARE_SIDE, OUTLINE_SIDE, POLISH_SIDE}}
 
-def _refine(ctx, prob: _Problem, start: _Pose, rng, generations: int = GENERATIONS,
-            scale: float = 1.0) -> tuple[_Pose, float]:
-    """(1, lambda) adaptive random search with the step shrinking when nothing improves."""
-    step = scale * np.array([0.08, 0.08, 0.08, 0.08, 0.03, 0.03, 0.06])
-    best, best_score = start, float(prob.score(ctx, [start])[0])
-    for _ in range(generations):
-        trial = [_Pose(best.x + step * rng.standard_normal(7)) for _ in range(POPULATION)]
-        scores = prob.score(ctx, trial)
-        i = int(np.argmax(scores))
-        if scores[i] > best_score:
-            best, best_score = trial[i], float(scores[i])
-            step *= 1.15
-        else:
-            step *= 0.7
-        if step.max() < 1e-4:
-            break
-    return best, best_score
+    def refine(self, pose: Pose, sides=(COARSE_SIDE, FINE_SIDE), rounds: int = 5) -> Pose:
+        for side in sides:
+            pose = self._refined(pose, side, rounds)
+        return pose
 
+    def refine_restarts(self, pose: Pose) -> Pose:
+        """``pose`` (refined) against itself refined again from each of RESTART_FOVS_DEG and
+        turned by NUDGE_DEG about the camera's x and y axes; the best by the area objective
+        at FINE_SIDE (perspective is a few pixels). A silhouette tells the field of view only
+        through perspective, and a refinement that started far from it can settle where a
+        turn of a few degrees makes up for the wrong one; straight outlines (a box seen from
+        the side) leave shallow pits a few degrees from the answer."""
+        # three rounds each: a restart that is not near the best by then will not win
+        tried = ([pose] + [self.refine(p, rounds=3) for p in self.fov_restarts(pose)]
+                 + [self.refine(p, sides=(FINE_SIDE,), rounds=3) for p in self.nudged(pose)])
+        return max(self.scored(tried, FINE_SIDE), key=lambda t: t[1])[0]
 
-def _bbox_fit(prob: _Problem, ctx, poses: list[_Pose]) -> list[_Pose]:
-    """Each pose moved and scaled so its silhouette's bounding box (that of the projected
-    vertices: no render needed) lands on the mask's."""
-    cams = prob.cameras(poses, prob.w, prob.h)
-    v = prob.mesh.vertices.astype(np.float64)
-    cam_pts = np.einsum("cij,nj->cni", cams.viewmats[:, :3, :3].astype(np.float64), v) \
-        + cams.viewmats[:, None, :3, 3]
-    z = np.maximum(cam_pts[..., 2], 1e-6)
-    px = cam_pts[..., 0] / z * cams.Ks[:, None, 0, 0] + cams.Ks[:, None, 0, 2]
-    py = cam_pts[..., 1] / z * cams.Ks[:, None, 1, 1] + cams.Ks[:, None, 1, 2]
-    mx0, my0, mx1, my1 = _mask_box(prob.mask)
-    out = []
-    for i, p in enumerate(poses):
-        if not (cam_pts[i, :, 2] > 1e-6).all():
-            out.append(p)
-            continue
-        x0, y0, x1, y1 = px[i].min(), py[i].min(), px[i].max(), py[i].max()
-        scale = math.sqrt(((mx1 - mx0) * (my1 - my0)) / max((x1 - x0) * (y1 - y0), 1.0))
-        x = p.x.copy()
-        x[4] += ((mx0 + mx1) - (x0 + x1)) / 2.0 / prob.w
-        x[5] += ((my0 + my1) - (y0 + y1)) / 2.0 / prob.h
-        x[6] -= math.log(max(scale, 1e-6))
-        out.append(_Pose(x))
-    return out
+    def nudged(self, pose: Pose) -> list[Pose]:
+        turns = [np.array(v) * math.radians(NUDGE_DEG) for v in ((1, 0, 0), (-1, 0, 0), (0, 1, 0), (0, -1, 0))]
+        return self.views[COARSE_SIDE].box_fitted(self.hull, [pose.moved([*t, 0, 0, 0, 0]) for t in turns])
 
+    def _refined(self, pose: Pose, side: int, rounds: int = 5) -> Pose:
+        return refine_outline(self.ctx, self.small, self.edges, self.views[side], pose,
+                              drawn=self.views[min(side, OUTLINE_SIDE)], rounds=rounds)
 
-def _start_depth(prob: _Problem, fov_deg: float) -> float:
-    """The depth at which the mesh's bounding sphere spans the mask's size."""
-    mx0, my0, mx1, my1 = _mask_box(prob.mask)
-    share = max((mx1 - mx0) / prob.w, (my1 - my0) / prob.h, 1e-3)
-    return prob.radius / math.tan(math.radians(fov_deg) / 2.0) / share
+    def fov_restarts(self, pose: Pose) -> list[Pose]:
+        """``pose`` at each of RESTART_FOVS_DEG (the size in the image kept), box-fitted; fields
+        of view within a third of its own are left out."""
+        view = self.views[COARSE_SIDE]
+        out = [Pose(pose.R, focal_share(fov), pose.u, pose.v, pose.ls - pose.lf + focal_share(fov))
+               for fov in RESTART_FOVS_DEG if abs(math.log(fov / pose.fov_deg)) > math.log(1.33)]
+        return view.box_fitted(self.hull, out)
+
+    def scored(self, poses: list[Pose], side: int = COMPARE_SIDE) -> list[tuple[Pose, float]]:
+        scores = self.views[side].score(self.ctx, self.small, poses)
+        return list(zip(poses, (float(s) for s in scores)))
 
 
 def fit_camera(ctx: "RasterContext", mesh: Mesh, mask: np.ndarray, posed: bool,
-               render: Optional[RenderFn] = None, photo: Optional[np.ndarray] = None,
-               seed: int = 0) -> CameraFit:
+               render: Optional[RenderFn] = None, photo: Optional[np.ndarray] = None) -> CameraFit:
     """Fit the camera that shows ``mesh`` as ``mask`` (H, W) bool shows the object.
 
     posed:  the mesh sits in the camera's frame (OpenGL axes); else a canonical search.
@@ -215,104 +152,52 @@ def fit_camera(ctx: "RasterContext", mesh: Mesh, mask: np.ndarray, posed: bool,
             model from a camera and the photo (H, W, 3) uint8; without them the silhouette decides.
     """
     t0 = time.perf_counter()
-    if mask.ndim != 2 or not mask.any():
-        raise StageInputError("the mask to fit the camera to is empty")
-    rng = np.random.default_rng(seed)
-    small = _decimated(mesh)
+    if not isinstance(mask, np.ndarray) or mask.ndim != 2 or not mask.any():
+        raise StageInputError("the mask to fit the camera to is empty (or not a 2D array)")
+    if photo is not None and photo.shape[:2] != mask.shape:
+        raise StageInputError(f"the photo ({photo.shape[1]}x{photo.shape[0]}) and its mask "
+                              f"({mask.shape[1]}x{mask.shape[0]}) differ in size")
+    mesh.validate("mesh to fit the camera for")
+    mask = mask.astype(bool, copy=False)
+    fit = _Fit(ctx, mesh, mask)
+    tie = None
     if posed:
-        prob = _Problem(small, mask, np.diag([1.0, -1.0, -1.0]), FIT_SIDE)   # OpenGL -> OpenCV axes
-        depth = float(np.linalg.norm(prob.centre))
-        mx0, my0, mx1, my1 = _mask_box(prob.mask)
-        u, v = (mx0 + mx1) / 2.0 / prob.w, (my0 + my1) / 2.0 / prob.h
-        starts = [_bbox_fit(prob, ctx, [_Pose.of((0, 0, 0), fov, u, v, depth)])[0] for fov in FOVS_DEG]
-        starts = [p for _, p in sorted(zip(prob.score(ctx, starts), starts), key=lambda t: -t[0])][:KEEP]
+        depth = max(float(np.linalg.norm(fit.centre)), 1e-6)
+        starts = posed_starts(fit.views[COARSE_SIDE], fit.small.vertices.astype(np.float64), depth)
+        best = fit.refine_restarts(max(fit.scored([fit.refine(p) for p in starts]), key=lambda t: t[1])[0])
         case = "posed"
     else:
-        prob = _Problem(small, mask, np.eye(3), FIT_SIDE)
-        starts = _global_search(ctx, prob)
+        coarse = _decimated(fit.small, GRID_FACES)
+        found = global_search(ctx, coarse, fit.views[SEARCH_SIDE], fit.radius, KEEP)
+        refined = [fit.refine(p) for p, _ in found]
+        top = max(fit.scored(refined), key=lambda t: t[1])[0]
+        view = fit.views[COARSE_SIDE]
+        flipped = view.box_fitted(fit.small.vertices.astype(np.float64), [opposite_side(top)])[0]
+        candidates = fit.scored(refined + [fit.refine(flipped)])
+        # candidates that converged to the same camera are one candidate
+        candidates = distinct_best([p for p, _ in candidates], np.array([s for _, s in candidates]),
+                                   len(candidates), apart_deg=SAME_DEG)
+        cams = [fit.views[FINE_SIDE].camera(p) for p, _ in candidates]
+        chosen, tie = decide(candidates, cams, render, photo, mask)
+        best = fit.refine_restarts(candidates[chosen][0])
         case = "canonical"
-    refined = [_refine(ctx, prob, s, rng) for s in starts]
-    best, best_score = max(refined, key=lambda t: t[1])
-    tie = None
-    if not posed:
-        best, best_score, tie = _tie_break(ctx, prob, best, best_score, refined, render, photo, rng)
-    # the last steps at finer masks: a pixel of the search's mask is several of the photo's
-    fine = prob
-    for side, scale, generations in POLISH:
-        fine = _Problem(small, mask, prob.base, side)
-        best, best_score = _refine(ctx, fine, best, rng, generations, scale=scale)
-    return _measure(ctx, mesh, mask, fine, best, best_score, case, tie, time.perf_counter() - t0)
+    best = fit.refine(best, sides=(POLISH_SIDE,))
+    return _measure(fit, best, case, tie, t0)
 
 
-def _global_search(ctx, prob: _Problem) -> list[_Pose]:
-    from scipy.spatial.transform import Rotation
+def _measure(fit: _Fit, pose: Pose, case: str, tie: Optional[dict], t0: float) -> CameraFit:
+    """The fit's figures on the whole mesh at REPORT_SIDE (not the decimated one it was fitted
+    with), the objective at the same resolution."""
+    from pipeline.camera.fit_pose import OUTSIDE_WEIGHT
+    from pipeline.raster.rasterize import rasterize_silhouettes
 
-    poses = []
-    for fov in FOVS_DEG:
-        depth = _start_depth(prob, fov)
-        for pitch in PITCHES:
-            for yaw in np.arange(0.0, 360.0, YAW_STEP):
-                # the camera looks at the mesh's front (+z) turned by yaw about y, then pitched;
-                # a camera at +z looking towards -z, y up, is OpenCV's R = diag(1, -1, -1)
-                turn = Rotation.from_euler("xy", [pitch, yaw], degrees=True)
-                R = np.diag([1.0, -1.0, -1.0]) @ turn.as_matrix().T
-                poses.append(_Pose.of(Rotation.from_matrix(R).as_rotvec(), fov, 0.5, 0.5, depth))
-    poses = _bbox_fit(prob, ctx, poses)
-    scores = np.concatenate([prob.score(ctx, poses[i:i + 256]) for i in range(0, len(poses), 256)])
-    order = np.argsort(-scores)
-    return [poses[i] for i in order[:KEEP]]
-
-
-def _mirror(prob: _Problem, pose: _Pose) -> _Pose:
-    """The pose seeing the mesh from the opposite side (a half turn about the view's up axis)."""
-    from scipy.spatial.transform import Rotation
-
-    R = Rotation.from_rotvec(pose.x[:3]).as_matrix()
-    flipped = Rotation.from_matrix(np.diag([-1.0, 1.0, -1.0]) @ R)   # turn about the camera's y
-    x = pose.x.copy()
-    x[:3] = flipped.as_rotvec()
-    return _Pose(x)
-
-
-def _tie_break(ctx, prob, best, best_score, refined, render, photo, rng):
-    """Refine the opposite side too; when the silhouettes tie (within 0.02), the photometric
-    score (mean absolute colour difference inside the mask, lower is better) decides."""
-    other, other_score = _refine(ctx, prob, _bbox_fit(prob, ctx, [_mirror(prob, best)])[0], rng)
-    tie = {"silhouette": {"chosen": round(best_score, 4), "other_side": round(other_score, 4)}}
-    if render is None or photo is None or abs(best_score - other_score) > 0.02:
-        tie["decided_by"] = "silhouette"
-        if other_score > best_score:
-            return other, other_score, tie
-        return best, best_score, tie
-    cams = [prob_camera(prob, p) for p in (best, other)]
-    errors = [_photo_error(render, c, photo, prob.full) for c in cams]
-    tie.update(decided_by="photo", photo_error={"chosen": round(min(errors), 4), "other_side": round(max(errors), 4)})
-    return (best, best_score, tie) if errors[0] <= errors[1] else (other, other_score, tie)
-
-
-def prob_camera(prob: _Problem, pose: _Pose) -> SourceCamera:
-    h, w = prob.full
-    c = prob.cameras([pose], w, h)
-    return SourceCamera(viewmat=c.viewmats[0], K=c.Ks[0], width=w, height=h).validate("fitted camera")
-
-
-def _photo_error(render: RenderFn, cam: SourceCamera, photo: np.ndarray, shape) -> float:
-    rgb, covered = render(cam)
-    if not covered.any():
-        return float("inf")
-    return float(np.abs(rgb[covered] - photo[covered] / 255.0).mean())
-
-
-def _measure(ctx, mesh, mask, prob, pose, score, case, tie, seconds) -> CameraFit:
-    from pipeline.raster.rasterize import rasterize_views
-
-    cam = prob_camera(prob, pose)
-    big = _downscale_mask(mask, REPORT_SIDE)
-    s = big.shape[0] / mask.shape[0]
-    small_cam = Cameras(viewmats=cam.viewmat[None], Ks=(np.diag([s, s, 1.0]) @ cam.K)[None].astype(np.float32),
-                        width=big.shape[1], height=big.shape[0])
-    sil = np.asarray(rasterize_views(ctx, mesh, small_cam).tri_id[0]) >= 0
-    both = float((sil & big).sum())
-    return CameraFit(camera=cam, iou=both / max(float((sil | big).sum()), 1.0),
-                     coverage=both / max(float(big.sum()), 1.0), inside=both / max(float(sil.sum()), 1.0),
-                     objective=score, seconds=seconds, case=case, tie_break=tie)
+    cam = fit.views[FINE_SIDE].camera(pose)
+    big = downscale_mask(fit.mask, REPORT_SIDE)
+    sx, sy = big.shape[1] / fit.mask.shape[1], big.shape[0] / fit.mask.shape[0]
+    K = (np.diag([sx, sy, 1.0]) @ cam.K)[None].astype(np.float32)
+    sil = rasterize_silhouettes(fit.ctx, fit.mesh, Cameras(viewmats=cam.viewmat[None], Ks=K,
+                                                           width=big.shape[1], height=big.shape[0]))[0]
+    both, s_px, m_px = float((sil & big).sum()), float(sil.sum()), float(big.sum())
+    return CameraFit(camera=cam, iou=both / max(s_px + m_px - both, 1.0), coverage=both / max(m_px, 1.0),
+                     inside=both / max(s_px, 1.0), objective=both / max(m_px + OUTSIDE_WEIGHT * (s_px - both), 1.0),
+                     seconds=time.perf_counter() - t0, case=case, tie_break=tie)

@@ -150,7 +150,7 @@ def _check_in_front(vertices: np.ndarray, camera: SourceCamera, how: Optional[st
 
 
 def place_model(read: ReadModel, req: BakeRequest, raster_ctx: "RasterContext", backends: "Backends",
-                seed: int = 0, progress: Optional[Progress] = None) -> ModelInputs:
+                progress: Optional[Progress] = None) -> ModelInputs:
     """The splat turned into the mesh's frame, the camera fitted when none was given."""
     from pipeline.io.frames import fit_frame, transform_gaussians
 
@@ -165,13 +165,16 @@ def place_model(read: ReadModel, req: BakeRequest, raster_ctx: "RasterContext", 
     camera, how, fit = read.camera, read.camera_how, None
     if read.photo is not None and camera is None:
         from pipeline.camera.camera_fit import fit_camera
+        from pipeline.camera.fit_tiebreak import model_render
 
         vertices = read.model.mesh.vertices
         posed = float((vertices[:, 2] < 0).mean()) >= POSED_SHARE
         say(0.2, f"fitting the camera to the mask ({'mesh in the camera frame' if posed else 'canonical mesh'})")
-        render = _splat_render(splat, backends) if splat is not None else None
+        # the tie-break's colours: the splat's, else the mesh's own (texture or vertex colours)
+        render = (_splat_render(splat, backends) if splat is not None
+                  else model_render(raster_ctx, read.model.mesh, read.model.texture))
         fit = fit_camera(raster_ctx, read.model.mesh, read.photo.mask, posed=posed, render=render,
-                         photo=read.photo.rgb, seed=seed)
+                         photo=read.photo.rgb)
         camera, how = fit.camera, "fitted"
         notes.append(f"camera fitted to the mask in {fit.seconds:.1f} s: silhouette IoU {fit.iou:.2f}, "
                      f"covers {100 * fit.coverage:.0f} % of the mask")
