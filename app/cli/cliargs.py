@@ -30,7 +30,7 @@ def add_format_flags(group) -> None:
                        % (",".join(settings_mod.allowed_values("export.formats")), ",".join(dflt.formats)))
     group.add_argument("--texture-format", choices=list(settings_mod.allowed_values("export.texture_format")),
                        help="how the texture is stored in the GLB and the OBJ zip: png (lossless), jpeg or "
-                            "webp (several times smaller; a WebP GLB needs a viewer with EXT_texture_webp) "
+                            "webp (about 2-3 times smaller on a photo texture; a WebP GLB needs a viewer with EXT_texture_webp) "
                             "(default %s)" % dflt.texture_format)
     group.add_argument("--units", choices=list(settings_mod.allowed_values("export.units")),
                        help="what one unit of the STL is: m, or mm (coordinates x 1000); Kiln's model "
