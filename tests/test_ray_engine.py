@@ -5,7 +5,9 @@ unit of a custom resource standing in for a GPU) and one supervisor on it serve 
 a cluster takes ~15-20 s to come up on 2 cores and each worker ~10 s to start. Faults are
 picked by session name (``worker.faults``), as in test_worker_faults. Every wait has a time
 limit and waits for a state, a stage or a file, never for a guessed time. The node test
-removes the second node, so it runs last.
+removes the second node, so it runs last. Each test has images of its own (seeds 11, 21, ...):
+Kiln's crash memory is keyed on the input, so an image that crashed in one test would be
+refused by the retry rule in the next.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ PLAN = FaultPlan([
     "segv@mesh:attempt=1:session=segv",    # crashes once, the retry is fine
     "segv@mesh:session=segv-always",       # crashes every time
     "hang@bake:attempt=1:session=node",    # in its bake when its node goes; the retry is fine
+    "freeze@mesh:attempt=1:session=freeze",  # SIGSTOPs itself once, the retry is fine
 ])
+STALL_S = 4   # worker.stall_timeout_s here: a stopped worker is found within seconds
 
 
 def ray_settings(**changes):
@@ -53,7 +57,8 @@ def env(tmp_path_factory):
     sup = None
     try:
         cluster.wait_for_nodes(timeout=60)
-        settings = ray_settings(worker__ray_address=cluster.address, worker__ray_scratch=str(root / "nodes"))
+        settings = ray_settings(worker__ray_address=cluster.address, worker__ray_scratch=str(root / "nodes"),
+                                worker__stall_timeout_s=STALL_S)
         sup = Supervisor(settings, root / "jobs", root / "cache", faults=PLAN)
         sup.start(timeout=180)
         yield SimpleNamespace(sup=sup, root=root, cluster=cluster, second=second, settings=settings)
@@ -153,6 +158,19 @@ def test_the_same_glb_as_the_local_engine(env, tmp_path):
         here = local.run(rgb, mask, local_settings, timeout=JOB_TIMEOUT)
     assert here.state == DONE, here.error
     assert Path(on_ray.outputs["glb"]).read_bytes() == Path(here.outputs["glb"]).read_bytes()
+
+
+def test_a_frozen_worker_is_found_by_its_cpu_time_on_its_node_and_its_job_retried(env):
+    """The worker stops itself (SIGSTOP) mid-stage: the host on its node reads its CPU time,
+    the supervisor names the freeze and replaces the worker, and the retry finishes."""
+    sup = env.sup
+    ready(sup)
+    st = sup.submit(*image(61), env.settings, session="freeze").wait(JOB_TIMEOUT)
+    assert st.state == DONE and st.attempts == 2, st.error
+    assert st.stats.earlier_attempts[0].startswith(
+        f"worker froze during stage 'mesh': it used no CPU time and sent nothing for {STALL_S} s"), \
+        st.stats.earlier_attempts
+    ready(sup)
 
 
 def test_a_node_removed_mid_job_has_its_job_retried_on_the_other_node(env):
