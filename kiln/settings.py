@@ -243,18 +243,23 @@ def parse_set(items) -> dict[str, str]:
     return out
 
 
+def _listed(key: str, value: Any, what: str) -> list:
+    """The items of a YAML list or of a comma-separated text (``--set KEY=a,b``); anything
+    else is refused as not a list of ``what``."""
+    if isinstance(value, str):
+        return [v for v in (part.strip() for part in value.split(",")) if v]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise SettingsError(f"setting '{key}' must be a list of {what}, got {value!r}")
+
+
 def _coerce_networks(key: str, value: Any) -> tuple[str, ...]:
     """IP addresses and CIDR networks, from a YAML list or a comma-separated text (``--set``),
     each written as ``ipaddress`` writes a network (``10.0.0.7`` -> ``10.0.0.7/32``). A
     network with host bits set (``10.0.0.7/8``) is refused rather than widened: it is more
     likely a typo than a wish to trust 16 million addresses. Hostnames are refused too: a
     trust rule must not change with DNS."""
-    if isinstance(value, str):
-        items: list = [v for v in (part.strip() for part in value.split(",")) if v]
-    elif isinstance(value, (list, tuple)):
-        items = list(value)
-    else:
-        raise SettingsError(f"setting '{key}' must be a list of IP addresses or CIDR networks, got {value!r}")
+    items = _listed(key, value, "IP addresses or CIDR networks")
     out = []
     for item in items:
         if not isinstance(item, str):
@@ -272,12 +277,7 @@ def _coerce_subset(key: str, options: tuple[str, ...], always: str, value: Any) 
     """Some of ``options`` from a YAML list or a comma-separated text ("obj, stl"), in
     ``options``' order, each once, with ``always`` among them; anything else is refused
     naming the value and what is allowed."""
-    if isinstance(value, str):
-        items: list = [v for v in (part.strip() for part in value.split(",")) if v]
-    elif isinstance(value, (list, tuple)):
-        items = list(value)
-    else:
-        raise SettingsError(f"setting '{key}' must be a list of {', '.join(options)}, got {value!r}")
+    items = _listed(key, value, ", ".join(options))
     chosen = set()
     for item in items:
         name = item.strip().lower().lstrip(".") if isinstance(item, str) else item

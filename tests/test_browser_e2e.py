@@ -578,11 +578,7 @@ def test_bake_a_model_tab(server, browser, tmp_path):
         page.wait_for_function("() => document.querySelector('#kiln-bake-mesh').innerText.includes('ball')")
         page.click("#kiln-bake-generate")
         page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText.includes('vertex colours')")
-        t0 = time.monotonic()
-        while page.evaluate("() => (document.querySelector('#kiln-bake-progress') || {dataset: {}}).dataset.state") \
-                != "done":
-            assert time.monotonic() - t0 < 240, page.inner_text("#kiln-bake-progress-box")
-            time.sleep(0.25)
+        _wait_bake_done(page)
         _assert_viewer_draws(page, viewer="#kiln-bake-model")
         page.wait_for_selector("#kiln-bake-dl", state="visible")
         page.screenshot(path=str(ARTIFACTS / "d1_baked.png"), full_page=True)
@@ -593,6 +589,15 @@ def test_bake_a_model_tab(server, browser, tmp_path):
         assert _textures(tmp_path / "got.glb"), "the baked GLB has no texture"
     finally:
         ctx.close()
+
+
+def _wait_bake_done(page, timeout_s: float = 240) -> None:
+    """Until the bake tab's progress says done; fails with its text after ``timeout_s``."""
+    t0 = time.monotonic()
+    while page.evaluate("() => (document.querySelector('#kiln-bake-progress') || {dataset: {}}).dataset.state") \
+            != "done":
+        assert time.monotonic() - t0 < timeout_s, page.inner_text("#kiln-bake-progress-box")
+        time.sleep(0.25)   # polling a state with a deadline, not guessing a duration
 
 
 def test_a_fitted_camera_shows_its_silhouette_over_the_photo(server, browser, tmp_path):
@@ -623,11 +628,7 @@ def test_a_fitted_camera_shows_its_silhouette_over_the_photo(server, browser, tm
             page.wait_for_function("(a) => document.querySelector(a[0]).innerText.includes(a[1])",
                                    arg=[f"#kiln-bake-{box}", path.stem])
         page.click("#kiln-bake-generate")
-        t0 = time.monotonic()
-        while page.evaluate("() => (document.querySelector('#kiln-bake-progress') || {dataset: {}}).dataset.state") \
-                != "done":
-            assert time.monotonic() - t0 < 240, page.inner_text("#kiln-bake-progress-box")
-            time.sleep(0.25)
+        _wait_bake_done(page)
         page.wait_for_function("() => { const i = document.querySelector('#kiln-bake-fit-view img');"
                                " return i && i.complete && i.naturalWidth === 320; }")
         page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText"
