@@ -72,6 +72,9 @@ class ViewSettings:
 class MeshSettings:
     simplify_ratio: float = field(default=0.95, metadata=_num(0.0, 0.999))
     fill_holes: bool = False
+    # simplify the faces over parts of the photo's mask too thin for the simplified mesh on
+    # their own, so a stem the reconstruction kept is not folded away (pipeline/meshing/thin_faces.py)
+    keep_thin_parts: bool = True
     min_component_fraction: float = field(default=0.01, metadata=_num(0.0, 0.5))
     max_faces_for_uv: int = field(default=200000, metadata=_num(1000, 2000000))
 

@@ -68,6 +68,7 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     from pipeline.io import export as export_mod
     from pipeline.io.outputs import write_outputs
     from pipeline.meshing import mesh_ops
+    from pipeline.meshing.thin_faces import thin_part_faces
     from pipeline.unwrap import uv
     from pipeline.raster.rasterize import raster_context
 
@@ -107,9 +108,12 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     m = settings.mesh
     mesh = mesh_ops.clean_mesh(recon.mesh, min_component_fraction=m.min_component_fraction,
                                fill_holes=m.fill_holes)
-    mesh = mesh_ops.simplify_mesh(mesh, ratio=m.simplify_ratio)
+    keep = thin_part_faces(mesh, recon.source_camera, image.mask, m.simplify_ratio) \
+        if m.keep_thin_parts and recon.source_camera is not None else None
+    mesh = mesh_ops.simplify_mesh(mesh, ratio=m.simplify_ratio, keep=keep)
     simplified = mesh
-    done("mesh", t0, f"{mesh.num_faces} faces")
+    thin_note = ", thin parts simplified apart" if keep is not None and keep.any() else ""
+    done("mesh", t0, f"{mesh.num_faces} faces{thin_note}")
 
     texture = None
     texture_size_auto: Optional[int] = None

@@ -128,3 +128,108 @@ def test_diagonal_chains_are_joined_edge_to_edge():
     out = T._bridge_diagonals(inside, added, count)
     assert out[2, 1] and not out[1, 2] and out[2, 3] and not out[3, 2]
     assert out.sum() == 4
+
+
+# --------------------------------------------------------------------------- through the mesh stage
+
+@pytest.fixture(scope="module")
+def glb_meshes(tmp_path_factory):
+    """The final GLB's mesh of a default job (bake off: the mesh stage is the same), with
+    thin parts simplified apart (the default) and without, as ``Reconstruction``s for
+    ``_silhouette``; and each run's mesh stage message."""
+    import dataclasses
+
+    import trimesh
+
+    from kiln.settings import Settings
+    from pipeline.run import run_pipeline
+    from pipeline.types import Mesh
+
+    rgb, mask, _ = _photo_with_stems()
+    out = {}
+    for keep in (True, False):
+        settings = Settings().override({"bake.enabled": False, "mesh.keep_thin_parts": keep})
+        events = []
+        res = run_pipeline(ImageInput(rgb, mask), settings, tmp_path_factory.mktemp(f"keep{keep}"),
+                           on_event=lambda stage, f, msg: events.append((stage, msg)))
+        glb = trimesh.load(res.glb_path, force="mesh")
+        mesh = Mesh(vertices=np.asarray(glb.vertices, np.float32), faces=np.asarray(glb.faces, np.int32))
+        recon = R.reconstruct(ImageInput(rgb, mask), settings.reconstruct, seed=settings.seed)
+        message = [m for s, m in events if s == "mesh" and m != "started"][-1]
+        out[keep] = (dataclasses.replace(recon, mesh=mesh), message, recon.mesh.num_faces)
+    return out
+
+
+def test_every_stem_survives_the_default_simplification_into_the_glb(glb_meshes):
+    """The GLB, seen from the photo's camera: the stems are there and the outline holds,
+    at the default simplify ratio (0.95) and within 5 % of its face target."""
+    from kiln.settings import MeshSettings
+
+    mask, stems = _photo_with_stems()[1:]
+    recon, message, recon_faces = glb_meshes[True]
+    sil = _silhouette(recon, mask.shape)
+    iou = (sil & mask).sum() / (sil | mask).sum()
+    assert iou >= 0.99, f"silhouette IoU {iou:.4f}"
+    for name, pixels in stems.items():
+        covered = (sil & pixels).sum() / pixels.sum()
+        assert covered >= 0.97, f"{name}: {covered:.3f} of its pixels covered"
+    cleaned_faces = recon_faces      # the built-in mesh is clean: cleaning removes nothing
+    target = cleaned_faces * (1.0 - MeshSettings().simplify_ratio)
+    assert abs(recon.mesh.num_faces - target) <= 0.05 * target
+    assert "thin parts simplified apart" in message
+
+
+def test_without_keeping_them_the_simplification_folds_the_stems_away(glb_meshes):
+    """The control: plain quadric simplification of the same mesh, same face count."""
+    mask, stems = _photo_with_stems()[1:]
+    recon, message, _ = glb_meshes[False]
+    sil = _silhouette(recon, mask.shape)
+    lost = [n for n, p in stems.items() if (sil & p).sum() / p.sum() < 0.5]
+    assert "upright 2 px" in lost and "upright 3 px" in lost
+    assert abs(recon.mesh.num_faces - glb_meshes[True][0].mesh.num_faces) <= 0.05 * recon.mesh.num_faces
+    assert "thin parts" not in message
+
+
+def test_the_two_halves_are_welded_along_their_cut():
+    """Kept faces and the rest, simplified apart, come back as one surface: the cut's
+    vertices are shared again, so no edge there is open."""
+    import trimesh
+
+    from pipeline.meshing import mesh_ops
+    from pipeline.meshing.thin_faces import thin_part_faces
+
+    rgb, mask, _ = _photo_with_stems()
+    recon = R.reconstruct(ImageInput(rgb, mask), ReconstructSettings(), seed=0)
+    clean = mesh_ops.clean_mesh(recon.mesh, 0.01, False)
+    keep = thin_part_faces(clean, recon.source_camera, mask, 0.95)
+    assert 0 < keep.sum() < 0.2 * len(keep)
+    out = mesh_ops.simplify_mesh(clean, 0.95, keep=keep)
+    tm = trimesh.Trimesh(out.vertices, out.faces, process=False)
+    edges = np.sort(tm.edges, axis=1)
+    _, uses = np.unique(edges, axis=0, return_counts=True)
+    assert (uses >= 2).all(), f"{(uses == 1).sum()} open edges"
+    assert len(tm.split(only_watertight=False)) == 1
+
+
+def test_a_plain_outline_keeps_no_faces_apart():
+    """An ellipse has no part narrower than the simplified mesh's edges."""
+    from pipeline.meshing import mesh_ops
+    from pipeline.meshing.thin_faces import thin_part_faces
+
+    yy, xx = np.mgrid[0:SIZE, 0:SIZE]
+    mask = ((xx - 256.3) / 190.0) ** 2 + ((yy - 250.7) / 140.0) ** 2 <= 1.0
+    rgb = np.full((SIZE, SIZE, 3), 128, np.uint8)
+    recon = R.reconstruct(ImageInput(rgb, mask), ReconstructSettings(), seed=0)
+    clean = mesh_ops.clean_mesh(recon.mesh, 0.01, False)
+    assert not thin_part_faces(clean, recon.source_camera, mask, 0.95).any()
+    assert not thin_part_faces(clean, recon.source_camera, mask[:-1], 0.95).any()   # not the camera's size
+
+
+def test_keep_must_be_one_flag_per_face():
+    from pipeline.meshing import mesh_ops
+    from pipeline.validate import StageInputError
+
+    rgb, mask, _ = _photo_with_stems()
+    recon = R.reconstruct(ImageInput(rgb, mask), ReconstructSettings(), seed=0)
+    with pytest.raises(StageInputError, match="one flag per face"):
+        mesh_ops.simplify_mesh(recon.mesh, 0.9, keep=np.ones(3, bool))

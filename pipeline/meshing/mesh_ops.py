@@ -7,6 +7,8 @@ going straight into rasterization is what crashed earlier tools.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from kiln.limits import MAX_FACES
@@ -17,6 +19,11 @@ from pipeline.validate import StageInputError
 MERGE_TOLERANCE = 1e-7        # of the bounding-box diagonal: vertices closer than this are one
 MIN_TARGET_FACES = 4
 TARGET_TOLERANCE = 0.05       # simplify_mesh aims to land within 5 % of the target face count
+# Kept faces (thin parts) only take collapses moving them less than this share of their own
+# median edge: a stem keeps its width, a straight run of it still loses its extra vertices.
+# 0.3 kept every stem of tests/test_thin_parts.py whole; 1.0 lost half of the 2 px one.
+KEEP_TOLERANCE = 0.25
+KEEP_SHARE = 0.5              # of the face target, at most, for kept faces: the body needs the rest
 
 
 def _validate(mesh: Mesh) -> None:
@@ -138,7 +145,7 @@ def _compact(verts, faces, colors, uvs) -> Mesh:
 
 # --------------------------------------------------------------------------- simplification
 
-def simplify_mesh(mesh: Mesh, ratio: float) -> Mesh:
+def simplify_mesh(mesh: Mesh, ratio: float, keep: Optional[np.ndarray] = None) -> Mesh:
     """Quadric decimation (pyfqmr) removing ``ratio`` of the faces.
 
     The target is round(F * (1 - ratio)) faces; the result lands within 5 % of it
@@ -147,6 +154,12 @@ def simplify_mesh(mesh: Mesh, ratio: float) -> Mesh:
     Vertex colours are carried over from the nearest original vertex; UVs are
     dropped (unwrap after simplifying).
     mesh: vertices (V, 3) float32, faces (F, 3) int32. Returns a new Mesh.
+
+    keep: optional (F,) bool, faces whose shape matters more than their size says (thin
+    parts, ``pipeline.meshing.thin_faces``). They are simplified apart from the rest: only
+    collapses that move them less than KEEP_TOLERANCE of their median edge, while the rest
+    takes what is left of the target; the cut between the two is locked in both and welded
+    back. They take at most KEEP_SHARE of the target (beyond it they are decimated to it).
     """
     _validate(mesh)
     try:
@@ -164,8 +177,15 @@ def simplify_mesh(mesh: Mesh, ratio: float) -> Mesh:
     if target < MIN_TARGET_FACES:
         raise StageInputError(f"simplify ratio {ratio} would leave {target} of the mesh's "
                               f"{mesh.num_faces} faces; lower mesh.simplify_ratio")
-
-    verts, faces = _decimate(mesh.vertices, mesh.faces, target)
+    if keep is not None:
+        keep = np.asarray(keep, bool)
+        if keep.shape != (mesh.num_faces,):
+            raise StageInputError(f"keep must be one flag per face, shape ({mesh.num_faces},), "
+                                  f"got {keep.shape}")
+    if keep is not None and keep.any() and not keep.all():
+        verts, faces = _decimate_keeping(mesh.vertices, mesh.faces, keep, target)
+    else:
+        verts, faces = _decimate(mesh.vertices, mesh.faces, target)
     colors = None
     if mesh.vertex_colors is not None:
         from scipy.spatial import cKDTree
@@ -175,32 +195,76 @@ def simplify_mesh(mesh: Mesh, ratio: float) -> Mesh:
     return _compact(verts, faces, colors, None).validate("simplified mesh")
 
 
-def _decimate(vertices: np.ndarray, faces: np.ndarray, target: int):
-    """Run fqmr until within TARGET_TOLERANCE of ``target`` faces; keep the closest try."""
+def _fqmr(vertices: np.ndarray, faces: np.ndarray, target: int, aggressiveness: float,
+          preserve_border: bool, max_iterations: int = 100, lossless: Optional[float] = None):
+    """One pyfqmr run: to ``target`` faces, or lossless below error ``lossless`` when given."""
     import pyfqmr
 
-    def run(v, f, aggressiveness, preserve_border, max_iterations=100):
-        s = pyfqmr.Simplify()
-        s.setMesh(np.asarray(v, np.float64), np.asarray(f, np.int32))
+    s = pyfqmr.Simplify()
+    s.setMesh(np.asarray(vertices, np.float64), np.asarray(faces, np.int32))
+    if lossless is not None:
+        s.simplify_mesh_lossless(verbose=False, epsilon=lossless, preserve_border=preserve_border)
+    else:
         s.simplify_mesh(target_count=target, aggressiveness=aggressiveness,
-                        preserve_border=preserve_border, max_iterations=max_iterations,
-                        verbose=False)
-        v2, f2, _ = s.getMesh()
-        return np.asarray(v2, np.float64), np.asarray(f2, np.int64)
+                        preserve_border=preserve_border, max_iterations=max_iterations, verbose=False)
+    v2, f2, _ = s.getMesh()
+    return np.asarray(v2, np.float64), np.asarray(f2, np.int64)
 
+
+def _decimate(vertices: np.ndarray, faces: np.ndarray, target: int, border_may_move: bool = True):
+    """Run fqmr until within TARGET_TOLERANCE of ``target`` faces; keep the closest try.
+    With ``border_may_move`` False, open borders stay where they are in every try."""
     def miss(f):
         return abs(len(f) - target) / target
 
-    best = run(vertices, faces, 7.0, True)
+    best = _fqmr(vertices, faces, target, 7.0, True)
     # Too many faces left: the error threshold grew too slowly (or borders are locked);
     # continue from the result. Too few: restart gentler, removing fewer faces per pass.
-    attempts = [(9.0, True, 200), (11.0, False, 400)] if len(best[1]) > target else \
+    attempts = [(9.0, True, 200), (11.0, not border_may_move, 400)] if len(best[1]) > target else \
                [(5.0, True, 200), (3.0, True, 400)]
     for aggressiveness, border, iterations in attempts:
         if miss(best[1]) <= TARGET_TOLERANCE:
             break
         start = best if len(best[1]) > target else (vertices, faces)
-        trial = run(start[0], start[1], aggressiveness, border, iterations)
+        trial = _fqmr(start[0], start[1], target, aggressiveness, border, iterations)
         if miss(trial[1]) < miss(best[1]):
             best = trial
     return best
+
+
+def _decimate_keeping(vertices: np.ndarray, faces: np.ndarray, keep: np.ndarray, target: int):
+    """``_decimate`` with the ``keep`` faces simplified apart (see ``simplify_mesh``)."""
+    faces = np.asarray(faces, np.int64)
+    v = np.asarray(vertices, np.float64)
+    kept_v, kept_f = _submesh(v, faces[keep])
+    rest_v, rest_f = _submesh(v, faces[~keep])
+    edges = np.linalg.norm(kept_v[kept_f[:, [1, 2, 0]]] - kept_v[kept_f], axis=2)
+    tolerance = (KEEP_TOLERANCE * float(np.median(edges))) ** 2     # fqmr's error is a squared distance
+    kept_v, kept_f = _fqmr(kept_v, kept_f, 0, 0.0, True, lossless=tolerance)
+    share = max(int(KEEP_SHARE * target), MIN_TARGET_FACES)
+    if len(kept_f) > share:
+        kept_v, kept_f = _decimate(kept_v, kept_f, share, border_may_move=False)
+    rest_v, rest_f = _decimate(rest_v, rest_f, max(target - len(kept_f), MIN_TARGET_FACES),
+                               border_may_move=False)
+    # the cut's vertices were locked in both halves, so they come back bit for bit
+    cut = np.intersect1d(faces[keep].ravel(), faces[~keep].ravel())
+    allv = np.concatenate([rest_v, kept_v])
+    allf = np.concatenate([rest_f, kept_f + len(rest_v)])
+    return allv, _weld(allv, v[cut])[allf]
+
+
+def _submesh(vertices: np.ndarray, faces: np.ndarray):
+    used, local = np.unique(faces, return_inverse=True)
+    return vertices[used], local.reshape(-1, 3)
+
+
+def _weld(vertices: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """(V,) index of each vertex after merging the vertices that sit exactly on one of ``points``."""
+    row = np.dtype((np.void, 3 * 8))
+    as_rows = np.ascontiguousarray(vertices, np.float64).view(row).ravel()
+    on_cut = np.flatnonzero(np.isin(as_rows, np.ascontiguousarray(points, np.float64).view(row).ravel()))
+    index = np.arange(len(vertices))
+    if len(on_cut):
+        _, first, inverse = np.unique(as_rows[on_cut], return_index=True, return_inverse=True)
+        index[on_cut] = on_cut[first][inverse.ravel()]
+    return index

@@ -105,27 +105,30 @@ def height_floor(parts: ThinParts, thickness: float) -> np.ndarray:
 
 
 def _thin_pixels(mask_crop: np.ndarray, cell: float) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, cols) of the crop's pixels in parts narrower than about two cells.
+    """(rows, cols) of the crop's pixels in parts narrower than about two cells."""
+    ys, xs = np.nonzero(narrow_parts(mask_crop, 2.0 * cell))
+    return ys.astype(np.int64), xs.astype(np.int64)
 
-    An opening with a disc two cells across removes exactly the parts a disc that size
-    cannot pass through; of what it removes, pieces smaller than half that disc's square
-    are the pixel staircase of a smooth rim, not a part.
+
+def narrow_parts(mask: np.ndarray, width: float) -> np.ndarray:
+    """(H, W) bool: the pixels of ``mask`` in parts narrower than ``width`` pixels.
+
+    An opening with a disc ``width`` across removes exactly the parts such a disc cannot
+    pass through; of what it removes, pieces smaller than half that disc's square are the
+    pixel staircase of a smooth rim, not a part. Also the mesh stage's rule for what its
+    simplification must not fold away (``pipeline.meshing.thin_faces``).
     """
     import cv2
 
-    d = int(math.ceil(2.0 * cell)) | 1
-    m = mask_crop.astype(np.uint8)
+    d = int(math.ceil(width)) | 1
+    m = np.asarray(mask, bool).astype(np.uint8)
     opened = cv2.morphologyEx(m, cv2.MORPH_OPEN, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (d, d)))
     residual = (m > 0) & (opened == 0)
     if not residual.any():
-        return np.empty(0, np.int64), np.empty(0, np.int64)
+        return residual
     n, labels, stats, _ = cv2.connectedComponentsWithStats(residual.astype(np.uint8), connectivity=8)
     big = np.flatnonzero(stats[1:, cv2.CC_STAT_AREA] >= max(2 * d, d * d / 2.0)) + 1
-    if len(big) == 0:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    keep = np.isin(labels, big)
-    ys, xs = np.nonzero(keep)
-    return ys.astype(np.int64), xs.astype(np.int64)
+    return np.isin(labels, big) if len(big) else np.zeros_like(residual)
 
 
 def _bridge_diagonals(inside: np.ndarray, added: np.ndarray, count: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import numpy as np
 
 from kiln.records import ModelStats, PipelineStats
-from kiln.settings import Settings
+from kiln.settings import MeshSettings, Settings
 
 from pipeline.io.frames import FrameFit
 from pipeline.io.mesh_file import MeshFile
@@ -237,10 +237,8 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
         # at least enough simplification for the unwrap to take the mesh
         ratio = max(settings.mesh.simplify_ratio, 1.0 - settings.mesh.max_faces_for_uv / mesh.num_faces)
         m["simplify_ratio"] = round(ratio, 4)
-        mesh = stage("mesh", lambda: mesh_ops.simplify_mesh(
-            mesh_ops.clean_mesh(mesh, min_component_fraction=settings.mesh.min_component_fraction,
-                                fill_holes=settings.mesh.fill_holes),
-            ratio=ratio), f"{inputs.model.mesh.num_faces} faces in")
+        mesh = stage("mesh", lambda: _simplified(mesh, settings.mesh, ratio, photo, camera),
+                     f"{inputs.model.mesh.num_faces} faces in")
         b = settings.bake
         mesh = stage("uv", lambda: uv.unwrap(mesh, texture_size=int(b.texture_size), gutter=b.gutter,
                                              max_faces=settings.mesh.max_faces_for_uv, method=b.unwrap,
@@ -314,3 +312,16 @@ def _splat_views(inputs: ModelInputs, settings: Settings, backends: "Backends",
     return render_gaussians(inputs.splat, cams, backend=backends.render, device=backends.device,
                             progress=lambda f, m="": emit("render_views", f, m),
                             chunk_scale=backends.chunk_scale)
+
+
+def _simplified(mesh: Mesh, m: MeshSettings, ratio: float, photo: Optional[ImageInput],
+                camera: Optional[SourceCamera]) -> Mesh:
+    """The mesh cleaned and simplified, the photo's thin parts simplified apart when it fits."""
+    from pipeline.meshing import mesh_ops
+    from pipeline.meshing.thin_faces import thin_part_faces
+
+    clean = mesh_ops.clean_mesh(mesh, min_component_fraction=m.min_component_fraction,
+                                fill_holes=m.fill_holes)
+    keep = thin_part_faces(clean, camera, photo.mask, ratio) \
+        if m.keep_thin_parts and photo is not None and camera is not None else None
+    return mesh_ops.simplify_mesh(clean, ratio=ratio, keep=keep)
