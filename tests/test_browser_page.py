@@ -3,8 +3,8 @@ starts it (``browser_helpers.serve``):
 
 - the 3D preview lights a neutral texture neutrally (it used to tint white and cream
   models lavender): a mesh of one grey is baked, and the viewer's pixels of it are grey;
-- at 1400x1000 a result's viewer and its download are on screen without scrolling; at
-  390x844 Generate comes right after the image, and no label is cut off or drawn over an
+- at 1400x1000 and at 1280x720 a result's viewer and its download are on screen without
+  scrolling; at 390x844 Generate comes right after the image, and no label is cut off or drawn over an
   icon (drop zones, the upload box, the selection's check boxes), at either size;
 - every button has an accessible name (Chromium's accessibility tree), on both tabs, with a
   result shown; the object can be selected from the keyboard;
@@ -213,7 +213,7 @@ def _rgba_object(tmp_path: Path, name: str, seed: int) -> Path:
 
 
 def test_result_on_screen_at_1400x1000_and_every_button_named(server, browser, tmp_path):
-    """At 1400x1000 the result's viewer and its download lie inside the first screen; the
+    """At 1400x1000 (and 1280x720) the result's viewer and its download lie inside the first screen; the
     labels and drop zones are whole; every button has a name, on both tabs; the object can
     be selected from the keyboard ("Find the object" focused, Enter)."""
     from synthetic import make_object_image
@@ -240,6 +240,17 @@ def test_result_on_screen_at_1400x1000_and_every_button_named(server, browser, t
         for what in ("#kiln-model", "#kiln-dl-glb", "#kiln-canvas"):
             box = page.locator(what).bounding_box()
             assert box["y"] >= 0 and box["y"] + box["height"] <= 1000, f"{what} is not on the first screen: {box}"
+        # a laptop's 1280x720: the viewer shrinks to keep itself and the download on screen
+        page.set_viewport_size({"width": 1280, "height": 720})
+        page.wait_for_function("() => document.querySelector('#kiln-model').getBoundingClientRect().height < 420")
+        page.evaluate("() => window.scrollTo(0, 0)")
+        page.wait_for_function("() => window.scrollY === 0")
+        page.screenshot(path=str(ARTIFACTS / "p1_result_1280x720.png"))
+        for what in ("#kiln-model", "#kiln-dl-glb"):
+            box = page.locator(what).bounding_box()
+            assert box["y"] >= 0 and box["y"] + box["height"] <= 720, f"{what} is not on a 1280x720 screen: {box}"
+        assert_viewer_draws(page)
+        page.set_viewport_size({"width": 1400, "height": 1000})
         assert _unnamed_buttons(ctx, page) == []     # the viewer's own buttons, the downloads
         page.get_by_role("tab", name="Bake a model").click()
         page.wait_for_selector("#kiln-bake-mesh input[type=file]", state="attached")

@@ -43,6 +43,11 @@ CSS = """
    to nothing, and clips) */
 #kiln-view-options .form { flex-wrap: wrap; }
 #kiln-view-options .block { min-width: max-content !important; flex: 1 1 0%; }
+/* a laptop screen (1280x720, 1366x768): the result viewer shrinks so that it and its
+   download stay on the first screen; 420 px from 860 px of height up */
+@media (min-width: 768px) {
+  #kiln-model, #kiln-bake-model { height: clamp(260px, calc(100vh - 440px), 420px) !important; }
+}
 /* a phone: one column in this order: the image and its selection, Generate and the result,
    the settings, then the mask file and the examples, then the history; the image box is
    no taller than the screen is wide */
