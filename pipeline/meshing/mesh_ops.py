@@ -239,7 +239,7 @@ def _decimate_keeping(vertices: np.ndarray, faces: np.ndarray, keep: np.ndarray,
     kept_v, kept_f = _submesh(v, faces[keep])
     rest_v, rest_f = _submesh(v, faces[~keep])
     edges = np.linalg.norm(kept_v[kept_f[:, [1, 2, 0]]] - kept_v[kept_f], axis=2)
-    tolerance = (KEEP_TOLERANCE * float(np.median(edges))) ** 2     # fqmr's error is a squared distance
+    tolerance = (KEEP_TOLERANCE * float(np.median(edges.min(axis=1)))) ** 2   # fqmr: a squared distance
     kept_v, kept_f = _fqmr(kept_v, kept_f, 0, 0.0, True, lossless=tolerance)
     share = max(int(KEEP_SHARE * target), MIN_TARGET_FACES)
     if len(kept_f) > share:
