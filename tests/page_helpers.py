@@ -73,6 +73,7 @@ class FakeSup:
         # waiting: submitted jobs stay queued; ahead: other clients' jobs queued before them
         self.waiting = False
         self.ahead = 0
+        self.busy: list[JobStatus] = []    # other clients' jobs running on the workers
         self.ply: dict[str, bool] = {}     # job id -> a .ply was asked for
         self.export: dict = {}             # job id -> its settings' export section
         self.bakes: dict = {}              # job id -> the CheckedBake of a bake job
@@ -96,6 +97,10 @@ class FakeSup:
         with self.lock:
             states = [st.state for st in self.statuses.values()]
         return states.count("running"), self.queued + self.ahead + states.count("queued")
+
+    def running(self) -> list[JobStatus]:
+        with self.lock:
+            return list(self.busy) + [st for st in self.statuses.values() if st.state == "running"]
 
     def queue_place(self, job_id: str):
         with self.lock:

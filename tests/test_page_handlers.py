@@ -26,6 +26,7 @@ from app.web.requestinfo import Caller, caller_of, event_fn  # noqa: E402
 from app.web.wiring import wire  # noqa: E402
 from kiln.formats import human_bytes  # noqa: E402
 from kiln.settings import Settings  # noqa: E402
+from worker.jobstore import JobStatus  # noqa: E402
 from page_helpers import ALICE, BOB, FakeSup, caller, make_context, named, png_file, request, wired_outputs  # noqa: E402
 from synthetic import make_object_image  # noqa: E402
 
@@ -413,6 +414,8 @@ def test_a_waiting_job_exists_shows_its_place_and_a_reload_finds_it(app, blob):
     _ready(app, blob)
     app.ctx.typical_job_s["image"] = (time.monotonic(), 10.0)   # jobs took 10 s here lately
     app.sup.waiting, app.sup.ahead = True, 1
+    # the one worker is busy with another client's job that has just started (no time so far)
+    app.sup.busy = [JobStatus(id="other", session="x", state="running", started=None)]
     form = (True, 0.9, 1024, 12, "opt", 7, False)
     assert "Waiting for a free worker (1 other job waiting)…" in answer(app, job.on_generate, A1, *form)["progress"]
     steps = job.run_job(app.page, app.ctx, A1, *form)
@@ -438,8 +441,6 @@ def test_a_waiting_job_exists_shows_its_place_and_a_reload_finds_it(app, blob):
 
 
 def test_progress_says_place_elapsed_and_what_is_left():
-    from worker.jobstore import JobStatus
-
     queued = JobStatus(id="j", session="s", state="queued", message="queued (3 ahead)")
     assert "Waiting for a free worker: 4th in line, about 20 s" in statusview.progress_html(
         queued, place=4, workers=2, typical_s=10.0)
@@ -452,6 +453,45 @@ def test_progress_says_place_elapsed_and_what_is_left():
     assert [statusview.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == \
         ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st"]
     assert statusview.about(0.2) == "about 1 s" and statusview.about(150) == "about 2 min"
+
+
+def test_the_wait_in_line_counts_what_the_running_jobs_have_left():
+    """Jobs take 10 s here lately. A worker is free when its running job ends (10 s less its
+    time so far), then every job ahead takes 10 s on the first worker free."""
+    wait = statusview.queue_wait_s
+    assert wait(1, 1, 10.0, [10.0]) == 10.0       # the running job has just started
+    assert wait(1, 1, 10.0, [3.0]) == 3.0         # ... it has run 7 s
+    assert wait(2, 1, 10.0, [3.0]) == 13.0        # one job ahead: it starts in 3 s and takes 10
+    assert wait(1, 2, 10.0, [8.0, 2.0]) == 2.0    # the first of two workers to end
+    assert wait(3, 2, 10.0, [8.0, 2.0]) == 12.0   # ahead: one at 2 s (ends 12), one at 8 s (ends 18)
+    assert wait(4, 2, 10.0, [8.0, 2.0]) == 18.0
+    assert wait(1, 2, 10.0, [4.0]) == 0.0         # a worker without a job is free now
+    assert wait(2, 1, 10.0, [0.0]) == 10.0        # a job past its usual time: taken to end now
+    # nothing known of the running jobs: every worker has just started one (2 workers, 3 ahead)
+    assert wait(4, 2, 10.0) == 20.0 and wait(2, 2, 10.0) == 10.0
+
+    queued = JobStatus(id="j", session="s", state="queued")
+    assert "1st in line, about 3 s<" in statusview.progress_html(queued, place=1, typical_s=10.0, running_left=[3.0])
+    assert "2nd in line, about 13 s<" in statusview.progress_html(queued, place=2, typical_s=10.0, running_left=[3.0])
+    # what it waits for is past the usual time: no figure, and why
+    assert ("1st in line, when a running job ends (it is taking longer than usual)<"
+            in statusview.progress_html(queued, place=1, typical_s=10.0, running_left=[0.0]))
+    assert ("1st in line, when a running job ends (they are taking longer than usual)<"
+            in statusview.progress_html(queued, place=1, workers=2, typical_s=10.0, running_left=[0.0, 0.0]))
+
+
+def test_running_jobs_have_left_what_their_kind_takes_less_their_time_so_far():
+    from app.web.jobs import running_left_s
+
+    now = 5000.0
+    running = [JobStatus(id="a", session="s", state="running", started=now - 4.0),             # image: 10 s
+               JobStatus(id="b", session="s", state="running", kind="bake", started=now - 25.0),  # bake: 20 s
+               JobStatus(id="c", session="s", state="running", kind="bake", started=now - 5.0)]
+    ctx = SimpleNamespace(sup=SimpleNamespace(running=lambda: running),
+                          typical_job_s={"image": (time.monotonic(), 10.0), "bake": (time.monotonic(), 20.0)})
+    assert running_left_s(ctx, 10.0, now) == [6.0, 0.0, 15.0]
+    ctx.typical_job_s["bake"] = (time.monotonic(), None)   # no bake done yet: the waiting job's kind's
+    assert running_left_s(ctx, 10.0, now) == [6.0, 0.0, 5.0]
 
 
 def test_status_line_history_on_load_and_the_settings_baking_enables(app, blob, tmp_path):

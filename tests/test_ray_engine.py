@@ -148,16 +148,26 @@ def test_a_segfault_gets_its_reason_and_kiln_s_retry_rule_not_ray_s(env):
     assert after.state == DONE and after.attempts == 1, after.error
 
 
-def test_the_same_glb_as_the_local_engine(env, tmp_path):
+def test_the_same_files_as_the_local_engine(env, tmp_path):
+    """The GLB and every other format asked for (the Gaussians' .ply, OBJ, STL, PLY mesh) come
+    back from the node into the job's own folder, the same as the local engine writes them."""
+    from dataclasses import replace
+
     rgb, mask = image(31)
     ready(env.sup)
-    on_ray = env.sup.submit(rgb, mask, env.settings, session="same").wait(JOB_TIMEOUT)
+    export = replace(env.settings.export, formats=("glb", "obj", "stl", "ply"), gaussians_ply=True)
+    on_ray = env.sup.submit(rgb, mask, replace(env.settings, export=export), session="same").wait(JOB_TIMEOUT)
     assert on_ray.state == DONE, on_ray.error
     local_settings = small_settings(worker__count=1)
     with Supervisor(local_settings, tmp_path / "jobs", tmp_path / "cache") as local:
-        here = local.run(rgb, mask, local_settings, timeout=JOB_TIMEOUT)
+        here = local.run(rgb, mask, replace(local_settings, export=export), timeout=JOB_TIMEOUT)
     assert here.state == DONE, here.error
-    assert Path(on_ray.outputs["glb"]).read_bytes() == Path(here.outputs["glb"]).read_bytes()
+    assert sorted(on_ray.outputs) == sorted(here.outputs) == ["glb", "mesh_ply", "obj", "ply", "stl"]
+    ray_dir = env.sup.job(on_ray.id).dir
+    for key, path in on_ray.outputs.items():
+        assert Path(path).is_relative_to(ray_dir), (key, path)
+        if key != "obj":   # a zip records its members' times
+            assert Path(path).read_bytes() == Path(here.outputs[key]).read_bytes(), key
 
 
 def test_a_frozen_worker_is_found_by_its_cpu_time_on_its_node_and_its_job_retried(env):

@@ -56,6 +56,9 @@ def test_one_worker_per_visible_gpu_and_a_crash_stays_in_its_worker(tmp_path, mo
         assert after[busy["slot"]]["pid"] == busy["pid"] and after[busy["slot"]]["restarts"] == 0
         assert after[busy["slot"]]["job"] == long.id
         assert after[st.worker]["restarts"] == 1
+        # what the page's wait in line goes by: the job on a worker, with its start
+        (on_worker,) = sup.running()
+        assert on_worker.id == long.id and on_worker.state == "running" and on_worker.started is not None
         assert long.cancel()
         assert long.status().state == "cancelled"
 

@@ -411,3 +411,88 @@ def test_a_stopped_worker_whose_server_is_gone_is_killed_at_the_next_start(tmp_p
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
+
+
+# --------------------------------------------------------------------------- a worker's reported files
+
+
+def _finished_with(tmp_path, outputs: dict, extra: dict, ply=None):
+    """A job's status after its worker's Done message reached the dispatcher the way every
+    worker message does (``Dispatcher._handle``), the worker reporting ``extra`` (output key ->
+    path) and ``ply`` beside its GLB; ``outputs``: file name -> bytes written into the job's
+    outputs folder before that (the GLB among them)."""
+    import time
+
+    from worker.dispatcher import Dispatcher
+    from worker.engines.local import LocalEngine
+    from worker.jobrecord import JobRecord
+    from worker.messages import Done
+    from worker.slots import WorkerSlot
+
+    settings = Settings()
+    store = JobStore(tmp_path / "jobs")
+    st = store.create(*image(), settings, "sess-1")
+    job_dir = store.job_dir(st.id)
+    for name, data in outputs.items():
+        (job_dir / "outputs" / name).write_bytes(data)
+    d = Dispatcher(settings, store, None, tmp_path / "var", None, 0.1, LocalEngine(settings))
+    slot = WorkerSlot(0, None, tmp_path / "worker-0.log")
+    rec = JobRecord(status=st, dir=job_dir, settings=settings)
+    st.state, st.started, st.stage = "running", time.time(), "export"
+    d.jobs[st.id] = rec
+    slot.job, slot.state = rec, "busy"
+    out = lambda name: str(job_dir / "outputs" / name) if name else None   # noqa: E731
+    with d.lock:
+        d._handle(slot, Done(job=st.id, glb=out("model.glb"), ply=out(ply),
+                             extra={k: str(out(v)) for k, v in extra.items()}))
+    assert slot.state == "idle" and slot.job is None   # the worker itself is fine: it takes the next job
+    return store.read_status(st.id), store.read_log(st.id)
+
+
+def _model_files(tmp_path) -> dict:
+    import io
+
+    import trimesh
+
+    box = trimesh.creation.box()
+    stl = io.BytesIO()
+    box.export(stl, file_type="stl")
+    return {"model.glb": _glb(tmp_path / "m.glb").read_bytes(), "model.stl": stl.getvalue(),
+            "model.mesh.ply": box.export(file_type="ply")}
+
+
+def test_a_reported_output_that_is_there_is_offered(tmp_path):
+    files = _model_files(tmp_path)
+    st, _ = _finished_with(tmp_path, files, {"stl": "model.stl", "mesh_ply": "model.mesh.ply"})
+    assert st.state == "done", st.error
+    assert {k: os.path.basename(v) for k, v in st.outputs.items()} == {
+        "glb": "model.glb", "stl": "model.stl", "mesh_ply": "model.mesh.ply"}
+
+
+@pytest.mark.parametrize("case", ["missing", "empty"])
+def test_a_reported_output_missing_or_empty_fails_the_job_naming_the_file(tmp_path, case):
+    """A worker that says it wrote the STL beside the GLB, when the STL is not there (or holds
+    no bytes): the job fails, its reason names the file and what is wrong with it, and no
+    download is offered for it."""
+    files = _model_files(tmp_path)
+    if case == "missing":
+        del files["model.stl"]
+    else:
+        files["model.stl"] = b""
+    st, log_text = _finished_with(tmp_path, files, {"stl": "model.stl", "mesh_ply": "model.mesh.ply"})
+    want = "model.stl is missing" if case == "missing" else "model.stl is empty (0 bytes)"
+    assert st.state == "failed"
+    assert st.error == f"the result failed its check after stage 'export': {want}"
+    assert "model.mesh.ply" not in st.error   # the file that is there is not blamed
+    assert "stl" not in st.outputs and "glb" not in st.outputs
+    assert want in log_text
+
+
+def test_every_lacking_output_is_named_the_gaussians_ply_too(tmp_path):
+    files = _model_files(tmp_path)
+    files["model.mesh.ply"] = b""
+    st, _ = _finished_with(tmp_path, files, {"stl": "model.stl", "mesh_ply": "model.mesh.ply", "obj": "model.obj.zip"},
+                           ply="model.ply")
+    assert st.state == "failed"
+    assert st.error == ("the result failed its check after stage 'export': model.ply is missing; "
+                        "model.mesh.ply is empty (0 bytes); model.obj.zip is missing")

@@ -384,9 +384,10 @@ class Dispatcher:
             append_log(job.dir, reason)
             self._finish(job, FAILED, reason)
             return
-        missing = [Path(p).name for p in (msg.extra or {}).values() if not _nonempty(Path(p))]
-        if missing:
-            reason = f"the result failed its check after stage 'export': {', '.join(missing)} missing or empty"
+        # the other files it says it wrote are offered for download as they are: each must be there
+        lacking = [w for w in map(_lacking, [msg.ply, *(msg.extra or {}).values()]) if w]
+        if lacking:
+            reason = f"the result failed its check after stage 'export': {'; '.join(lacking)}"
             append_log(job.dir, reason)
             self._finish(job, FAILED, reason)
             return
@@ -498,8 +499,16 @@ class Dispatcher:
         self.cond.notify_all()
 
 
-def _nonempty(path: Path) -> bool:
+def _lacking(path: Optional[str]) -> str:
+    """What is wrong with an output file the worker reported: '' when it is there and holds
+    bytes, else "model.stl is missing" or "model.stl is empty (0 bytes)"."""
+    if not path:
+        return ""
+    name = Path(path).name
+    if not Path(path).is_file():
+        return f"{name} is missing"
     try:
-        return path.stat().st_size > 0
+        size = Path(path).stat().st_size
     except OSError:
-        return False
+        return f"{name} is missing"
+    return "" if size > 0 else f"{name} is empty (0 bytes)"

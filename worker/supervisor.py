@@ -323,6 +323,12 @@ class Supervisor:
         with d.lock:
             return sum(1 for s in d.slots if s.job is not None), len(d.queue)
 
+    def running(self) -> list[JobStatus]:
+        """The jobs on a worker now (copies of their statuses), in slot order."""
+        d = self._dispatcher
+        with d.lock:
+            return [JobStatus.from_dict(s.job.status.to_dict()) for s in d.slots if s.job is not None]
+
     def queue_place(self, job_id: str) -> Optional[int]:
         """The job's place in the queue (1: next to get a worker); None when it is not
         waiting (running, ended, or unknown)."""

@@ -241,11 +241,23 @@ def progress_views(ctx, steps, dom_id: str = "kiln-progress", shown: Optional[st
 
 def progress_view(ctx, st, dom_id: str = "kiln-progress") -> str:
     """The progress bar of a job in progress as a page shows it: a waiting job's place in
-    line and the wait to expect, a running one's elapsed time and what is left, both from
-    what jobs of its kind took here lately."""
+    line and the wait to expect (what the running jobs have left, then the jobs ahead), a
+    running one's elapsed time and what is left, all from what jobs took here lately."""
     place = ctx.sup.queue_place(st.id) if st.state == "queued" and ctx.sup is not None else None
-    return statusview.progress_html(st, dom_id=dom_id, place=place, workers=ctx.workers,
-                                    typical_s=typical_job_seconds(ctx, st.kind), now=time.time())
+    typical, now = typical_job_seconds(ctx, st.kind), time.time()
+    left = running_left_s(ctx, typical, now) if place is not None and typical else None
+    return statusview.progress_html(st, dom_id=dom_id, place=place, workers=ctx.workers, typical_s=typical,
+                                    now=now, running_left=left)
+
+
+def running_left_s(ctx, fallback_s: float, now: float) -> list[float]:
+    """What each job on a worker now has left: what jobs of its kind took lately (else
+    ``fallback_s``) less its time so far, 0 once past that."""
+    out = []
+    for st in ctx.sup.running():
+        typical = typical_job_seconds(ctx, st.kind) or fallback_s
+        out.append(max(0.0, typical - max(0.0, now - (st.started or now))))
+    return out
 
 
 def live_job(statuses) -> Optional[Any]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
 import html
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from kiln.records import Capabilities
 
@@ -39,15 +40,46 @@ def about(seconds: float) -> str:
     return f"about {round(seconds / 60)} min"
 
 
+def queue_wait_s(place: int, workers: int, typical_s: float, running_left: Optional[Sequence[float]] = None) -> float:
+    """Seconds until a worker is free for the job ``place``-th in line (1: next).
+    ``running_left``: what each job on a worker now has left (what jobs took lately less its
+    time so far, 0 once it is past that); a worker without a job counts as free now. None:
+    nothing known of them, so each of the ``workers`` is taken to have just started a job.
+    Every job ahead in line takes ``typical_s`` on whichever worker is free first."""
+    left = [typical_s] * max(1, workers) if running_left is None else [max(0.0, t) for t in running_left]
+    free = sorted(left + [0.0] * max(0, workers - len(left))) or [0.0]
+    for _ in range(max(0, place - 1)):
+        heapq.heapreplace(free, free[0] + typical_s)   # sorted is a heap: the next job takes the first free
+    return free[0]
+
+
+def _queued_text(place: int, workers: int, typical_s: Optional[float],
+                 running_left: Optional[Sequence[float]]) -> str:
+    text = f"Waiting for a free worker: {ordinal(place)} in line"
+    if not typical_s:
+        return text
+    wait = queue_wait_s(place, workers, typical_s, running_left)
+    if wait >= 1:
+        return text + f", {about(wait)}"
+    overdue = sum(1 for t in running_left or () if t <= 0)
+    if overdue:
+        # what it waits for has run longer than jobs here usually take: no figure is honest
+        return text + (", when a running job ends (it is taking longer than usual)" if overdue == 1 else
+                       ", when a running job ends (they are taking longer than usual)")
+    return text + ", any moment"
+
+
 def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id: str = "kiln-progress",
                   place: Optional[int] = None, workers: int = 1, typical_s: Optional[float] = None,
-                  now: Optional[float] = None, note_state: str = "idle") -> str:
+                  now: Optional[float] = None, note_state: str = "idle",
+                  running_left: Optional[Sequence[float]] = None) -> str:
     """A progress bar for a job status (``worker.jobstore.JobStatus``) or a note.
     ``waited_s``: how long the press waited before the job was submitted; "Done in" counts
     it (the person waited for it too). For a job in progress: ``place`` in the queue
     (1: next) of a waiting one, ``workers`` serving it, ``typical_s`` what a job has taken
-    lately (None: nothing to go by), ``now`` (Unix time) for a running job's elapsed time;
-    with them the bar says "2nd in line, about 20 s" / "8 s so far, about 4 s left".
+    lately (None: nothing to go by), ``running_left`` what the jobs running now have left
+    (``queue_wait_s``), ``now`` (Unix time) for a running job's elapsed time; with them the
+    bar says "2nd in line, about 20 s" / "8 s so far, about 4 s left".
 
     The outer element (id ``dom_id``: one per tab) carries data-state / data-stage so
     scripts and tests can read it.
@@ -60,10 +92,7 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id:
     state = st.state
     if state == "queued":
         if place is not None:
-            text = f"Waiting for a free worker: {ordinal(place)} in line"
-            if typical_s:
-                # each worker takes one job of those ahead at a time
-                text += f", {about(-(-place // max(1, workers)) * typical_s)}"
+            text = _queued_text(place, workers, typical_s, running_left)
             if st.attempts:   # a retry after a crash: the supervisor's message says why
                 text += f" ({st.message})" if st.message else ""
         else:

@@ -176,7 +176,8 @@ class WorkerHost:
                     files.append(jobfiles.pack_results(job.id, job.scratch, isinstance(msg, Done)))
                     if isinstance(msg, Done):
                         msg = replace(msg, glb=self._on_server(job, msg.glb),
-                                      ply=self._on_server(job, msg.ply) if msg.ply else None)
+                                      ply=self._on_server(job, msg.ply) if msg.ply else None,
+                                      extra={k: self._on_server(job, v) for k, v in (msg.extra or {}).items()})
                     shutil.rmtree(job.scratch, ignore_errors=True)
                 self._job, self._liveness = None, None
             messages.append(msg)   # type: ignore[arg-type]  # a worker sends only WorkerMessages
