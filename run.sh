@@ -72,6 +72,12 @@ setup_python() {
         log "installing kiln3d[ray] (Ray, for the cluster engine's tests)"
         "$PY" -m pip install -q -e ".[ray]"
     fi
+    # and --mask auto's rembg method (tests/test_rembg.py), where its Python is new enough
+    if [ "$mode" = test ] && ! "$PY" -c 'import rembg' 2>/dev/null \
+            && "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+        log "installing kiln3d[rembg] (rembg + onnxruntime, for the rembg tests)"
+        "$PY" -m pip install -q -e ".[rembg]"
+    fi
     if ! "$PY" -c 'import sam2' 2>/dev/null; then
         log "installing sam2 1.1.0 (CPU build, no build isolation)"
         SAM2_BUILD_CUDA=0 "$PY" -m pip install -q --no-build-isolation sam2==1.1.0

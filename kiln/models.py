@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from kiln.checkpoints import MODELS_DIR_ENV, models_dir  # noqa: F401  (their home; re-exported for the CLI)
+
 SAM2_BASE_URL = "https://dl.fbaipublicfiles.com/segment_anything_2/092824"
 UNVERIFIED_NOTE = ("unverified: no published checksum; its size and sha256 are recorded "
                    "(printed) after the first fetch")
@@ -44,7 +45,7 @@ class ModelFile:
 
     name:   what `kiln models fetch NAME` takes, also the file name on disk
     size, sha256: pinned values, or None when no trustworthy source gives them
-    kind:   what it is for ("sam2" segmentation, "sam3d" reconstruction)
+    kind:   what it is for ("sam2" segmentation, "rembg" --mask auto, "sam3d" reconstruction)
     gated:  True when the host needs a per-user licence acceptance: never fetched
     """
 
@@ -67,6 +68,14 @@ def _sam2(size: str, nbytes: Optional[int] = None, sha256: Optional[str] = None,
                      note=note or UNVERIFIED_NOTE)
 
 
+# rembg's U^2-Net (``app.segment.rembg_auto`` loads it through rembg's "u2net_custom"
+# session, which reads this file's layout: one RGB input at 320 x 320, the mask first).
+# rembg's own source pins only its md5 (60024c5c889badc19c04ad937298a77b, in
+# rembg/sessions/u2net.py); the size and sha256 below are pinned alike by several
+# independent projects. Neither was checked against the real file here (no network).
+REMBG_FILE = "u2net.onnx"
+REMBG_URL = "https://github.com/danielgatis/rembg/releases/download/v0.0.0/u2net.onnx"
+
 # tiny: 156,008,466 bytes and this sha256 are pinned alike by several independent
 # projects (Meta publishes none). The others: see UNVERIFIED_NOTE.
 CATALOGUE: tuple[ModelFile, ...] = (
@@ -75,6 +84,10 @@ CATALOGUE: tuple[ModelFile, ...] = (
     _sam2("small"),
     _sam2("base_plus"),
     _sam2("large"),
+    ModelFile(name=REMBG_FILE, url=REMBG_URL, size=175_997_641,
+              sha256="8d10d2f3bb75ae3b6d527c77944fc5e7dcd94b29809d47a739a7a728a912b491", kind="rembg",
+              note="rembg's U^2-Net for --mask auto (pip install 'kiln3d[rembg]'); size and sha256 as "
+                   "independent projects pin them (rembg itself publishes an md5 only)"),
     ModelFile(name="sam-3d-objects", url="https://huggingface.co/facebook/sam-3d-objects", size=None,
               sha256=None, kind="sam3d", gated=True,
               note="gated on Hugging Face: Kiln does not fetch it; see the commands below"),
@@ -82,7 +95,7 @@ CATALOGUE: tuple[ModelFile, ...] = (
 
 _ALIASES = {"tiny": "sam2.1_hiera_tiny.pt", "small": "sam2.1_hiera_small.pt",
             "base_plus": "sam2.1_hiera_base_plus.pt", "large": "sam2.1_hiera_large.pt",
-            "sam3d": "sam-3d-objects"}
+            "sam3d": "sam-3d-objects", "rembg": REMBG_FILE, "u2net": REMBG_FILE}
 
 
 def catalogue() -> tuple[ModelFile, ...]:
@@ -91,14 +104,24 @@ def catalogue() -> tuple[ModelFile, ...]:
 
 
 def lookup(name: str) -> Optional[ModelFile]:
-    """The entry called ``name``: its file name, the name without ``.pt``, or a short alias
-    (tiny, small, base_plus, large, sam3d)."""
+    """The entry called ``name``: its file name, the name without ``.pt`` or ``.onnx``, or a
+    short alias (tiny, small, base_plus, large, rembg, sam3d)."""
     wanted = _ALIASES.get(name.lower(), name)
     for m in catalogue():
-        if wanted in (m.name, m.name.removesuffix(".pt")):
+        if wanted in (m.name, short_name(m)):
             return m
     return None
 
+
+def short_name(model: ModelFile) -> str:
+    """The name without its extension, as ``kiln models fetch`` lists it."""
+    return model.name.removesuffix(".pt").removesuffix(".onnx")
+
+
+def rembg_model_path(folder: Optional[Path] = None) -> Path:
+    """Where Kiln looks for rembg's model file: in ``models_dir()`` (or ``folder``), the one
+    folder ``kiln models fetch`` writes to. rembg's own folder (~/.u2net) is not searched."""
+    return Path(models_dir() if folder is None else folder).expanduser() / REMBG_FILE
 
 
 def record_path(path: Path) -> Path:

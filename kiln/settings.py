@@ -154,6 +154,9 @@ class AppSettings:
     max_pixels: int = field(default=40_000_000, metadata=_num(65536, MAX_INPUT_PIXELS))
     sam2_checkpoint: str = ""
     sam2_config: str = ""
+    # how --mask auto, the API's mask "auto" and the page's "Find the object" find the object:
+    # auto = the order app.segment.automask.ORDER gives, or one method alone
+    auto_mask: str = field(default="auto", metadata=_choice("auto", "sam2", "rembg", "border-model"))
     jobs_dir: str = "var/jobs"
     cache_dir: str = "var/cache"
     # per-tab images on disk (app/web/sessions.py); a client is a network address

@@ -219,10 +219,13 @@ def extra_outputs(out: Path, export) -> tuple:
 
 
 def make_context(tmp_path: Path, settings, sup: FakeSup | None = None, start: bool = True) -> AppContext:
-    """An AppContext around ``sup`` with GrabCut segmentation; started (pool ready) unless
-    ``start`` is False."""
+    """An AppContext around ``sup`` with GrabCut segmentation and no rembg (whatever the
+    machine's models folder holds); started (pool ready) unless ``start`` is False."""
+    from app.segment.rembg_auto import RembgChoice
+
     ctx = AppContext(settings, Path(tmp_path) / "gradio", supervisor_factory=(lambda: sup) if sup else None,
-                     segmenter_loader=lambda: SegmenterChoice(GrabCutSegmenter(), "GrabCut", "test"))
+                     segmenter_loader=lambda: SegmenterChoice(GrabCutSegmenter(), "GrabCut", "test"),
+                     rembg_loader=lambda: RembgChoice(None))
     if start:
         ctx.start(wait=True)
     return ctx

@@ -128,7 +128,8 @@ def _run_one(runner, item, got, args) -> int:
     written = written_files(out, result, stats.pipeline)
     if args.report:
         write_report(args.report, {"timings": result["timings"], "total_s": total,
-                                    "stats": stats.to_dict(), "glb": str(out.resolve()), "files": written})
+                                    "stats": stats.to_dict(), "glb": str(out.resolve()), "files": written,
+                                    "mask_notes": list(got.notes)})
     source = f", {result['source']}" if result.get("source") else ""
     for i, f in enumerate(written):
         print(f"wrote {f['path']} ({human_bytes(f['bytes'])}{source if i == 0 else ''})")

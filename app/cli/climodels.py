@@ -39,13 +39,14 @@ def _sam3d_commands() -> str:
 
 
 def _app_search_note(folder: Path) -> Optional[str]:
-    """The app looks for SAM 2 checkpoints in ``models_dir()`` only: say how to use files
-    a --dest elsewhere put somewhere else."""
+    """The app looks for SAM 2 checkpoints and rembg's model in ``models_dir()`` only: say
+    how to use files a --dest elsewhere put somewhere else."""
     if folder.resolve() == models.models_dir().resolve():
         return None
     return (f"note: the app searches {models.models_dir()}/ (${models.MODELS_DIR_ENV}, else "
-            f"{DEFAULT_FOLDER}/) for SAM 2 checkpoints; to use one from {folder}, "
-            f"set app.sam2_checkpoint (e.g. --set app.sam2_checkpoint={folder / 'sam2.1_hiera_tiny.pt'})")
+            f"{DEFAULT_FOLDER}/) for SAM 2 checkpoints and {models.REMBG_FILE}; to use them from {folder}, "
+            f"set {models.MODELS_DIR_ENV}={folder} (or, for SAM 2 alone, app.sam2_checkpoint, e.g. "
+            f"--set app.sam2_checkpoint={folder / 'sam2.1_hiera_tiny.pt'})")
 
 
 def cmd_list(args) -> int:
@@ -86,7 +87,7 @@ def _wanted(names: list[str]) -> list[models.ModelFile]:
     for name in names:
         m = models.lookup(name)
         if m is None:
-            known = ", ".join(["all"] + [x.name.removesuffix(".pt") for x in models.catalogue()])
+            known = ", ".join(["all"] + [models.short_name(x) for x in models.catalogue()])
             raise CliError(f"unknown model {name!r}; known: {known}")
         if m.gated:
             raise CliError(f"{m.name} is gated on Hugging Face, so Kiln does not download it; run:\n"
@@ -136,7 +137,7 @@ def cmd_fetch(args) -> int:
 def add_parser(sub) -> None:
     """Register ``kiln models {list,fetch}`` on the top-level sub-parsers."""
     where = (f"Files go to --dest, else ${models.MODELS_DIR_ENV}, else {DEFAULT_FOLDER}/ (the folder the "
-             "app, the self-test and kiln doctor search for SAM 2 checkpoints).")
+             "app, the self-test and kiln doctor search for SAM 2 checkpoints, and --mask auto for rembg's model).")
     mp = sub.add_parser("models", help="list the model checkpoints Kiln can use; download them",
                         description="Model checkpoints: which ones Kiln can use, whether they are on disk "
                                     "and intact, and a resumable, checksum-checked download. " + where)
@@ -147,7 +148,7 @@ def add_parser(sub) -> None:
     ls.add_argument("--dest", metavar="DIR", help=f"folder to look in (default: ${models.MODELS_DIR_ENV} "
                                                    f"or {DEFAULT_FOLDER}/)")
     ls.set_defaults(func=cmd_list)
-    names = ", ".join(m.name.removesuffix(".pt") for m in models.catalogue() if not m.gated)
+    names = ", ".join(models.short_name(m) for m in models.catalogue() if not m.gated)
     fp = msub.add_parser(
         "fetch", help="download checkpoints (resumable, size and sha256 checked)",
         description="Download checkpoints to NAME.part, resume an interrupted download with an HTTP Range "
@@ -160,7 +161,7 @@ def add_parser(sub) -> None:
                "  kiln models fetch all --dest /data/models",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     fp.add_argument("names", nargs="+", metavar="NAME",
-                    help=f"'all', or one or more of: {names} (short forms: tiny, small, base_plus, large)")
+                    help=f"'all', or one or more of: {names} (short forms: tiny, small, base_plus, large, rembg)")
     fp.add_argument("--dest", metavar="DIR", help=f"download folder (default: ${models.MODELS_DIR_ENV} or "
                                                    f"{DEFAULT_FOLDER}/)")
     fp.set_defaults(func=cmd_fetch)

@@ -200,8 +200,9 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
              progress=gr.Progress()) -> Iterator[JobAnswer]:
     """Make a 3D model of the session's image and mask. The parameters are the page's
     settings (kiln.settings names the setting each sets; null keeps the server's), and
-    mask: "auto" finds the object automatically in the session's image (SAM 2 when its
-    checkpoint is installed, else from a plain or smooth background) instead of using the
+    mask: "auto" finds the object automatically in the session's image (as the server's
+    app.auto_mask says: SAM 2 when its checkpoint is installed, else rembg when it and its
+    model are, else from a plain or smooth background) instead of using the
     session's selection, transparency or mask file; refused with the reason when no single
     object stands out. formats: the files to write besides the GLB (a list, or "obj,stl": obj,
     stl, ply), texture_format: png, jpeg or webp, units: the STL's, m or mm. Yields (status,
@@ -228,7 +229,7 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
             with ctx.decodes:
                 if auto:
                     rgb, mask_px, found = form.found_object_inputs(
-                        st, ctx.segmenter, settings.reconstruct,
+                        st, ctx.finder, settings.reconstruct,
                         instead="select it with /select (points or a box) or upload its mask with /upload_image")
                 else:
                     rgb, mask_px = form.job_inputs(st)
@@ -249,7 +250,7 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
 
 def describe_found(found) -> dict:
     """How /generate's mask "auto" found the object (an ``app.segment.automask.AutoMask``):
-    source "auto", method ("border-model" or "sam2"), score (0..1), share of the image."""
+    source "auto", method ("border-model", "sam2" or "rembg"), score (0..1), share of the image."""
     return {"source": "auto", "method": found.method, "score": round(float(found.score), 4),
             "share": round(found.share, 5)}
 

@@ -4,7 +4,8 @@ the segmenter, published results. One ``AppContext`` per server process.
 The supervisor (spawned workers + their capability probe) and the SAM2 model
 both take seconds to come up, so they start on background threads: the page is
 served at once, segmentation uses GrabCut until SAM2 is ready, and a Generate
-pressed before the workers are up waits for them.
+pressed before the workers are up waits for them. rembg's model (for "Find the
+object" and mask "auto"), when installed, loads on the segmenter's thread after it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kiln.settings import Settings
 from app.web.active import ActiveJobs
 from app.web.ownedfiles import OwnedFiles
 from app.web.results import ResultPublisher
+from app.segment.rembg_auto import RembgChoice, RembgModel, choose_rembg
 from app.segment.segment import GrabCutSegmenter, SegmenterChoice, choose_segmenter
 from app.web.sessions import SessionLimits, SessionStore
 
@@ -49,10 +51,13 @@ def expected_workers(settings: Settings) -> int:
 class AppContext:
     def __init__(self, settings: Settings, files_dir: Path,
                  supervisor_factory: Optional[Callable[[], Supervisor]] = None,
-                 segmenter_loader: Optional[Callable[[], SegmenterChoice]] = None):
+                 segmenter_loader: Optional[Callable[[], SegmenterChoice]] = None,
+                 rembg_loader: Optional[Callable[[], RembgChoice]] = None):
         """``files_dir``: Gradio's upload/cache folder (results are published there).
         ``supervisor_factory``: returns an un-started ``worker.supervisor.Supervisor``;
-        ``segmenter_loader``: returns a ``SegmenterChoice`` (default: SAM2 if it loads)."""
+        ``segmenter_loader``: returns a ``SegmenterChoice`` (default: SAM2 if it loads);
+        ``rembg_loader``: returns a ``RembgChoice`` (default: rembg if its model is in the
+        models folder and it loads)."""
         self.settings = settings
         self.workers = expected_workers(settings)
         self.publisher = ResultPublisher(Path(files_dir) / "results")
@@ -69,10 +74,12 @@ class AppContext:
         self.typical_job_s: dict[str, tuple[float, Optional[float]]] = {}
         self._supervisor_factory = supervisor_factory or self._default_supervisor
         self._segmenter_loader = segmenter_loader
+        self._rembg_loader = rembg_loader or choose_rembg
         self.sup: Optional[Supervisor] = None
         self.sup_error: Optional[str] = None
         self.sup_ready = threading.Event()
         self._seg = SegmenterChoice(GrabCutSegmenter(), "GrabCut", "SAM2 not checked yet")
+        self._rembg: Optional[RembgModel] = None   # once loaded
         self.seg_ready = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -121,6 +128,12 @@ class AppContext:
                 choice = choose_segmenter(self.settings.app)
             self._seg = choice
             log.info("segmentation: %s%s", choice.description, f" ({choice.reason})" if choice.reason else "")
+            if self.settings.app.auto_mask in ("auto", "rembg"):
+                got = self._rembg_loader()
+                self._rembg = got.model
+                if got.model is not None or got.reason:
+                    log.info("finding objects without clicks: %s", got.model.label if got.model is not None
+                             else f"without rembg ({got.reason})")
         finally:
             self.seg_ready.set()
 
@@ -128,6 +141,13 @@ class AppContext:
     @property
     def segmenter(self):
         return self._seg.segmenter
+
+    @property
+    def finder(self):
+        """What "Find the object" and mask "auto" use (``app.segment.automask.Finder``)."""
+        from app.segment.automask import Finder
+
+        return Finder(self.segmenter, self._rembg, self.settings.app.auto_mask)
 
     @property
     def segmenter_text(self) -> str:

@@ -139,18 +139,17 @@ def job_inputs(state: SessionState) -> tuple[np.ndarray, np.ndarray]:
     return rgb, mask
 
 
-def found_object_inputs(state: SessionState, segmenter, reconstruct,
+def found_object_inputs(state: SessionState, finder, reconstruct,
                         instead: str = "select it with clicks or a box") -> tuple[np.ndarray, np.ndarray, Any]:
     """(rgb (H, W, 3) uint8, mask (H, W) bool, ``app.segment.automask.AutoMask``): the
-    session's image at full size and its object found automatically (``find_object``; SAM
-    2 when ``segmenter`` is, else the border model), checked as ``job_inputs`` checks a
-    selection and as the reconstruction would (``reconstruct``: its settings). UIError
-    saying why no single object was found and what to do ``instead``."""
-    from app.segment.automask import find_object
-
+    session's image at full size and its object found automatically by ``finder`` (an
+    ``app.segment.automask.Finder``: SAM 2, rembg or the border model as ``app.auto_mask``
+    and what is installed say), checked as ``job_inputs`` checks a selection and as the
+    reconstruction would (``reconstruct``: its settings). UIError saying why no single
+    object was found and what to do ``instead``."""
     img = require_image(state)
     rgb, _ = img.full()
-    found = find_object(rgb, segmenter)
+    found = finder.find(rgb)
     if not found.found:
         raise UIError(f"no single object found automatically: {found.problem}; {instead}")
     n = int(found.mask.sum())

@@ -131,9 +131,9 @@ def on_click(page: Page, ctx: AppContext, caller: Caller, background: bool, evt:
 
 def on_find(page: Page, ctx: AppContext, caller: Caller) -> Updates:
     """"Find the object": the object found without clicks becomes the selection (a photo
-    without transparency, on a plain or smooth background; SAM 2 when loaded); when none
-    can be told, a pop-up says why and what to do."""
-    return edit_selection(page, ctx, caller, lambda st: selection.find_automatically(st, ctx.segmenter))
+    without transparency; SAM 2, rembg or the border model, as ``app.auto_mask`` and what
+    is installed say); when none can be told, a pop-up says why and what to do."""
+    return edit_selection(page, ctx, caller, lambda st: selection.find_automatically(st, ctx.finder))
 
 
 def on_undo(page: Page, ctx: AppContext, caller: Caller) -> Updates:

@@ -69,15 +69,13 @@ def set_box(state: SessionState, x0: float, y0: float, x1: float, y1: float, seg
     return _resegment(state, prior, segmenter, (xs[0], ys[0], xs[1], ys[1]))
 
 
-def find_automatically(state: SessionState, segmenter) -> SessionState:
-    """The object found without clicks (``app.segment.automask.find_object`` on the working
-    copy: SAM 2 when ``segmenter`` is, else the border model) as the selection, with the
-    box around it as the prompt, so clicks afterwards correct it (they re-segment within
-    that box). UIError saying why when no single object can be told."""
-    from app.segment.automask import find_object
-
+def find_automatically(state: SessionState, finder) -> SessionState:
+    """The object found without clicks on the working copy by ``finder`` (an
+    ``app.segment.automask.Finder``: SAM 2, rembg or the border model) as the selection,
+    with the box around it as the prompt, so clicks afterwards correct it (they re-segment
+    within that box). UIError saying why when no single object can be told."""
     img = require_image(state)
-    found = find_object(img.work, segmenter)
+    found = finder.find(img.work)
     if not found.found:
         raise UIError(f"no single object found automatically: {found.problem}; click the object "
                       "or drag a box around it")
@@ -86,7 +84,8 @@ def find_automatically(state: SessionState, segmenter) -> SessionState:
     pad = 0.03 * max(h, w)
     box = (max(0.0, xs.min() - pad), max(0.0, ys.min() - pad),
            min(w - 1.0, xs.max() + pad), min(h - 1.0, ys.max() + pad))
-    how = "SAM 2" if found.method == "sam2" else "the background model"
+    # the border model is "the background model" on the page: a person knows backgrounds
+    how = "the background model" if found.method == "border-model" else found.method_name
     return replace(state, clicks=(), box=box, mask=found.mask, use_alpha=False, mask_file=None,
                    mask_note=f"found automatically by {how}: clicks correct it")
 
