@@ -248,3 +248,22 @@ def test_probes_run_under_worker_python(tmp_path, capsys):
     bare = _venv(tmp_path / "bare", parent_packages=False)   # no numpy: the probes cannot even start
     got = run_probes(["cuda", "moderngl"], {}, str(bare))
     assert all(o.broke and "ModuleNotFoundError" in o.reason for o in got.values()), got
+
+
+def test_rembg_is_reported_from_its_model_file_and_packages(tmp_path, monkeypatch):
+    """No model: info (optional), or warn when app.auto_mask names rembg; a model without the
+    packages: warn with the install line; both: ok, nothing loaded."""
+    import importlib.util
+
+    c = doctor.check_rembg(Settings(), str(tmp_path))
+    assert c.status == "info" and "kiln models fetch rembg" in c.fix[0]
+    forced = Settings().override({"app.auto_mask": "rembg"})
+    assert doctor.check_rembg(forced, str(tmp_path)).status == "warn"
+    (tmp_path / "u2net.onnx").write_bytes(b"x")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rembg" else real(name, *a))
+    c = doctor.check_rembg(Settings(), str(tmp_path))
+    assert c.status == "warn" and "rembg is not installed" in c.detail and "kiln3d[rembg]" in c.fix[0]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    c = doctor.check_rembg(Settings(), str(tmp_path))
+    assert c.status == "ok" and "u2net.onnx" in c.detail and c.data["present"]

@@ -10,13 +10,13 @@ import json
 import subprocess
 import sys
 from typing import Optional
+from pathlib import Path
 
 from kiln.checkpoints import find_checkpoints, resolve_checkpoint
 
 from worker.checks.doctorcheck import Check
 from worker.checks.proberun import ProbeOutcome
 
-SAM2_URL = "https://dl.fbaipublicfiles.com/segment_anything_2/092824/sam2.1_hiera_tiny.pt"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -124,7 +124,7 @@ def check_sam2(settings, folder: str) -> Check:
     if chosen is None:
         return Check("sam2", "info", f"no checkpoint in {folder}/ and app.sam2_checkpoint unset; "
                      "segmentation uses GrabCut",
-                     fix=[f"mkdir -p {folder} && curl -L -o {folder}/sam2.1_hiera_tiny.pt {SAM2_URL}"],
+                     fix=[f"kiln models fetch tiny --dest {folder}   (its size and sha256 checked; docs/models.md)"],
                      data=data)
     if not chosen.exists:
         return Check("sam2", "warn", f"app.sam2_checkpoint {chosen.path} does not exist; segmentation "
@@ -135,6 +135,33 @@ def check_sam2(settings, folder: str) -> Check:
                      fix=["set app.sam2_config, e.g. configs/sam2.1/sam2.1_hiera_t.yaml"], data=data)
     return Check("sam2", "ok", f"using {chosen.label} with {chosen.config} ({chosen.source}); "
                  f"found: {listed} (loaded on first use; not loaded here)", data=data)
+
+
+def check_rembg(settings, folder: str) -> Check:
+    """--mask auto's optional rembg method: its model file in the models folder, and rembg
+    with onnxruntime to run it (``app.segment.rembg_auto``; nothing is loaded here)."""
+    import importlib.util
+
+    from kiln.models import rembg_model_path
+
+    path = rembg_model_path(Path(folder))
+    forced = settings.app.auto_mask == "rembg"
+    missing = [m for m in ("rembg", "onnxruntime") if importlib.util.find_spec(m) is None]
+    data = {"model": str(path), "present": path.is_file(), "missing_packages": missing}
+    if not path.is_file():
+        return Check("rembg", "warn" if forced else "info",
+                     f"no rembg model at {path}; --mask auto uses " + ("nothing (app.auto_mask is rembg)" if forced
+                                                                       else "SAM 2 or the border model"),
+                     fix=[f"kiln models fetch rembg --dest {folder}   (optional; and {INSTALL_REMBG})"], data=data)
+    if missing:
+        return Check("rembg", "warn", f"{path.name} is there but {' and '.join(missing)} "
+                     f"{'is' if len(missing) == 1 else 'are'} not installed; --mask auto goes without rembg",
+                     fix=[INSTALL_REMBG], data=data)
+    return Check("rembg", "ok", f"{path.name} with rembg on onnxruntime's CPU provider for --mask auto "
+                 "(loaded on first use; not loaded here)", data=data)
+
+
+INSTALL_REMBG = f"{sys.executable} -m pip install 'kiln3d[rembg]'"
 
 
 # import name -> pip requirement, for what a worker imports (Kiln's dependencies minus the UI)

@@ -36,7 +36,7 @@ from typing import Mapping, Optional
 from kiln import settings as settings_mod
 from kiln.checkpoints import DEFAULT_FOLDER, MODELS_DIR_ENV, models_dir
 
-from worker.checks.backendchecks import (check_cuda_backend, check_device, check_moderngl, check_sam2, check_sam3d,
+from worker.checks.backendchecks import (check_cuda_backend, check_device, check_moderngl, check_rembg, check_sam2, check_sam3d,
                             check_torch_cuda, check_worker_python)
 from worker.checks.doctorcheck import Check
 from worker.env import extension_env
@@ -131,6 +131,7 @@ def run_checks(settings, quick: bool = False, timeout: float = 180.0,
                                      "views.backend cpu", quick, cuda_ok, need["gsplat"], probes.get("gsplat")))
     checks.append(nvd)
     checks.append(check_sam2(settings, str(checkpoints or models_dir())))
+    checks.append(check_rembg(settings, str(checkpoints or models_dir())))
     checks.append(check_sam3d(settings, gpus))
     checks.append(check_worker_python(settings, quick, min(timeout, 120.0)))
     return checks
