@@ -30,6 +30,10 @@ class BakeRequest:
     length in pixels for a mesh placed in the camera's frame, with principal (cx, cy) (None:
     the image centre) and camera_frame ("opengl" as SAM 3D writes, or "opencv").
     fit_camera: fit the camera to the mask (also done when a photo comes without a camera).
+    camera_fitted: the camera file is a fit's report (``kiln.records.CameraFitReport``: a fit
+    job's ``camera.json``) made for this photo and mask: the bake uses that camera as fitted,
+    without fitting again, and gates the photo by the fit's IoU (``bake.fit_min_iou``) as it
+    does a camera fitted during the bake.
     source: the splat's source frame, or "auto" to find it. uvs: "keep" | "new" | "auto".
     names: the files' names as the person gave them (for messages and history)."""
 
@@ -41,6 +45,7 @@ class BakeRequest:
     principal: Optional[tuple[float, float]] = None
     camera_frame: str = "opengl"
     fit_camera: bool = False
+    camera_fitted: bool = False
     source: str = "auto"
     uvs: str = "auto"
     names: Mapping[str, str] = field(default_factory=dict)
@@ -58,6 +63,7 @@ class BakeRequest:
         return {"mesh": self.mesh, "splat": self.splat, "photo": self.photo, "camera": self.camera,
                 "focal": self.focal, "principal": list(self.principal) if self.principal else None,
                 "camera_frame": self.camera_frame, "fit_camera": self.fit_camera,
+                "camera_fitted": self.camera_fitted,
                 "source": self.source, "uvs": self.uvs, "names": dict(self.names)}
 
     @classmethod
@@ -68,6 +74,7 @@ class BakeRequest:
                    focal=None if data.get("focal") is None else float(data["focal"]),
                    principal=(float(pp[0]), float(pp[1])) if pp else None,
                    camera_frame=str(data.get("camera_frame", "opengl")),
-                   fit_camera=bool(data.get("fit_camera", False)), source=str(data.get("source", "auto")),
+                   fit_camera=bool(data.get("fit_camera", False)),
+                   camera_fitted=bool(data.get("camera_fitted", False)), source=str(data.get("source", "auto")),
                    uvs=str(data.get("uvs", "auto")),
                    names={str(k): str(v) for k, v in (data.get("names") or {}).items()})

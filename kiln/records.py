@@ -10,6 +10,8 @@ reads its JSON form: a key is spelt once, a default is stated once, here.
 * ``Backends``: the renderer, rasterizer and device a job's attempt uses (``Started``).
 * ``BakeStats``, ``ModelStats``, ``PipelineStats``: what the bake, a model file's reading and
   the whole pipeline measured; ``OutputFile``: one file the export wrote.
+* ``CameraFitReport``: the photo's camera fitted to its mask and how well it fits (a fit
+  job's result, and the ``camera.json`` a fit writes).
 * ``JobTimes``, ``WorkerReport``: a worker's report of an attempt that ended done
   (``result.json``).
 * ``JobStats``: a job's stats as its status shows them (``JobStatus.stats``).
@@ -244,7 +246,8 @@ class ModelStats:
     mesh_notes: how it was read. frame: the splat's source frame that put it on the mesh
     (``pipeline.io.frames``), frame_surface_distance: its centres' median distance to the
     surface as a share of the mesh's size, frame_distances: that distance per candidate.
-    camera: how the photo's camera was found, "file" | "focal" | "fitted" (None: no photo).
+    camera: how the photo's camera was found, "file" | "focal" | "fitted" | "fitted before" (a fit's
+    camera file given as fitted: ``BakeRequest.camera_fitted``) (None: no photo).
     silhouette: the mesh's silhouette from that camera against the mask, {"inside",
     "coverage", "iou"}. camera_fit: the fit's report when the camera was fitted.
     uvs: "kept" (the file's own layout) | "new"; uv_mirrored_fraction / uv_overlap_fraction:
@@ -407,6 +410,50 @@ class PipelineStats:
 
 
 @dataclass(frozen=True)
+class CameraFitReport:
+    """The photo's camera fitted to the object's mask (``pipeline.camera.camera_fit``) and
+    how well it fits: what a fit job reports, and the JSON a fit writes as ``camera.json``
+    (the form ``kiln bake --camera`` reads: ``source_camera`` with the figures beside it).
+
+    source_camera: the camera (``pipeline.types.SourceCamera.to_dict``, at the photo's size,
+    in the mesh's frame). iou, coverage, inside: the mesh's silhouette from it against the
+    mask (intersection over union; share of the mask covered; share of the silhouette inside
+    the mask). objective: the fit's own score (``camera_fit``'s area objective). seconds: what
+    the fit took. case: "posed" (a mesh in the camera frame) | "canonical" (no pose; searched).
+    tie_break: how views whose silhouettes tie were told apart, None when none tied.
+    """
+
+    source_camera: Mapping[str, Any]
+    iou: float
+    coverage: float
+    inside: float
+    objective: float
+    seconds: float
+    case: str
+    tie_break: Optional[Mapping[str, Any]] = None
+
+    def figures(self) -> dict[str, Any]:
+        """The report without the camera (what a person reads)."""
+        return {k: v for k, v in self.to_dict().items() if k != "source_camera"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return _without_none({
+            "source_camera": dict(self.source_camera), "silhouette_iou": self.iou,
+            "silhouette_coverage": self.coverage, "silhouette_inside": self.inside,
+            "fit_objective": self.objective, "fit_seconds": self.seconds, "fit_case": self.case,
+            "tie_break": None if self.tie_break is None else dict(self.tie_break)})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CameraFitReport:
+        """KeyError / TypeError / ValueError for JSON that is not a fit's report."""
+        tie = data.get("tie_break")
+        return cls(source_camera=dict(data["source_camera"]), iou=float(data["silhouette_iou"]),
+                   coverage=float(data["silhouette_coverage"]), inside=float(data["silhouette_inside"]),
+                   objective=float(data.get("fit_objective", 0.0)), seconds=float(data.get("fit_seconds", 0.0)),
+                   case=str(data.get("fit_case", "")), tie_break=dict(tie) if tie else None)
+
+
+@dataclass(frozen=True)
 class JobTimes:
     """Where a job's time went, in seconds; None until known.
 
@@ -437,29 +484,38 @@ class JobTimes:
 
 @dataclass(frozen=True)
 class WorkerReport:
-    """What a worker reports about an attempt that wrote its GLB (``result.json``).
+    """What a worker reports about an attempt that ended done (``result.json``): one that
+    wrote its GLB, or a fit job's, which writes the camera instead.
 
     timings: stage -> seconds (``PipelineResult.timings``); job: ``pipeline_s`` and
-    ``worker_job_s``; stats: the pipeline's; check: ``pipeline.io.export.check_glb`` of the GLB.
+    ``worker_job_s``; stats: the pipeline's (a fit job's: its backends); check:
+    ``pipeline.io.export.check_glb`` of the GLB ({} for a fit job); camera_fit: a fit job's
+    camera and figures, None for the others.
     """
 
     timings: Mapping[str, float]
     job: JobTimes
     stats: PipelineStats
     check: Mapping[str, Any]
+    camera_fit: Optional[CameraFitReport] = None
 
     def to_dict(self) -> dict[str, Any]:
         # backends and reconstruction_cached also at the top, where readers always found them
-        return {"timings": dict(self.timings), "job": self.job.to_dict(), "stats": self.stats.to_dict(),
-                "check": dict(self.check), "backends": self.stats.backends.to_dict(),
-                "reconstruction_cached": self.stats.reconstruction_cached}
+        out = {"timings": dict(self.timings), "job": self.job.to_dict(), "stats": self.stats.to_dict(),
+               "check": dict(self.check), "backends": self.stats.backends.to_dict(),
+               "reconstruction_cached": self.stats.reconstruction_cached}
+        if self.camera_fit is not None:
+            out["camera_fit"] = self.camera_fit.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WorkerReport:
         stats = dict(data.get("stats") or {})
         stats.setdefault("backends", data.get("backends") or {})
+        fit = data.get("camera_fit")
         return cls(timings=_float_map(data.get("timings")), job=JobTimes.from_dict(data.get("job") or {}),
-                   stats=PipelineStats.from_dict(stats), check=dict(data.get("check") or {}))
+                   stats=PipelineStats.from_dict(stats), check=dict(data.get("check") or {}),
+                   camera_fit=CameraFitReport.from_dict(fit) if fit else None)
 
 
 @dataclass(frozen=True)
@@ -468,18 +524,22 @@ class JobStats:
 
     pipeline: the pipeline's stats from the attempt that succeeded (None unless the job is
     done); glb_check: the GLB's check (the worker's, else the supervisor's structural one);
-    job: where the time went; earlier_attempts: why each retried attempt failed, in order.
+    job: where the time went; earlier_attempts: why each retried attempt failed, in order;
+    camera_fit: a done fit job's camera and figures.
     """
 
     pipeline: Optional[PipelineStats] = None
     glb_check: Optional[Mapping[str, Any]] = None
     job: JobTimes = field(default_factory=JobTimes)
     earlier_attempts: tuple[str, ...] = ()
+    camera_fit: Optional[CameraFitReport] = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat: the pipeline's stats with 'glb_check', 'job' and 'earlier_attempts' beside them,
-        each only when it holds something."""
+        """Flat: the pipeline's stats with 'glb_check', 'job', 'earlier_attempts' and
+        'camera_fit' beside them, each only when it holds something."""
         out = self.pipeline.to_dict() if self.pipeline is not None else {}
+        if self.camera_fit is not None:
+            out["camera_fit"] = self.camera_fit.to_dict()
         if self.glb_check is not None:
             out["glb_check"] = dict(self.glb_check)
         times = self.job.to_dict()
@@ -491,9 +551,10 @@ class JobStats:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobStats:
-        rest = {k: v for k, v in data.items() if k not in ("glb_check", "job", "earlier_attempts")}
-        check = data.get("glb_check")
+        rest = {k: v for k, v in data.items() if k not in ("glb_check", "job", "earlier_attempts", "camera_fit")}
+        check, fit = data.get("glb_check"), data.get("camera_fit")
         return cls(pipeline=PipelineStats.from_dict(rest) if rest else None,
                    glb_check=dict(check) if check is not None else None,
                    job=JobTimes.from_dict(data.get("job") or {}),
-                   earlier_attempts=tuple(str(a) for a in data.get("earlier_attempts") or ()))
+                   earlier_attempts=tuple(str(a) for a in data.get("earlier_attempts") or ()),
+                   camera_fit=CameraFitReport.from_dict(fit) if fit else None)

@@ -14,14 +14,19 @@ UNBAKED_STAGES = ("reconstruct", "mesh", "export")
 # A bake job (``kiln bake``): "read" reads the files, puts the splat on the mesh and finds
 # the photo's camera; render_views runs only with a splat, mesh and uv only for new UVs.
 MODEL_STAGES = ("read", "render_views", "mesh", "uv", "bake", "export")
+# A fit job (the bake tab's "Fit the camera to the photo", ``/fit_camera``): the files read,
+# then the photo's camera fitted to the mask (the splat's frame found first when it has one).
+FIT_STAGES = ("read", "fit")
 # Rough share of a job's time per stage; each job weighs its own stages against each other.
 WEIGHTS = {"reconstruct": 0.30, "read": 0.15, "render_views": 0.15, "mesh": 0.05, "uv": 0.15,
-           "bake": 0.30, "export": 0.05}
+           "bake": 0.30, "export": 0.05, "fit": 0.85}
 
 
 def stages_for(bake_enabled: bool, kind: str = "image") -> tuple[str, ...]:
-    """The stages a job runs, in order: an "image" job (a photo reconstructed) or a "bake"
-    job (a model someone made)."""
+    """The stages a job runs, in order: an "image" job (a photo reconstructed), a "bake"
+    job (a model someone made) or a "fit" job (that model's camera fitted to its photo)."""
+    if kind == "fit":
+        return FIT_STAGES
     if kind == "bake":
         return MODEL_STAGES
     return STAGES if bake_enabled else UNBAKED_STAGES

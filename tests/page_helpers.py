@@ -124,7 +124,7 @@ class FakeSup:
             self.export[job_id] = settings.export
         return FakeJob(self, job_id)
 
-    def submit_bake(self, bake, settings, session):
+    def submit_bake(self, bake, settings, session, kind: str = "bake"):
         """A bake job: ``bakes[job id]`` keeps the ``worker.bakeinputs.CheckedBake`` it got."""
         if self.refuse is not None:
             raise self.refuse
@@ -134,12 +134,19 @@ class FakeSup:
             (d / "outputs").mkdir(parents=True)
             (d / "settings.json").write_text(json.dumps(settings.to_dict()))
             self.dirs[job_id] = d
-            self.statuses[job_id] = JobStatus(id=job_id, session=session, kind="bake", state="queued", seq=1,
+            self.statuses[job_id] = JobStatus(id=job_id, session=session, kind=kind, state="queued", seq=1,
                                               created=1000.0 + len(self.statuses))
             self.ply[job_id] = False
             self.export[job_id] = settings.export
             self.bakes[job_id] = bake
         return FakeJob(self, job_id)
+
+    def submit_fit(self, fit, settings, session):
+        """A fit job (the camera alone): it ends with a camera.json in the fit's form (a focal
+        length of ``fit_focal`` px for a mesh in the OpenGL camera frame, at the photo's size),
+        a picture, and ``fit_iou`` as its silhouette IoU."""
+        assert fit.request.photo and fit.rgb is not None
+        return self.submit_bake(fit, settings, session, kind="fit")
 
     def job(self, job_id: str) -> FakeJob:
         if job_id not in self.statuses:
@@ -168,6 +175,8 @@ class FakeSup:
     def _end(self, st: JobStatus) -> JobStatus:
         if self.fail_with:
             return replace(st, state="failed", seq=st.seq + 1, error=self.fail_with, finished=st.created + 3)
+        if st.kind == "fit":
+            return self._fitted(st)
         out = self.dirs[st.id] / "outputs"
         (out / "model.glb").write_bytes(b"glTF" + st.id.encode())
         outputs = {"glb": str(out / "model.glb")}
@@ -183,6 +192,27 @@ class FakeSup:
             stats = JobStats(pipeline=PipelineStats(files=(glb, *files)))
         return replace(st, state="done", stage="export", progress=1.0, seq=st.seq + 1, outputs=outputs,
                        timings={"total_s": 2.0, "queued_s": 0.0}, finished=st.created + 2, stats=stats)
+
+    fit_iou = 0.93
+    fit_focal = 300.0
+
+    def _fitted(self, st: JobStatus) -> JobStatus:
+        from kiln.records import CameraFitReport
+        from pipeline.io.camera_file import camera_from_focal
+
+        h, w = self.bakes[st.id].rgb.shape[:2]
+        camera = camera_from_focal(self.fit_focal, w, h).to_dict()
+        report = CameraFitReport(source_camera=camera, iou=self.fit_iou, coverage=0.98, inside=0.9, objective=0.9,
+                                 seconds=1.7, case="posed")
+        out = self.dirs[st.id] / "outputs"
+        (out / "camera.json").write_text(json.dumps(report.to_dict()))
+        picture = np.zeros((h, w, 3), np.uint8)
+        picture[h // 4: 3 * h // 4, w // 4: 3 * w // 4] = (60, 120, 255)
+        Image.fromarray(picture).save(out / "camera_fit.png")
+        return replace(st, state="done", stage="fit", progress=1.0, seq=st.seq + 1,
+                       outputs={"camera": str(out / "camera.json"), "camera_fit": str(out / "camera_fit.png")},
+                       timings={"total_s": 2.0, "queued_s": 0.0}, finished=st.created + 2,
+                       stats=JobStats(camera_fit=report))
 
     def cancel(self, job_id: str, reason: str = "") -> bool:
         with self.lock:

@@ -277,3 +277,50 @@ def test_cancel_reaches_only_the_callers_job(held_server, images, tmp_path):
     finally:
         a.close()
         b.close()
+
+
+def test_fit_camera_then_bake_with_it_through_gradio_client(server, tmp_path):
+    """/fit_camera on a real model and its photo: the camera file, the figures and the picture
+    reach the client; /bake given that file as fitted bakes without fitting again and answers
+    the picture too; another client cannot fetch either file."""
+    from gradio_client import handle_file
+
+    from fit_helpers import fit_scene, rotation_error_deg
+    from kiln.glb import check_glb_light
+    from pipeline.io.camera_file import read_camera
+    from pipeline.raster.rasterize import available_backends
+
+    if "moderngl" not in available_backends():
+        pytest.skip("no EGL OpenGL context on this machine (the scene is drawn with it)")
+    url, var = server
+    scene = fit_scene(tmp_path / "scene")
+    c = _client(url, tmp_path / "a")
+    other = _client(url, tmp_path / "b")
+    try:
+        files = dict(splat=None, image=handle_file(str(scene.photo)), mask=handle_file(str(scene.mask)))
+        job = c.submit(handle_file(str(scene.mesh)), **files, api_name="/fit_camera")
+        status, camera, picture = job.result()
+        assert status["state"] == "done" and status["stage"] == "fit"
+        fit = status["camera_fit"]
+        assert fit["silhouette_iou"] > 0.95 and fit["fit_case"] == "canonical" and fit["fit_seconds"] > 0
+        assert status["photo_projection"]["projected"] is True
+        assert Path(camera).name == "model.camera.json" and Path(picture).name == "model.camera_fit.png"
+        assert rotation_error_deg(read_camera(camera).viewmat, scene.camera.viewmat) < 3.0
+        assert np.asarray(Image.open(picture)).shape == (240, 320, 3)
+
+        job = c.submit(handle_file(str(scene.mesh)), **files, camera=handle_file(camera), camera_fitted=True,
+                       texture_size=256, api_name="/bake")
+        status, glb, ply, extra, baked_picture = job.result()
+        assert status["state"] == "done" and check_glb_light(glb)["meshes"] >= 1
+        assert status["camera_fit"]["fit_seconds"] == fit["fit_seconds"], "the fit's own figures: no second fit"
+        assert Path(baked_picture).name == "model-1.camera_fit.png"
+        # neither the fit's camera nor its picture reaches another client
+        for name in ("model.camera.json", "model.camera_fit.png"):
+            published, = (var / "gradio" / "canvas").glob(f"*/{name}")
+            file_url = url + "gradio_api/file=" + str(published)
+            assert httpx.get(file_url, cookies=c.cookies, auth=LOGIN).status_code == 200
+            assert httpx.get(file_url, cookies=other.cookies, auth=LOGIN).status_code == 403
+        assert other.predict(api_name="/status") == {"jobs": [], "running": []}
+    finally:
+        c.close()
+        other.close()

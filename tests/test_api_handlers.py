@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from PIL import Image
 
 # a required dependency; absent only on the offline GPU image, which runs `pytest -m gpu`
 gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
@@ -54,7 +55,8 @@ def _no_progress(*_, **__):
 
 
 def test_the_endpoint_table_matches_its_handlers_and_is_what_clients_see(app):
-    assert api_endpoints.ENDPOINTS == ("upload_image", "select", "generate", "bake", "status", "result", "cancel")
+    assert api_endpoints.ENDPOINTS == ("upload_image", "select", "generate", "bake", "fit_camera", "status",
+                                       "result", "cancel")
     demo = build_ui(app.ctx)
     for ep in api_endpoints.ENDPOINT_TABLE:
         params = [p for p in list(inspect.signature(ep.handler).parameters.values())[2:] if p.name != "progress"]
@@ -198,8 +200,9 @@ def test_bake_runs_a_job_with_the_sessions_photo_and_publishes_its_glb(app, tmp_
     mesh = _coloured_mesh(tmp_path / "ball.ply")
     api.upload_image(app.ctx, A, app.files.cutout)
     answers = list(api_bake.bake(app.ctx, A, mesh, session_image=True, focal=300.0, progress=_no_progress))
-    info, glb, ply, files = answers[-1]
+    info, glb, ply, files, camera_fit = answers[-1]
     assert info["state"] == "done" and glb.endswith(".glb") and ply is None
+    assert camera_fit is None and "camera_fit" not in info, "a given camera is not fitted: no picture"
     (job_id, checked), = app.sup.bakes.items()
     assert checked.request.photo and checked.request.focal == 300.0 and checked.rgb.shape == (160, 160, 3)
     assert checked.request.names["mesh"] == "ball.ply"
@@ -262,3 +265,65 @@ def test_bake_takes_formats_too(app, tmp_path):
                              progress=_no_progress)
     assert [Path(p).name for p in last.files] == ["ball-1.stl"]
     assert json.loads((app.sup.dirs["job0"] / "settings.json").read_text())["export"]["units"] == "mm"
+
+
+def test_fit_camera_answers_the_camera_file_its_figures_and_its_picture_for_this_client_only(app, tmp_path):
+    """/fit_camera: a fit job (no bake); its camera file in the form /bake's camera (and kiln
+    bake --camera) reads, its figures, whether a bake will project the photo, and the picture;
+    then /bake with that camera as fitted bakes without fitting again and answers the picture."""
+    from app.web import api_bake, api_fit
+    from app.web.browser import browser_of
+    from pipeline.io.camera_file import read_camera
+
+    mesh = _coloured_mesh(tmp_path / "ball.ply")
+    assert "fitting the camera needs the photo" in _refused(api_fit.fit_camera, app.ctx, A, mesh,
+                                                            progress=_no_progress)
+    api.upload_image(app.ctx, A, app.files.cutout)
+    answers = list(api_fit.fit_camera(app.ctx, A, mesh, session_image=True, progress=_no_progress))
+    assert all(isinstance(a, api_fit.FitAnswer) for a in answers)
+    *running, (info, camera, picture) = answers
+    assert running and all(a.camera is None for a in running)
+    assert info["state"] == "done" and info["camera_fit"]["silhouette_iou"] == 0.93
+    assert "source_camera" not in info["camera_fit"]
+    assert info["photo_projection"] == {"projected": True, "min_iou": 0.6,
+                                        "why": "silhouette IoU 0.93 is at least 0.60 (bake.fit_min_iou)"}
+    assert Path(camera).name == "ball.camera.json" and Path(picture).name == "ball.camera_fit.png"
+    assert read_camera(camera).width == 160 and json.loads(Path(camera).read_text())["silhouette_iou"] == 0.93
+    assert Image.open(picture).size == (160, 160)
+    assert app.ctx.owned.owners(picture) == {browser_of(A.session)} == app.ctx.owned.owners(camera)
+    (job_id, checked), = app.sup.bakes.items()
+    assert app.sup.statuses[job_id].kind == "fit" and checked.request.fit_camera
+
+    # /bake with it as fitted: no refit (camera_fitted, not fit_camera), and the picture comes back
+    *_, last = api_bake.bake(app.ctx, A, mesh, session_image=True, camera=camera, camera_fitted=True,
+                             progress=_no_progress)
+    req = app.sup.bakes[sorted(app.sup.bakes)[-1]].request
+    assert req.camera_fitted and not req.fit_camera
+    assert isinstance(last, api_bake.BakeAnswer) and last.camera_fit is None, \
+        "the stand-in's bake reports no fit: no picture"
+    assert "camera_fitted says the camera file is a fitted one" in _refused(
+        api_bake.bake, app.ctx, A, mesh, session_image=True, camera_fitted=True, progress=_no_progress)
+
+
+def test_a_bake_that_fitted_its_camera_answers_the_fits_picture_and_figures(app, tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from app.web import api_bake
+    from kiln.records import JobStats, ModelStats, PipelineStats
+    from worker.bakejob import FIT_IMAGE
+
+    fit = {"silhouette_iou": 0.7, "silhouette_coverage": 0.99, "silhouette_inside": 0.7, "fit_seconds": 2.0}
+    end = app.sup._end
+
+    def fitted(st):
+        png_file(app.sup.dirs[st.id] / "outputs", FIT_IMAGE, np.full((20, 30, 3), 200, np.uint8))
+        return replace(end(st), stats=JobStats(pipeline=PipelineStats(model=ModelStats(camera="fitted",
+                                                                                       camera_fit=fit))))
+
+    monkeypatch.setattr(app.sup, "_end", fitted)
+    mesh = _coloured_mesh(tmp_path / "ball.ply")
+    api.upload_image(app.ctx, A, app.files.cutout)
+    info, glb, _, _, picture = list(api_bake.bake(app.ctx, A, mesh, session_image=True, progress=_no_progress))[-1]
+    assert info["camera_fit"] == fit
+    assert Path(glb).name == "ball-1.glb" and Path(picture).name == "ball-1.camera_fit.png"
+    assert Image.open(picture).size == (30, 20)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.records import (PROBED, Backends, BakeStats, Capabilities, JobStats, JobTimes, PipelineStats,
-                          WorkerReport)
+from kiln.records import (PROBED, Backends, BakeStats, CameraFitReport, Capabilities, JobStats, JobTimes,
+                          PipelineStats, WorkerReport)
 from kiln.settings import Settings
 from worker.interpreter import ForeignInterpreter
 from worker.jobstore import JobStatus, JobStore, load_settings
@@ -37,6 +37,10 @@ PIPELINE = PipelineStats(backends=Backends("gsplat", "nvdiffrast", "cuda:1", 0.5
                                         "viewmat": [[1.0, 0.0], [0.0, 1.0]], "K": [[84.0, 0.0], [0.0, 1.0]]},
                          views_cached=False, faces=1188, vertices=596, texture_size_auto=512, bake=BAKE,
                          glb_bytes=154132, reconstruction_cache_error="OSError: disk full")
+FIT = CameraFitReport(source_camera={"projection": "perspective", "width": 320, "height": 240,
+                                     "viewmat": [[1.0, 0.0], [0.0, 1.0]], "K": [[300.0, 0.0], [0.0, 1.0]]},
+                      iou=0.6752, coverage=0.9621, inside=0.6931, objective=0.81, seconds=2.32, case="canonical",
+                      tie_break={"decided_by": "photo", "tied": 2, "photo_margin": 0.08})
 CAPS = Capabilities(device="NVIDIA H100", cuda=True, cpu=True, moderngl=True, gsplat=False, nvdiffrast=True,
                     sam3d=False, reasons={"gsplat": "build failed", "sam3d": "not installed"},
                     probe_s={"cuda": 1.5, "cpu": 0.2}, torch_cuda="12.8", toolkit="CUDA 12.8 at /usr/local/cuda",
@@ -52,6 +56,11 @@ CAPS = Capabilities(device="NVIDIA H100", cuda=True, cpu=True, moderngl=True, gs
                  check={"faces": 1188, "texture_size": [512, 512]}),
     JobStats(), JobStats(job=JobTimes(total_s=0.2)),
     JobStats(pipeline=PIPELINE, glb_check={"bytes": 3}, job=JobTimes(total_s=1.0), earlier_attempts=("a", "b")),
+    FIT, CameraFitReport(source_camera={"width": 1}, iou=1.0, coverage=1.0, inside=1.0, objective=1.0, seconds=0.1,
+                         case="posed"),
+    WorkerReport(timings={"read": 0.1, "fit": 2.3}, job=JobTimes(pipeline_s=2.4), stats=PipelineStats(), check={},
+                 camera_fit=FIT),
+    JobStats(pipeline=PipelineStats(), job=JobTimes(total_s=3.0), camera_fit=FIT),
 ], ids=lambda r: type(r).__name__)
 def test_every_record_survives_its_json_form(record):
     data = json.loads(json.dumps(record.to_dict()))   # what a file holds
@@ -142,3 +151,22 @@ def test_worker_config_crosses_the_spawn_pickled_and_reads_its_settings():
     assert (back.device, back.heartbeat_s, back.probe_timeout_s) == ("cpu", 0.5, 9.0)
     assert back.probe_fault("moderngl") == "segv" and back.probe_fault("cuda") is None
     assert replace(back, faults_enabled=False).probe_fault("moderngl") is None
+
+
+def test_a_fits_report_is_the_camera_file_a_fit_writes():
+    """CameraFitReport's JSON form is the fit's own report (``CameraFit.report``), which the
+    fit writes as camera.json and ``kiln bake --camera`` reads: one form, one set of keys."""
+    import numpy as np
+
+    from pipeline.camera.camera_fit import CameraFit
+    from pipeline.io.camera_file import camera_from_focal
+
+    cam = camera_from_focal(300.0, 320, 240)
+    fit = CameraFit(camera=cam, iou=0.67521, coverage=0.9621, inside=0.6931, objective=0.81, seconds=2.321,
+                    case="posed")
+    report = CameraFitReport.from_dict(fit.report())
+    assert report.to_dict() == fit.report()
+    again = CameraFit.from_report(report.to_dict(), cam)
+    assert (again.iou, again.coverage, again.inside, again.case) == (0.6752, 0.9621, 0.6931, "posed")
+    assert np.allclose(again.camera.K, cam.K)
+    assert report.figures() == {k: v for k, v in fit.report().items() if k != "source_camera"}

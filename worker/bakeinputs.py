@@ -5,7 +5,9 @@ go together. A bad file is refused in seconds with a message naming it; no worke
 
 ``check_bake`` turns the person's ``BakeFiles`` (paths on their disk) into a
 ``CheckedBake``: the ``kiln.bakerequest.BakeRequest`` the job will carry (names inside the
-job's ``inputs/``), the files to copy there, and the photo's pixels.
+job's ``inputs/``), the files to copy there, and the photo's pixels. ``check_fit`` does the
+same for a fit job (the camera alone, fitted to the photo's mask), and ``fit_key`` names
+what a fit depends on, so a front end knows when a fit it keeps no longer holds.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class BakeFiles:
     fit_camera: bool = False
     source: str = "auto"
     uvs: str = "auto"
+    camera_fitted: bool = False
 
 
 @dataclass
@@ -89,6 +92,8 @@ def check_bake(files: BakeFiles, settings: "Settings", simplify_asked: bool = Fa
         raise InputProblem("--principal goes with --focal")
     if files.camera is not None and files.focal is not None:
         raise InputProblem("give the camera as a file (--camera) or as a focal length (--focal), not both")
+    if files.camera_fitted and files.camera is None:
+        raise InputProblem("camera_fitted says the camera file is a fitted one: give that file (camera)")
     mesh = Path(files.mesh)
     try:
         mesh_format(mesh)
@@ -109,7 +114,8 @@ def check_bake(files: BakeFiles, settings: "Settings", simplify_asked: bool = Fa
                        photo=photo is not None,
                        camera=str(Path(files.camera).resolve()) if files.camera else None,
                        focal=files.focal, principal=files.principal, camera_frame=files.camera_frame,
-                       fit_camera=files.fit_camera, source=files.source, uvs=files.uvs)
+                       fit_camera=files.fit_camera, camera_fitted=files.camera_fitted, source=files.source,
+                       uvs=files.uvs)
     try:
         read = read_model(here, Path("/"), photo, simplify_asked=simplify_asked)
     except StageInputError as e:
@@ -135,13 +141,46 @@ def check_bake(files: BakeFiles, settings: "Settings", simplify_asked: bool = Fa
     request = BakeRequest(mesh=f"{MESH_DIR}/{mesh.name}", splat=SPLAT_NAME if files.splat else None,
                           photo=photo is not None, camera=CAMERA_NAME if files.camera else None,
                           focal=files.focal, principal=files.principal, camera_frame=files.camera_frame,
-                          fit_camera=files.fit_camera, source=files.source,
+                          fit_camera=files.fit_camera, camera_fitted=files.camera_fitted, source=files.source,
                           uvs="keep" if read.keep_uvs else "new", names=names)
     size = sum(p.stat().st_size for p in copies.values())
     if photo is not None:
         size += 4 * photo.mask.size
     return CheckedBake(request=request, copies=copies, rgb=photo.rgb if photo else None,
                        mask=photo.mask if photo else None, notes=notes, input_bytes=size)
+
+
+def check_fit(files: BakeFiles, settings: "Settings",
+              photo_pixels: Optional[tuple["np.ndarray", "np.ndarray"]] = None) -> CheckedBake:
+    """A fit job's files read and checked as ``check_bake`` checks a bake's: the mesh, its
+    splat (whose colours break front/back ties) and the photo with its mask, which a fit
+    needs. A camera given in ``files`` is refused (the fit finds one); the UV choice is a
+    bake's and left out. Raises ``InputProblem``."""
+    if files.image is None and photo_pixels is None:
+        raise InputProblem("fitting the camera needs the photo (--image) and its mask: the camera is "
+                           "found from the object's outline in it")
+    if files.camera is not None or files.focal is not None:
+        raise InputProblem("the photo's camera is given already (a camera file or a focal length); "
+                           "leave it out to fit one")
+    plain = BakeFiles(mesh=files.mesh, splat=files.splat, image=files.image, mask=files.mask, fit_camera=True,
+                      source=files.source, uvs="new")
+    return check_bake(plain, settings, photo_pixels=photo_pixels)
+
+
+def fit_key(checked: CheckedBake) -> str:
+    """What a fitted camera depends on: the mesh (with the files it refers to), the splat and
+    its source frame (its colours decide front from back), the photo and its mask. Two
+    checked requests with the same key fit the same camera; the camera and the other
+    options do not count."""
+    from kiln.digest import files_digest, input_digest
+
+    req = checked.request
+    parts = [b"fit-key", req.source.encode()]
+    if checked.rgb is not None and checked.mask is not None:
+        parts.append(input_digest(checked.rgb, checked.mask).encode())
+    names = sorted(n for n in checked.copies if n != CAMERA_NAME)
+    parts += [n.encode() for n in names]
+    return files_digest(parts, [checked.copies[n] for n in names])
 
 
 def bake_settings(settings: "Settings", simplify_asked: bool) -> "Settings":

@@ -302,7 +302,8 @@ class Dispatcher:
             fault = self.faults.pick(job.status.session, attempt, job.digest) if self.faults else None
             run = Run(job=job.status.id, dir=str(job.dir), attempt=attempt, overrides=job.overrides,
                       chunk_scale=job.chunk_scale,
-                      cache_dir=str(self.cache_dir) if self.cache_dir else None, fault=fault)
+                      cache_dir=str(self.cache_dir) if self.cache_dir else None, fault=fault,
+                      kind=job.status.kind)
             if not s.send(run):
                 continue
             self.queue.popleft()
@@ -376,6 +377,12 @@ class Dispatcher:
                    stage_progress=min(max(float(msg.fraction), 0.0), 1.0))
 
     def _on_done(self, job: JobRecord, msg: Done) -> None:
+        if job.status.kind == "fit":
+            self._on_fitted(job, msg)
+            return
+        if msg.glb is None:
+            self._finish(job, FAILED, "the worker reported no GLB")
+            return
         glb = Path(msg.glb)
         try:
             light = check_glb_light(glb)
@@ -407,6 +414,27 @@ class Dispatcher:
             st.stats = JobStats(glb_check=light, earlier_attempts=tuple(job.notes))
         msg_text = "done" + (f" (after: {job.notes[-1]})" if job.notes else "")
         self._finish(job, DONE, msg_text, progress=1.0)
+
+    def _on_fitted(self, job: JobRecord, msg: Done) -> None:
+        """A fit job's end: its camera and picture there, and its report with the fit in it."""
+        outputs = dict(msg.extra or {})
+        lacking = [_lacking(outputs[k]) if k in outputs else f"its {k} was not reported" for k in ("camera", "camera_fit")]
+        lacking = [w for w in lacking if w]
+        report = self.store.read_result(job.status.id) if not lacking else None
+        if not lacking and (report is None or report.camera_fit is None):
+            lacking = ["its report holds no fitted camera"]
+        if lacking or report is None or report.camera_fit is None:
+            reason = f"the fit failed its check after stage 'fit': {'; '.join(lacking)}"
+            append_log(job.dir, reason)
+            self._finish(job, FAILED, reason)
+            return
+        st = job.status
+        st.outputs = outputs
+        st.timings = dict(report.timings)
+        st.stats = JobStats(pipeline=report.stats, job=report.job, earlier_attempts=tuple(job.notes),
+                            camera_fit=report.camera_fit)
+        st.backends = report.stats.backends
+        self._finish(job, DONE, "done" + (f" (after: {job.notes[-1]})" if job.notes else ""), progress=1.0)
 
     def _on_failed(self, job: JobRecord, msg: Failed) -> None:
         stage, err = msg.stage, msg.error

@@ -14,6 +14,9 @@ Layout of ``<root>/<session>/<job_id>/``::
     log                human-readable history: supervisor notes, worker stage lines, tracebacks
     outputs/model.glb  (and model.ply when asked for, and model.obj.zip, model.stl,
                        model.mesh.ply for export.formats: kiln.formats names them)
+    outputs/camera.json, outputs/camera_fit.png
+                       a fitted camera and its picture (a fit job's only outputs; a bake
+                       job's too when it fitted its camera: worker.bakejob)
 
 Only the supervisor writes ``status.json``; the worker writes ``outputs/``,
 ``result.json`` and appends to ``log``. Every file that is replaced is written to a
@@ -45,8 +48,9 @@ from kiln.settings import Settings, from_dict
 # A job's state (``JobStatus.state``), written as these strings in status.json and
 # compared as strings by every caller; the last three are final.
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
-# What a job does: "image" reconstructs a photo; "bake" textures a model someone made.
-JobKind = Literal["image", "bake"]
+# What a job does: "image" reconstructs a photo; "bake" textures a model someone made; "fit"
+# only fits that model's camera to its photo (laid out as a bake job; no GLB).
+JobKind = Literal["image", "bake", "fit"]
 QUEUED: Final = "queued"
 RUNNING: Final = "running"
 DONE: Final = "done"
@@ -77,7 +81,8 @@ class JobStatus:
     attempts: how many times a worker started it; worker: the slot of the last one.
     backends: the ``kiln.records.Backends`` the last attempt used; None before one started.
     created / started / finished: Unix times.
-    kind: a ``JobKind``: "image" (a photo reconstructed) or "bake" (a model file textured).
+    kind: a ``JobKind``: "image" (a photo reconstructed), "bake" (a model file textured) or
+        "fit" (that model's camera fitted to its photo; outputs 'camera' and 'camera_fit').
     """
 
     id: str
@@ -178,12 +183,13 @@ class JobStore:
 
     def create_bake(self, request: BakeRequest, copies: Mapping[str, Path], settings: Settings,
                     session: str, rgb: Optional[np.ndarray] = None,
-                    mask: Optional[np.ndarray] = None) -> JobStatus:
-        """Write a new bake job: its request, copies of its files (name under inputs/ ->
-        source file) and its photo when it has one; returns its first (queued) status."""
+                    mask: Optional[np.ndarray] = None, kind: JobKind = "bake") -> JobStatus:
+        """Write a new bake job (or a fit job, ``kind`` "fit", laid out the same): its request,
+        copies of its files (name under inputs/ -> source file) and its photo when it has one;
+        returns its first (queued) status."""
         if request.photo:
             check_inputs(rgb, mask)
-        d, st = self._new(session, "bake")
+        d, st = self._new(session, kind)
         for name, src in copies.items():
             dst = d / "inputs" / name
             if not dst.resolve().is_relative_to((d / "inputs").resolve()):

@@ -30,7 +30,8 @@ ErrorKind = Literal["oom", "cuda", "input", "error"]
 @dataclass(frozen=True)
 class Run:
     """Run one attempt of a job. ``overrides``: settings changed for this attempt only
-    (the safe backends of a retry); ``fault``: a test fault spec, or None."""
+    (the safe backends of a retry); ``fault``: a test fault spec, or None; ``kind``: the
+    job's kind (``worker.jobstore.JobKind``: "image", "bake" or "fit")."""
 
     job: str
     dir: str
@@ -39,6 +40,7 @@ class Run:
     chunk_scale: float = 1.0
     cache_dir: Optional[str] = None
     fault: Optional[str] = None
+    kind: str = "image"
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,12 @@ class Progress:
 @dataclass(frozen=True)
 class Done:
     """The attempt wrote its GLB (and result.json); ``ply`` when one was asked for; ``extra``:
-    the other formats it wrote beside the GLB, output key -> path (``kiln.formats``)."""
+    the other formats it wrote beside the GLB, output key -> path (``kiln.formats``). A fit
+    job writes no GLB (``glb`` None): ``extra`` holds its camera and picture
+    (``worker.bakejob.FIT_OUTPUTS``)."""
 
     job: str
-    glb: str
+    glb: Optional[str]
     ply: Optional[str] = None
     extra: Optional[dict[str, str]] = None
 

@@ -33,9 +33,9 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
-from kiln.records import Capabilities, JobTimes, WorkerReport
+from kiln.records import CameraFitReport, Capabilities, JobTimes, PipelineStats, WorkerReport
 
 from worker.messages import Done, ErrorKind, Failed, Heartbeat, Probing, Progress, Ready, Run, Started, Stop
 from worker.workerconfig import WorkerConfig
@@ -314,35 +314,25 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
             faults.fire(fault_kind)
 
     try:
-        from pipeline.io.export import check_glb
         from pipeline.run import resolve_backends
 
         settings = load_settings(job_dir).override(msg.overrides or {})
-        bake_job = (job_dir / "inputs" / "bake.json").is_file()
         # the out-of-memory retry shrinks the stages' memory-bound blocks (chunk_scale)
         backends = resolve_backends(settings, caps, chunk_scale=msg.chunk_scale)
         send(Started(job_id, backends))
         _check_backends(settings, backends, caps)
-        t_pipe = time.perf_counter()
-        if bake_job:
-            from worker.bakejob import bake_folder
-
-            result = bake_folder(job_dir, settings, backends, _raster_context(contexts, backends), on_event,
-                                 job_dir / "outputs")
-        else:
-            result = _reconstruct(job_dir, settings, backends, contexts, msg, on_event)
-        pipeline_s = time.perf_counter() - t_pipe
-        check = check_glb(result.glb_path)
+        run = _fit_job if msg.kind == "fit" else _model_job
+        got = run(msg, settings, backends, contexts, on_event)
         # what the pipeline itself took vs. the whole attempt in this worker (inputs, checks)
-        job_times = JobTimes(pipeline_s=round(pipeline_s, 4),
+        job_times = JobTimes(pipeline_s=round(got.pipeline_s, 4),
                              worker_job_s=round(time.perf_counter() - t_job, 4),
                              worker_peak_rss_mb=round(_peak_rss_mb(), 1))
-        report = WorkerReport(timings=result.timings, job=job_times, stats=result.stats, check=check)
+        report = WorkerReport(timings=got.timings, job=job_times, stats=got.stats, check=got.check,
+                              camera_fit=got.camera_fit)
         atomic_write(job_dir / "result.json",
                      json.dumps(report.to_dict(), indent=1, default=_json_default).encode())
-        append_log(job_dir, "done: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items()))
-        send(Done(job_id, str(result.glb_path), str(result.ply_path) if result.ply_path else None,
-                  {k: str(v) for k, v in result.extra.items()}))
+        append_log(job_dir, "done: " + ", ".join(f"{k} {v:.2f}s" for k, v in got.timings.items()))
+        send(got.done)
     except Exception as e:
         kind = classify_error(e)
         tb = traceback.format_exc()
@@ -356,6 +346,48 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
         del e
         _release_contexts(contexts)   # the next job starts from fresh GL / CUDA rasterizer state
         _free_memory()
+
+
+class _Attempt(NamedTuple):
+    """What an attempt that ended well reports: its ``WorkerReport``'s parts and its ``Done``."""
+
+    timings: dict[str, float]
+    stats: PipelineStats
+    check: dict[str, Any]
+    camera_fit: Optional[CameraFitReport]
+    done: Done
+    pipeline_s: float
+
+
+def _model_job(msg: Run, settings: Settings, backends: Backends, contexts, on_event) -> _Attempt:
+    """An image job or a bake job: a GLB, checked."""
+    from pipeline.io.export import check_glb
+
+    job_dir = Path(msg.dir)
+    t_pipe = time.perf_counter()
+    if (job_dir / "inputs" / "bake.json").is_file():
+        from worker.bakejob import bake_folder
+
+        result = bake_folder(job_dir, settings, backends, _raster_context(contexts, backends), on_event,
+                             job_dir / "outputs")
+    else:
+        result = _reconstruct(job_dir, settings, backends, contexts, msg, on_event)
+    pipeline_s = time.perf_counter() - t_pipe
+    done = Done(msg.job, str(result.glb_path), str(result.ply_path) if result.ply_path else None,
+                {k: str(v) for k, v in result.extra.items()})
+    return _Attempt(dict(result.timings), result.stats, dict(check_glb(result.glb_path)), None, done, pipeline_s)
+
+
+def _fit_job(msg: Run, settings: Settings, backends: Backends, contexts, on_event) -> _Attempt:
+    """A fit job: the photo's camera fitted to its mask, written with its picture; no GLB."""
+    from worker.bakejob import fit_folder
+
+    job_dir = Path(msg.dir)
+    t_pipe = time.perf_counter()
+    result = fit_folder(job_dir, backends, _raster_context(contexts, backends), on_event, job_dir / "outputs")
+    done = Done(msg.job, None, None, {"camera": str(result.camera), "camera_fit": str(result.picture)})
+    return _Attempt(result.timings, PipelineStats(backends=backends), {}, result.report, done,
+                    time.perf_counter() - t_pipe)
 
 
 def _reconstruct(job_dir: Path, settings: Settings, backends: Backends, contexts, msg: Run, on_event):

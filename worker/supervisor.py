@@ -223,6 +223,24 @@ class Supervisor:
             parts.append(input_digest(bake.rgb, bake.mask).encode())
         return self._enqueue(st, settings, files_digest(parts, files))
 
+    def submit_fit(self, bake: CheckedBake, settings: Optional[Settings] = None,
+                   session: str = "cli") -> Job:
+        """Queue a fit job: the photo's camera of a model fitted to its mask, nothing baked
+        (``bake`` from ``worker.bakeinputs.check_fit``). Its outputs are 'camera' (the
+        camera.json ``kiln bake --camera`` reads) and 'camera_fit' (the silhouette over the
+        photo); its stats' ``camera_fit`` the figures. Raises ValueError without a photo,
+        QueueFullError when too many wait."""
+        self._check_open()
+        if not bake.request.photo or bake.rgb is None or bake.mask is None:
+            raise ValueError("fitting the camera needs the photo and its mask")
+        settings = settings or self.settings
+        self._check_room()
+        st = self.store.create_bake(bake.request, bake.copies, settings, session, bake.rgb, bake.mask, kind="fit")
+        files = [self.store.job_dir(st.id) / "inputs" / name for name in sorted(bake.copies)]
+        parts = [b"fit", json.dumps(bake.request.to_dict(), sort_keys=True).encode(),
+                 input_digest(bake.rgb, bake.mask).encode()]
+        return self._enqueue(st, settings, files_digest(parts, files))
+
     def _check_open(self) -> None:
         if not self._started or self._dispatcher.stopping:
             raise RuntimeError("the supervisor is not running; call start() first")

@@ -11,7 +11,8 @@ another cookie and reaches none of it.
 
 The page's own events stay callable by the page but are hidden from the API
 listing: they take page-shaped values and are no interface to keep stable. The endpoints
-are registered from ``app.web.api_endpoints.ENDPOINT_TABLE``; ``/bake`` lives in ``app.web.api_bake``.
+are registered from ``app.web.api_endpoints.ENDPOINT_TABLE``; ``/bake`` lives in ``app.web.api_bake``,
+``/fit_camera`` in ``app.web.api_fit``.
 """
 
 from __future__ import annotations
@@ -80,12 +81,25 @@ def describe_job(st) -> dict:
         out["total_s"] = round(float(total), 2)
     if st.state == "done":
         out["outputs"] = sorted(k for k in (st.outputs or {}) if k in OUTPUT_TAIL)
+        fit = fit_figures(st)
+        if fit is not None:
+            out["camera_fit"] = fit
         pipeline = st.stats.pipeline if st.stats is not None else None
         if pipeline is not None and pipeline.files:
             # each model file's size and contents, as --report has them, without server paths
             out["files"] = [{"format": format_of(f.key), **{k: v for k, v in f.to_dict().items()
                                                             if k not in ("key", "name")}} for f in pipeline.files]
     return out
+
+
+def fit_figures(st) -> Optional[dict[str, Any]]:
+    """A done job's fitted camera in figures, without the camera (IoU, coverage, inside, the
+    tie-break, the time): a fit job's, or a bake's that fitted its camera or was given one
+    fitted before; None when it has none."""
+    if st.stats.camera_fit is not None:
+        return st.stats.camera_fit.figures()
+    model = st.stats.pipeline.model if st.stats.pipeline is not None else None
+    return dict(model.camera_fit) if model is not None and model.camera_fit else None
 
 
 def to_work_pixels(st: uploads.SessionState, x: float, y: float) -> tuple[float, float]:

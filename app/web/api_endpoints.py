@@ -1,7 +1,7 @@
 """The script endpoints as data: the hidden components they read and write (``ApiSlots``),
 one ``Endpoint`` row per endpoint (name, handler, parameters, answers, queue), and
-``register``, which adds them to the page's Blocks. The handlers live in ``app.web.api`` and
-``app.web.api_bake``; docs/api.md describes each."""
+``register``, which adds them to the page's Blocks. The handlers live in ``app.web.api``,
+``app.web.api_bake`` and ``app.web.api_fit``; docs/api.md describes each."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from kiln.bakerequest import CAMERA_FRAMES, SOURCES, UV_MODES
 from kiln.settings import Settings, allowed_values
 
 from app.web.api import JobAnswer, cancel, generate, result, select, status, upload_image
-from app.web.api_bake import bake
+from app.web.api_bake import BakeAnswer, bake
+from app.web.api_fit import FitAnswer, fit_camera
 from app.web.context import AppContext
 from app.web.requestinfo import event_fn
 
@@ -25,7 +26,10 @@ class ApiSlots:
     """The hidden components the endpoints read and write: what a script sends and gets.
     ``settings``: /generate's settings, in its order, and ``generate_mask`` its mask ("auto");
     ``bake_options``: /bake's after its files (``app.web.api_bake.BAKE_PARAMS``);
-    ``export_options``: the files both write (formats, texture_format, units), last."""
+    ``export_options``: the files both write (formats, texture_format, units), after them;
+    ``camera_fitted``: /bake's last (added after the others, so positions stay);
+    ``fit_options``: /fit_camera's after its files; ``camera_fit``: the fitted camera's
+    picture that /bake and /fit_camera answer (/fit_camera answers the camera in ``camera``)."""
 
     image: gr.File
     mask: gr.File
@@ -44,6 +48,9 @@ class ApiSlots:
     camera: gr.File
     bake_options: tuple
     export_options: tuple
+    camera_fitted: Api
+    fit_options: tuple
+    camera_fit: gr.File
 
 
 def _json_slot(value: Any, schema: dict, label: str) -> Api:
@@ -103,6 +110,14 @@ def api_slots(s: Settings) -> ApiSlots:
                        "texture_format"),
             _json_slot(None, {"type": "string", "enum": list(allowed_values("export.units"))}, "units"),
         ),
+        camera_fitted=_json_slot(False, {"type": "boolean", "description":
+                                         "camera is a /fit_camera answer: used as fitted, not fitted again"},
+                                 "camera_fitted"),
+        fit_options=(
+            _json_slot("auto", {"type": "string", "enum": list(SOURCES)}, "source"),
+            _json_slot(False, {"type": "boolean"}, "session_image"),
+        ),
+        camera_fit=gr.File(label="camera_fit"),
     )
 
 
@@ -125,8 +140,10 @@ ENDPOINT_TABLE = (
     Endpoint("select", select, ("points", "box"), ("info",)),
     Endpoint("generate", generate, ("settings", "generate_mask", "export_options"), JobAnswer._fields,
              queue="job"),
-    Endpoint("bake", bake, ("mesh", "splat", "image", "mask", "camera", "bake_options", "export_options"),
-             JobAnswer._fields, queue="job"),
+    Endpoint("bake", bake, ("mesh", "splat", "image", "mask", "camera", "bake_options", "export_options",
+                            "camera_fitted"), BakeAnswer._fields, queue="job"),
+    Endpoint("fit_camera", fit_camera, ("mesh", "splat", "image", "mask", "fit_options"), FitAnswer._fields,
+             queue="job"),
     Endpoint("status", status, (), ("info",), queue="now"),
     Endpoint("result", result, ("job",), JobAnswer._fields),
     Endpoint("cancel", cancel, (), ("info",), queue="now"),

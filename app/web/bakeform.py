@@ -15,14 +15,15 @@ from app.web.context import AppContext
 
 def bake_request(ctx: AppContext, session: str, mesh: str, splat: Optional[str], image: Optional[str],
                  mask: Optional[str], camera: Optional[str], focal: Any, principal: Any, camera_frame: Any,
-                 fit_camera: Any, source: Any, uvs: Any, session_image: Any, settings_values: dict):
+                 fit_camera: Any, source: Any, uvs: Any, session_image: Any, settings_values: dict,
+                 camera_fitted: Any = False):
     """(``worker.bakeinputs.CheckedBake``, its settings) from a bake's parameters, checked;
     UIError naming the parameter or file that is wrong. ``session_image``: the session's
-    image and selection are the photo (the page's first tab, or ``/upload_image``)."""
+    image and selection are the photo (the page's first tab, or ``/upload_image``).
+    ``camera_fitted``: ``camera`` is a fit's camera.json (the tab's fit, ``/fit_camera``),
+    used as fitted."""
     from worker.bakeinputs import BakeFiles, bake_settings, check_bake
     from worker.inputs import InputProblem
-
-    from app.web import form
 
     if not mesh:
         raise usertext.UIError("mesh: no file was given")
@@ -34,19 +35,47 @@ def bake_request(ctx: AppContext, session: str, mesh: str, splat: Optional[str],
             focal=float(focal) if focal not in (None, "", 0) else None,
             principal=(float(principal[0]), float(principal[1])) if principal else None,
             camera_frame=str(camera_frame or "opengl"), fit_camera=bool(fit_camera),
-            source=str(source or "auto"), uvs=str(uvs or "auto"))
+            source=str(source or "auto"), uvs=str(uvs or "auto"), camera_fitted=bool(camera_fitted))
     except (TypeError, ValueError, IndexError, KeyError, OverflowError):
         # any JSON may arrive: {"a": 1} as principal (KeyError), 10**400 as focal (OverflowError)
         raise usertext.UIError("focal is a number of pixels and principal [cx, cy]") from None
-    pixels = None
-    if session_image:
-        st = ctx.sessions.get(session)
-        with ctx.decodes:
-            pixels = form.job_inputs(st)   # UIError: no image, or no usable selection
+    pixels = _session_photo(ctx, session) if session_image else None
     try:
         return check_bake(files, settings, simplify_asked, photo_pixels=pixels), settings
     except InputProblem as e:
         raise usertext.UIError(as_parameters(str(e))) from None
+
+
+def fit_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Optional[str], image: Optional[str],
+                mask: Optional[str], source: Any, session_image: Any):
+    """(``worker.bakeinputs.CheckedBake`` of a fit job, its settings) from the fit's
+    parameters (the bake's, less the camera and what only a bake uses), checked as a bake's
+    are; UIError naming what is wrong."""
+    from worker.bakeinputs import BakeFiles, bake_settings, check_fit
+    from worker.inputs import InputProblem
+
+    if not mesh:
+        raise usertext.UIError("mesh: no file was given")
+    settings = bake_settings(ctx.settings, False)
+    files = BakeFiles(mesh=Path(mesh), splat=_path(splat), image=_path(image), mask=_path(mask),
+                      source=str(source or "auto"))
+    if image is None and not session_image:
+        raise usertext.UIError("fitting the camera needs the photo and its mask: give the photo (image) "
+                               "or use the session's image and selection")
+    pixels = _session_photo(ctx, session) if session_image else None
+    try:
+        return check_fit(files, settings, photo_pixels=pixels), settings
+    except InputProblem as e:
+        raise usertext.UIError(as_parameters(str(e))) from None
+
+
+def _session_photo(ctx: AppContext, session: str):
+    """The session's image and selection at full size (UIError: no image, or no usable selection)."""
+    from app.web import form
+
+    st = ctx.sessions.get(session)
+    with ctx.decodes:
+        return form.job_inputs(st)
 
 
 def _path(value) -> Optional[Path]:

@@ -19,6 +19,7 @@ from kiln.records import Capabilities
 from kiln.settings import Settings
 
 from app.web.active import ActiveJobs
+from app.web.fitstore import FittedCameras
 from app.web.ownedfiles import OwnedFiles
 from app.web.results import ResultPublisher
 from app.segment.rembg_auto import RembgChoice, RembgModel, choose_rembg
@@ -69,6 +70,8 @@ class AppContext:
         self.decodes = threading.BoundedSemaphore(DECODES_AT_ONCE)
         # per tab: its jobs not yet ended, a Generate waiting, its last job's Outcome
         self.active = ActiveJobs()
+        # per tab: the camera its bake tab fitted, for its next Bake
+        self.fits = FittedCameras()
         self.summaries: dict[str, str] = {}
         # job kind -> (monotonic time, seconds or None): what jobs took lately (jobs.typical_job_seconds)
         self.typical_job_s: dict[str, tuple[float, Optional[float]]] = {}

@@ -1,5 +1,6 @@
 """The "Bake a model" tab's handlers: Bake (checked at once, then submitted to the job queue),
-the outcome shown when it ends, and Cancel. Each is ``handler(page, ctx, caller, *inputs) ->
+the outcome shown when it ends, and Cancel. A camera the tab fitted first ("Fit the camera to
+the photo", ``app.web.handlers_fit``) is what its Bake uses, as it is. Each is ``handler(page, ctx, caller, *inputs) ->
 {component: value}`` over the tab's ``app.web.page.BakeTab`` (generators yield such dicts).
 
 A tab runs one job at a time, whichever tab of the page started it (``ctx.active`` is keyed by
@@ -20,7 +21,7 @@ from app.web.bakeform import bake_request
 from app.web.context import AppContext
 from app.web.handlers_job import BUSY, kept_refusal
 from app.web.outcome import Outcome, job_outcome, not_started
-from app.web.page import BAKE_PROGRESS_ID, Page, Updates
+from app.web.page import BAKE_PROGRESS_ID, FIT_LABEL, Page, Updates
 from app.web.requestinfo import Caller, refusal
 
 
@@ -30,22 +31,39 @@ def _progress(st=None, note: str = "") -> str:
 
 def idle_buttons(page: Page) -> Updates:
     t = page.baking
-    return {t.generate: gr.update(value="Bake", interactive=True), t.cancel: gr.update(interactive=False)}
+    return {t.generate: gr.update(value="Bake", interactive=True), t.cancel: gr.update(interactive=False),
+            t.fit_button: gr.update(value=FIT_LABEL, interactive=True)}
 
 
 def running_buttons(page: Page) -> Updates:
     t = page.baking
-    return {t.generate: gr.update(value="Baking…", interactive=False), t.cancel: gr.update(interactive=True)}
+    return {t.generate: gr.update(value="Baking…", interactive=False), t.cancel: gr.update(interactive=True),
+            t.fit_button: gr.update(interactive=False)}
 
 
 def _request(ctx: AppContext, session: str, mesh, splat, photo, mask, reuse, source, camera, focal, frame,
              fit, uvs, texture, simplify, formats=None, texture_format=None, units=None):
-    """The tab's values as a checked bake (``app.web.bakeform``); a simplify ratio of 0 is none."""
+    """The tab's values as a checked bake (``app.web.bakeform``); a simplify ratio of 0 is none.
+    Returns (checked, settings, note): with the tab's fitted camera (``ctx.fits``) and no camera
+    given, the bake uses that camera as fitted, no refit, and ``note`` says so; a fit made for
+    another photo, mask or model (``fit_key``) is dropped first, and ``note`` says that."""
+    from worker.bakeinputs import fit_key
+
     values = {"texture_size": texture, "simplify_ratio": simplify if simplify else None,
               "formats": list(formats) if formats is not None else None,
               "texture_format": texture_format or None, "units": units or None}
-    return bake_request(ctx, session, mesh, splat, photo, mask, camera, focal or None, None, frame, fit,
-                        source, uvs, reuse, values)
+    stored = ctx.fits.get(session)
+    note = ""
+    if stored is not None and not camera and not focal:
+        checked, settings = bake_request(ctx, session, mesh, splat, photo, mask, str(stored.camera), None, None,
+                                         frame, False, source, uvs, reuse, values, camera_fitted=True)
+        if fit_key(checked) == stored.key:
+            return checked, settings, fitview.stored_fit_note(stored.report)
+        ctx.fits.drop(session)
+        note = fitview.DROPPED
+    checked, settings = bake_request(ctx, session, mesh, splat, photo, mask, camera, focal or None, None, frame, fit,
+                                     source, uvs, reuse, values)
+    return checked, settings, note
 
 
 def on_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
@@ -78,17 +96,20 @@ def _check_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str]
     if ctx.sup_error:
         raise refusal(usertext.public_text(ctx.sup_error))
     try:
-        checked, _ = _request(ctx, session, mesh, splat, photo, mask, reuse, source, camera, focal, frame,
-                              fit, uvs, texture, simplify, formats, texture_format, units)
+        checked, _, said = _request(ctx, session, mesh, splat, photo, mask, reuse, source, camera, focal, frame,
+                                    fit, uvs, texture, simplify, formats, texture_format, units)
     except usertext.UIError as e:
         raise refusal(usertext.public_text(str(e))) from None
     if not ctx.active.press(session):
         raise refusal(BUSY)
     t = page.baking
-    notes = "\n".join(f"- {usertext.public_text(n)}" for n in checked.notes)
-    return {t.progress: _progress(note="Starting…"), t.notes: notes, t.model: None,
-            t.download: gr.update(visible=False), t.more_files: gr.update(value=None, visible=False),
-            t.file_sizes: "", t.fit_view: gr.update(value=None, visible=False), **running_buttons(page)}
+    notes = "\n".join(f"- {usertext.public_text(n)}" for n in ([said] if said else []) + list(checked.notes))
+    shown = {t.progress: _progress(note="Starting…"), t.notes: notes, t.model: None,
+             t.download: gr.update(visible=False), t.more_files: gr.update(value=None, visible=False),
+             t.file_sizes: "", **running_buttons(page)}
+    if not checked.request.camera_fitted:   # the tab's fit, if any, is not what this bake uses
+        shown.update({t.fit_view: gr.update(value=None, visible=False), t.fit_info: ""})
+    return shown
 
 
 def run_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
@@ -103,8 +124,8 @@ def run_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], s
     last, note = None, ""
     pressed = ctx.active.pending_since(session)
     try:
-        checked, settings = _request(ctx, session, mesh, splat, photo, mask, reuse, source, camera, focal,
-                                     frame, fit, uvs, texture, simplify, formats, texture_format, units)
+        checked, settings, _ = _request(ctx, session, mesh, splat, photo, mask, reuse, source, camera, focal,
+                                        frame, fit, uvs, texture, simplify, formats, texture_format, units)
         info = history.JobInfo(checked.request.names.get("mesh", "model"))
         steps = jobs.follow_bake(ctx, session, checked, settings, info=info, pressed_at=pressed)
         fit_shown = False
@@ -147,7 +168,10 @@ def bake_outcome_view(page: Page, out: Optional[Outcome]) -> Updates:
         shown[t.model] = out.glb
     pipeline = out.status.stats.pipeline if out.status is not None else None
     warnings = pipeline.warnings if pipeline else ()
-    fitted = fitview.fit_summary(pipeline.model.camera_fit if pipeline and pipeline.model else None)
+    model = pipeline.model if pipeline else None
+    fitted = fitview.fit_summary(model.camera_fit if model else None)
+    if fitted and model is not None and model.camera == "fitted before":
+        fitted = f"Baked with the camera fitted before, not fitted again. {fitted}"
     lines = [f"- {fitted}"] if fitted else []
     lines += [f"- **{usertext.public_text(w)}**" for w in warnings]
     if lines:

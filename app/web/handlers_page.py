@@ -44,7 +44,8 @@ def on_bake(page: Page, on: bool) -> Updates:
 
 def on_unload(ctx: AppContext, caller: Caller) -> None:
     """The tab closed (its heartbeat ended): park its image for the browser's next page (a
-    reload) and forget its record (its outcome not shown included); its job goes on for
+    reload) and forget its record (its outcome not shown included) and its fitted camera; its job goes on for
     the browser's next page until ``app.orphan_grace_s`` passes unfollowed."""
     ctx.sessions.park(caller.session)
     ctx.active.drop_session(caller.session)
+    ctx.fits.drop(caller.session)

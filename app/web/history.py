@@ -88,6 +88,12 @@ def thumbnail_uri(rgb: np.ndarray, side: int = 72) -> str:
 _STEM_BAD_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def makes_model(st: Any) -> bool:
+    """Whether a job makes a model (an image or a bake job); a fit job (the bake tab's camera
+    fitted before baking) makes none, and the history leaves it out: its tab shows it."""
+    return getattr(st, "kind", "image") != "fit"
+
+
 def result_stems(statuses: Sequence[Any], infos: dict) -> dict[str, str]:
     """job id -> '<image-name>-<n>' for done jobs: n counts the done results of that image
     among ``statuses`` (a browser's jobs), oldest first, so names stay put as more come.
@@ -95,7 +101,7 @@ def result_stems(statuses: Sequence[Any], infos: dict) -> dict[str, str]:
     out: dict[str, str] = {}
     seen: dict[str, int] = {}    # stem -> done results so far
     for st in sorted(statuses, key=lambda s: (s.created, s.id)):
-        if st.state != "done":
+        if st.state != "done" or not makes_model(st):
             continue
         info = infos.get(st.id)
         name = info.image_name if info is not None else "model"
@@ -120,6 +126,7 @@ def history_html(statuses: Sequence[Any], summaries: Optional[dict] = None,
     (a cancelled or failed job says why), settings, and the name its GLB downloads as.
     ``summaries``: job id -> settings text (else the ``JobInfo``'s); ``infos``: job id ->
     ``JobInfo``."""
+    statuses = [st for st in statuses if makes_model(st)]
     if not statuses:
         return f'<div class="kiln-history-empty">{NO_HISTORY}</div>'
     infos = infos or {}

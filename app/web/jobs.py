@@ -92,6 +92,14 @@ def follow_bake(ctx, session: str, bake, settings: Settings, info: Optional[JobI
                                   settings, info, pressed_at, poll_s)
 
 
+def follow_fit(ctx, session: str, fit, settings: Settings, info: Optional[JobInfo] = None,
+               pressed_at: Optional[float] = None, poll_s: float = 0.25) -> Iterator[tuple[str, Any]]:
+    """``follow_job`` for a fit job (the photo's camera alone): ``fit`` is a
+    ``worker.bakeinputs.CheckedBake`` from ``check_fit``."""
+    yield from _submit_and_follow(ctx, session, lambda sup: sup.submit_fit(fit, settings, session=session),
+                                  settings, info, pressed_at, poll_s)
+
+
 def _submit_and_follow(ctx, session: str, submit, settings: Settings, info: Optional[JobInfo],
                        pressed_at: Optional[float], poll_s: float) -> Iterator[tuple[str, Any]]:
     while not ctx.sup_ready.is_set():

@@ -95,6 +95,18 @@ class OwnedFiles:
             entry = self._owners.get(_key(path))
         return frozenset(entry[1]) if entry is not None else None
 
+    def publish_file(self, session: str, data: bytes, name: str) -> str:
+        """``data`` as a file called ``name`` that only the session's browser may fetch (a
+        script's fitted camera and its picture: ``/fit_camera``), in a folder named by a salted
+        hash of the browser and the bytes, so the file keeps the name a client saves it as."""
+        browser = browser_of(session)
+        digest = hashlib.sha256(self._salt + (browser or session).encode() + data).hexdigest()[:32]
+        path = self.canvas_root / digest / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data, fsync=False)
+        self.grant(path, browser)
+        return str(path)
+
     def publish_canvas(self, session: str, pixels: np.ndarray) -> str:
         """``pixels`` ((h, w, 3) uint8) as a JPEG the session's browser may fetch, encoded as
         Gradio encodes a ``gr.Image(format="jpeg")`` value (PIL's defaults), so the page shows

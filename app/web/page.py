@@ -21,12 +21,16 @@ Updates = dict
 
 
 BAKE_PROGRESS_ID = "kiln-bake-progress"
+# the bake tab's first step: the photo's camera fitted before anything is baked
+FIT_LABEL = "Fit the camera to the photo"
 
 
 @dataclass(frozen=True, eq=False)
 class BakeTab:
     """The "Bake a model" tab: a mesh someone made, with what to colour it from.
-    ``form`` lists its inputs in ``app.web.handlers_bake``'s parameter order."""
+    ``form`` lists its inputs in ``app.web.handlers_bake``'s parameter order, ``fit_form``
+    those of "Fit the camera to the photo" (``fit_button``, ``app.web.handlers_fit``), whose
+    picture shows in ``fit_view`` and its figures in ``fit_info``."""
 
     mesh: gr.File
     splat: gr.File
@@ -44,11 +48,13 @@ class BakeTab:
     formats: gr.CheckboxGroup
     texture_format: gr.Radio
     units: gr.Radio
+    fit_button: gr.Button
     generate: gr.Button
     cancel: gr.Button
     progress: gr.HTML
     notes: gr.Markdown
     fit_view: gr.Image
+    fit_info: gr.Markdown
     model: gr.Model3D
     download: gr.DownloadButton
     more_files: gr.File
@@ -59,6 +65,16 @@ class BakeTab:
         return [self.mesh, self.splat, self.photo, self.mask, self.reuse, self.source, self.camera,
                 self.focal, self.frame, self.fit, self.uvs, self.texture, self.simplify,
                 self.formats, self.texture_format, self.units]
+
+    @property
+    def fit_form(self) -> list:
+        return [self.mesh, self.splat, self.photo, self.mask, self.reuse, self.source, self.camera, self.focal]
+
+    @property
+    def fit_depends_on(self) -> list:
+        """What a fitted camera holds for: changing any of these drops it."""
+        return [self.mesh, self.splat, self.photo, self.mask, self.reuse, self.source, self.camera, self.focal,
+                self.frame]
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,7 +267,9 @@ def _bake_tab(s: Settings) -> BakeTab:
 
     c: dict = {}
     gr.Markdown("Texture a mesh you already have. Each texel takes its colour from the photo (where its "
-                "camera sees the surface inside the mask), else the splat, else the mesh's own colours.")
+                "camera sees the surface inside the mask), else the splat, else the mesh's own colours. "
+                f"Without the photo's camera, press **{FIT_LABEL}** first to see how the model lines up "
+                "with the photo; **Bake** then uses that camera.")
     with gr.Row(equal_height=False):
         with gr.Column(scale=1):
             c["mesh"] = gr.File(label="Mesh (GLB, glTF, OBJ, PLY, STL)", file_count="single", type="filepath",
@@ -281,10 +299,11 @@ def _bake_tab(s: Settings) -> BakeTab:
                                            minimum=0, elem_id="kiln-bake-focal")
                     c["frame"] = gr.Radio(label="Mesh in the camera frame of", choices=list(CAMERA_FRAMES),
                                           value="opengl", elem_id="kiln-bake-frame")
-                c["fit"] = gr.Checkbox(label="Fit the camera to the photo (also when no camera is given)",
+                c["fit"] = gr.Checkbox(label="Fit the camera during the bake (also when no camera is given)",
                                        value=False, elem_id="kiln-bake-fit",
-                                       info="its silhouette over the photo shows as soon as it is fitted, "
-                                            "before the texture is baked: cancel if it is wrong")
+                                       info=f"its silhouette over the photo shows as soon as it is fitted, "
+                                            f"before the texture is baked: cancel if it is wrong. "
+                                            f"Or fit it first ({FIT_LABEL}): Bake then uses that camera")
         with gr.Column(scale=1):
             with gr.Row():
                 c["uvs"] = gr.Radio(label="UVs", choices=["auto", "keep", "new"], value="auto",
@@ -296,6 +315,8 @@ def _bake_tab(s: Settings) -> BakeTab:
                                       maximum=ratio_hi, step=0.005, value=0.0, elem_id="kiln-bake-simplify")
             format_widgets(c, s, "kiln-bake")
             with gr.Row():
+                # the step before baking: the photo's camera alone (app.web.handlers_fit)
+                c["fit_button"] = gr.Button(FIT_LABEL, variant="secondary", elem_id="kiln-bake-fit-button")
                 c["generate"] = gr.Button("Bake", variant="primary", elem_id="kiln-bake-generate")
                 c["cancel"] = gr.Button("Cancel", variant="stop", elem_id="kiln-bake-cancel", interactive=False)
             c["progress"] = gr.HTML(statusview.progress_html(dom_id=BAKE_PROGRESS_ID), elem_id="kiln-bake-progress-box")
@@ -303,6 +324,7 @@ def _bake_tab(s: Settings) -> BakeTab:
             c["fit_view"] = gr.Image(label="The fitted camera: the model's silhouette (blue, orange outline) over "
                                            "the photo; the mask's outline green", visible=False, interactive=False,
                                      elem_id="kiln-bake-fit-view")
+            c["fit_info"] = gr.Markdown("", elem_id="kiln-bake-fit-info")
             c["model"] = gr.Model3D(label="Result", elem_id="kiln-bake-model", height=420,
                                     clear_color=(0.93, 0.93, 0.95, 1.0))
             c["download"] = gr.DownloadButton("Download GLB", visible=False, elem_id="kiln-bake-dl")

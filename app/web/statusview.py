@@ -12,7 +12,7 @@ from app.web.usertext import public_text
 
 STAGE_LABELS = {"read": "Reading the files", "reconstruct": "Reconstructing", "render_views": "Rendering views",
                 "mesh": "Simplifying mesh", "uv": "Unwrapping UVs", "bake": "Baking texture",
-                "export": "Exporting GLB"}
+                "export": "Exporting GLB", "fit": "Fitting the camera"}
 
 
 # a model from a photo with fewer faces than this has lost its shape to simplification

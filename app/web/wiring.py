@@ -17,7 +17,10 @@ from typing import Any
 
 from functools import partial
 
+import gradio as gr
+
 from app.web import handlers_bake as baking
+from app.web import handlers_fit as fitting
 from app.web import handlers_image as image
 from app.web import handlers_job as job
 from app.web import handlers_page as around
@@ -114,8 +117,14 @@ def _wire_job(page: Page, ctx: AppContext) -> None:
 def bake_result_outputs(page: Page) -> list:
     """What a bake's outcome sets (``handlers_bake.bake_outcome_view``)."""
     t = page.baking
-    return [t.progress, t.model, t.download, t.more_files, t.file_sizes, t.notes, t.generate, t.cancel, page.history,
+    return [t.progress, t.model, t.download, t.more_files, t.file_sizes, t.notes, *bake_buttons(page), page.history,
             page.history_files]
+
+
+def bake_buttons(page: Page) -> list:
+    """The bake tab's buttons, which every event that starts or ends its job sets."""
+    t = page.baking
+    return [t.fit_button, t.generate, t.cancel]
 
 
 def _wire_bake(page: Page, ctx: AppContext) -> None:
@@ -125,8 +134,8 @@ def _wire_bake(page: Page, ctx: AppContext) -> None:
     t = page.baking
     check = t.generate.click(
         on(baking.on_bake), t.form,
-        [t.progress, t.notes, t.model, t.download, t.more_files, t.file_sizes, t.fit_view, t.generate,
-         t.cancel],
+        [t.progress, t.notes, t.model, t.download, t.more_files, t.file_sizes, t.fit_view, t.fit_info,
+         *bake_buttons(page)],
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
     )
     bake_event = check.success(
@@ -136,12 +145,38 @@ def _wire_bake(page: Page, ctx: AppContext) -> None:
     check.failure(on(baking.show_bake_refusal), None, [t.progress], queue=False, show_progress="hidden")
     bake_event.then(on(baking.show_bake_outcome), None, bake_result_outputs(page), queue=False,
                     show_progress="hidden")
-    load_event = page.demo.load(on(baking.follow_bake_on_load), None, [t.progress, t.fit_view, t.generate, t.cancel],
+    load_event = page.demo.load(on(baking.follow_bake_on_load), None, [t.progress, t.fit_view, *bake_buttons(page)],
                                 concurrency_id="follow", concurrency_limit=None, show_progress="hidden")
     load_event.then(on(baking.show_followed_bake), None, bake_result_outputs(page), queue=False,
                     show_progress="hidden")
-    t.cancel.click(on(baking.on_bake_cancel), None, [t.progress, t.generate, t.cancel],
-                   cancels=[bake_event, load_event], queue=False)
+    fit_event = _wire_fit(page, ctx)
+    t.cancel.click(on(baking.on_bake_cancel), None, [t.progress, *bake_buttons(page)],
+                   cancels=[bake_event, load_event, fit_event], queue=False)
+
+
+def _wire_fit(page: Page, ctx: AppContext):
+    """"Fit the camera to the photo": checked at once, then a fit job followed like a bake's
+    (``handlers_fit``); any change of what a fit holds for drops the tab's fit. Returns the
+    event that follows the job (Cancel stops it)."""
+    def on(handler):
+        return event_fn(handler, page, ctx)
+
+    t = page.baking
+    check = t.fit_button.click(on(fitting.on_fit), t.fit_form,
+                               [t.progress, t.notes, t.fit_view, t.fit_info, *bake_buttons(page)],
+                               concurrency_id="check", concurrency_limit=None, show_progress="hidden")
+    fit_event = check.success(on(fitting.run_fit), t.fit_form, [t.progress],
+                              concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden")
+    check.failure(on(fitting.show_fit_refusal), None, [t.progress], queue=False, show_progress="hidden")
+    fit_event.then(on(fitting.show_fit_outcome), None, [t.progress, t.fit_view, t.fit_info, *bake_buttons(page)],
+                   queue=False, show_progress="hidden")
+    for box in t.fit_depends_on:
+        # .change on files fires on an upload and a clear; .input on the others fires on what
+        # the person does only (a handler setting a box leaves the fit alone)
+        trigger = box.change if isinstance(box, gr.File) else box.input
+        trigger(on(fitting.on_fit_inputs_changed), None, [t.fit_view, t.fit_info], queue=False,
+                show_progress="hidden")
+    return fit_event
 
 
 def _wire_around(page: Page, ctx: AppContext) -> None:

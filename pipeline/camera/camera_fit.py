@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
 
@@ -79,6 +79,17 @@ class CameraFit:
         if self.tie_break:
             out["tie_break"] = self.tie_break
         return out
+
+    @classmethod
+    def from_report(cls, report: "Mapping[str, Any]", camera: SourceCamera) -> "CameraFit":
+        """A fit made earlier (its ``report()``, e.g. a fit job's ``camera.json``) with its
+        camera as read for this photo; KeyError / TypeError / ValueError for a report that
+        lacks the fit's figures."""
+        tie = report.get("tie_break")
+        return cls(camera=camera, iou=float(report["silhouette_iou"]),
+                   coverage=float(report["silhouette_coverage"]), inside=float(report["silhouette_inside"]),
+                   objective=float(report.get("fit_objective", 0.0)), seconds=float(report.get("fit_seconds", 0.0)),
+                   case=str(report.get("fit_case", "")), tie_break=dict(tie) if tie else None)
 
 
 def _decimated(mesh: Mesh, faces: int) -> Mesh:

@@ -49,8 +49,8 @@ class ModelInputs:
     camera: the photo's camera in the mesh's frame (or None); camera_fit: how well it fits
     when it was fitted to the mask (``pipeline.camera.camera_fit``), else None; keep_uvs: bake into
     the model's own UV layout (no simplification) rather than a new one. camera_how: how the
-    camera was found ("file" | "focal" | "fitted"); warnings: what reading the files found that
-    the person should hear.
+    camera was found ("file" | "focal" | "fitted" | "fitted before": a fit's camera given as
+    fitted); warnings: what reading the files found that the person should hear.
     """
 
     model: MeshFile

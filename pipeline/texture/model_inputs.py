@@ -31,6 +31,7 @@ from pipeline.validate import StageInputError
 
 if TYPE_CHECKING:
     from pipeline.backends import Backends
+    from pipeline.camera.camera_fit import CameraFit
     from pipeline.raster.rasterize import RasterContext
 
 Progress = Callable[[float, str], None]
@@ -47,8 +48,9 @@ class ReadModel:
 
     model: the mesh file; splat: the splat file (its own frame) or None; photo: rgb + mask,
     or None; camera: the given camera at the photo's size (None: none given, or to be fitted);
-    camera_how: "file" | "focal" | None; keep_uvs: bake into the mesh's own UVs;
-    notes: what a person should know about how the files were read.
+    camera_how: "file" | "focal" | "fitted before" (a fit's report given with ``camera_fitted``) | None;
+    keep_uvs: bake into the mesh's own UVs; notes: what a person should know about how the files
+    were read; camera_fit: the fit a ``camera_fitted`` camera file reports, else None.
     """
 
     model: MeshFile
@@ -58,6 +60,7 @@ class ReadModel:
     camera_how: Optional[str]
     keep_uvs: bool
     notes: tuple[str, ...]
+    camera_fit: Optional["CameraFit"] = None
 
 
 def _name(req: BakeRequest, key: str, file: str) -> str:
@@ -90,13 +93,35 @@ def read_model(req: BakeRequest, folder: Path, photo: Optional[ImageInput],
         notes.append(f"splat {_name(req, 'splat', req.splat)}: {splat.note}")
     keep = _keep_uvs(req, model, simplify_asked)
     camera, how = _given_camera(req, folder, photo)
+    fitted = None
     if camera is not None:
         _check_in_front(m.vertices, camera, how, req)
+    if req.camera_fitted:
+        assert camera is not None and req.camera is not None   # _given_camera refuses otherwise
+        fitted = _fitted_before(folder / req.camera, camera, _name(req, "camera", req.camera))
+        how = "fitted before"
+        notes.append(f"camera: fitted to the mask before (silhouette IoU {fitted.iou:.2f}, covers "
+                     f"{100 * fitted.coverage:.0f} % of the mask); used as it is, not fitted again")
     elif req.photo and photo is not None:
         notes.append("camera: none given; it is fitted to the mask" if not req.fit_camera
                      else "camera: fitted to the mask")
     return ReadModel(model=model, splat=splat, photo=photo, camera=camera, camera_how=how,
-                     keep_uvs=keep, notes=tuple(notes))
+                     keep_uvs=keep, notes=tuple(notes), camera_fit=fitted)
+
+
+def _fitted_before(path: Path, camera: SourceCamera, name: str) -> "CameraFit":
+    """The fit a camera file made by a fit reports (``CameraFit.report``), with ``camera``
+    (read from it at the photo's size)."""
+    import json
+
+    from pipeline.camera.camera_fit import CameraFit
+
+    try:
+        return CameraFit.from_report(json.loads(path.read_text()), camera)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        raise StageInputError(f"camera file {name} is not a fitted camera (a fit's camera.json, with "
+                              "silhouette_iou, silhouette_coverage and silhouette_inside beside its "
+                              "source_camera): give it as a plain camera instead") from None
 
 
 def _renamed(message: str, file: str, name: str) -> str:
@@ -125,6 +150,8 @@ def _given_camera(req: BakeRequest, folder: Path, photo: Optional[ImageInput]
     if req.fit_camera:
         raise StageInputError("give a camera (--camera or --focal) or ask for it to be fitted "
                               "(--fit-camera), not both")
+    if req.camera_fitted and req.camera is None:
+        raise StageInputError("a fitted camera comes as a camera file (a fit's camera.json), not a focal length")
     if photo is None:
         raise StageInputError("a camera is only used to project the photo: give the photo too (--image)")
     h, w = photo.mask.shape
@@ -162,7 +189,7 @@ def place_model(read: ReadModel, req: BakeRequest, raster_ctx: "RasterContext", 
         frame = fit_frame(read.model.mesh, read.splat.gaussians, req.source)
         splat = transform_gaussians(read.splat.gaussians, _rotation(frame.source))
         notes.append(frame.note)
-    camera, how, fit = read.camera, read.camera_how, None
+    camera, how, fit = read.camera, read.camera_how, read.camera_fit
     if read.photo is not None and camera is None:
         from pipeline.camera.camera_fit import fit_camera
         from pipeline.camera.fit_tiebreak import model_render

@@ -175,7 +175,7 @@ class WorkerHost:
                 if job.scratch is not None:
                     files.append(jobfiles.pack_results(job.id, job.scratch, isinstance(msg, Done)))
                     if isinstance(msg, Done):
-                        msg = replace(msg, glb=self._on_server(job, msg.glb),
+                        msg = replace(msg, glb=self._on_server(job, msg.glb) if msg.glb else None,
                                       ply=self._on_server(job, msg.ply) if msg.ply else None,
                                       extra={k: self._on_server(job, v) for k, v in (msg.extra or {}).items()})
                     shutil.rmtree(job.scratch, ignore_errors=True)

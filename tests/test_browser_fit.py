@@ -1,0 +1,102 @@
+"""The bake tab's "Fit the camera to the photo" in a real browser against a real server and
+worker: the button runs the fit alone, the page shows the fitted silhouette over the photo and
+the fit's figures before anything is baked, Bake then uses that camera (the notes say so, no
+refit), and a new mask drops the fit. Screenshots go to test-artifacts/browser/."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from browser_helpers import ARTIFACTS, chromium, open_page, require_browser, serve
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+require_browser()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    for url, _work, _log, _proc in serve(tmp_path_factory, "fit-server"):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    yield from chromium()
+
+
+def _bake_state(page) -> str:
+    return page.evaluate("() => (document.querySelector('#kiln-bake-progress') || {dataset: {}}).dataset.state")
+
+
+def _wait_bake_state(page, state: str, timeout_s: float = 240) -> None:
+    t0 = time.monotonic()
+    while _bake_state(page) != state:
+        assert _bake_state(page) not in ("failed", "cancelled"), page.inner_text("#kiln-bake-progress-box")
+        assert time.monotonic() - t0 < timeout_s, page.inner_text("#kiln-bake-progress-box")
+        time.sleep(0.25)   # polling a state with a deadline, not guessing a duration
+
+
+def _text(page, selector: str) -> str:
+    return page.inner_text(selector)
+
+
+def test_fit_the_camera_first_then_bake_with_it(server, browser, tmp_path):
+    from PIL import Image
+
+    from fit_helpers import fit_scene
+
+    scene = fit_scene(tmp_path / "scene")
+    ctx, page = open_page(browser, server)
+    try:
+        page.get_by_role("tab", name="Bake a model").click()
+        page.wait_for_selector("#kiln-bake-mesh input[type=file]", state="attached")
+        for box, path in (("mesh", scene.mesh), ("photo", scene.photo), ("mask", scene.mask)):
+            page.set_input_files(f"#kiln-bake-{box} input[type=file]", str(path))
+            page.wait_for_function("(a) => document.querySelector(a[0]).innerText.includes(a[1])",
+                                   arg=[f"#kiln-bake-{box}", path.stem])
+        button = page.locator("#kiln-bake-fit-button")
+        assert button.inner_text().strip() == "Fit the camera to the photo"
+        button.click()
+        _wait_bake_state(page, "done")
+        page.wait_for_function("() => { const i = document.querySelector('#kiln-bake-fit-view img');"
+                               " return i && i.complete && i.naturalWidth === 320; }")
+        page.wait_for_function("() => document.querySelector('#kiln-bake-fit-info').innerText"
+                               ".includes('Bake will use this camera')")
+        info = _text(page, "#kiln-bake-fit-info")
+        assert "Camera fitted to the mask in" in info and "silhouette IoU" in info and "covering" in info
+        assert "Tie-break:" in info and "no refit" in info
+        assert "camera fitted: press Bake" in _text(page, "#kiln-bake-progress-box")
+        # nothing was baked: no model, no download
+        assert not page.locator("#kiln-bake-dl").is_visible()
+        # the picture is the model over the photo: its tint differs from the photo inside the mask
+        src = page.locator("#kiln-bake-fit-view img").get_attribute("src")
+        import io
+
+        shown = np.asarray(Image.open(io.BytesIO(page.request.get(src).body())).convert("RGB"), np.int16)
+        photo = np.asarray(Image.open(scene.photo).convert("RGB"), np.int16)
+        mask = np.asarray(Image.open(scene.mask)) > 127
+        assert np.abs(shown - photo)[mask].mean() > 10
+        page.screenshot(path=str(ARTIFACTS / "f1_fitted_before_baking.png"), full_page=True)
+
+        page.click("#kiln-bake-generate")
+        page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText"
+                               ".includes('Baking with the camera fitted before')")
+        _wait_bake_state(page, "done")
+        page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText"
+                               ".includes('Baked with the camera fitted before, not fitted again')")
+        page.wait_for_selector("#kiln-bake-dl", state="visible")   # shown by the same update, drawn after it
+        assert "Bake will use this camera" in _text(page, "#kiln-bake-fit-info"), "the fit stays for the next Bake"
+        page.screenshot(path=str(ARTIFACTS / "f2_baked_with_the_fit.png"), full_page=True)
+
+        # the mask taken away: the fit no longer holds
+        page.locator("#kiln-bake-mask button[aria-label='Clear']").click()
+        page.wait_for_function("() => document.querySelector('#kiln-bake-fit-info').innerText"
+                               ".includes('was dropped')")
+        page.screenshot(path=str(ARTIFACTS / "f3_fit_dropped.png"), full_page=True)
+        page.wait_for_selector("#kiln-bake-fit-view img", state="hidden")
+    finally:
+        ctx.close()
