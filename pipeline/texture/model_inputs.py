@@ -96,7 +96,9 @@ def read_model(req: BakeRequest, folder: Path, photo: Optional[ImageInput],
     fitted = None
     if camera is not None:
         _check_in_front(m.vertices, camera, how, req)
-    if req.camera_fitted:
+    # a fit's own camera.json (kiln bake --fit-camera, a fit job) is gated as a fit, by its IoU,
+    # whether or not the caller said so: its mesh may rightly reach outside the mask
+    if req.camera_fitted or (req.camera is not None and camera is not None and _is_fit_report(folder / req.camera)):
         assert camera is not None and req.camera is not None   # _given_camera refuses otherwise
         fitted = _fitted_before(folder / req.camera, camera, _name(req, "camera", req.camera))
         how = "fitted before"
@@ -107,6 +109,20 @@ def read_model(req: BakeRequest, folder: Path, photo: Optional[ImageInput],
                      else "camera: fitted to the mask")
     return ReadModel(model=model, splat=splat, photo=photo, camera=camera, camera_how=how,
                      keep_uvs=keep, notes=tuple(notes), camera_fit=fitted)
+
+
+def _is_fit_report(path: Path) -> bool:
+    """Whether a camera file is a fit's report (it carries the fit's silhouette figures)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and all(k in data for k in FIT_FIGURES)
+
+
+FIT_FIGURES = ("silhouette_iou", "silhouette_coverage", "silhouette_inside")
 
 
 def _fitted_before(path: Path, camera: SourceCamera, name: str) -> "CameraFit":
