@@ -2,7 +2,7 @@
 
 import sys
 
-from app.web.server import main
+from app.web.server.launch import main
 
 if __name__ == "__main__":
     sys.exit(main())

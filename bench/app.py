@@ -92,7 +92,8 @@ def _click_times(seg, rgb: np.ndarray, n: int) -> tuple[list[float], float]:
     """Seconds per click (handler + overlay + JPEG), after one warm-up click."""
     from PIL import Image
 
-    from app.web import selection, uploads
+    from app.web.photo import selection
+    from app.web.state import uploads
 
     buf = io.BytesIO()
     Image.fromarray(rgb).save(buf, format="PNG")

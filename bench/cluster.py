@@ -68,7 +68,7 @@ def _settings(**over):
 
 def supervisor_row(label: str, nodes: int, settings, root: Path, n: int) -> Row:
     """The local engine or the Ray engine, through a Supervisor (no cache: every job computes)."""
-    from worker.supervisor import Supervisor
+    from worker.pool.supervisor import Supervisor
 
     sup = Supervisor(settings, root / "jobs", None)
     t0 = time.perf_counter()
@@ -95,8 +95,8 @@ def supervisor_row(label: str, nodes: int, settings, root: Path, n: int) -> Row:
 def task_job(cfg, run, files):
     """One job in a fresh Ray worker process: a whole worker start-up, then the job (the
     alternative to warm hosts; runs on the node)."""
-    from worker import env as env_mod
-    from worker import process
+    from worker.child import env as env_mod
+    from worker.child import process
     from worker.engines import jobfiles, rayhost
 
     rayhost._undo_ray_thread_cap()   # as the host does: the node's cores, not Ray's 1
@@ -125,9 +125,9 @@ def task_row(nodes: int, settings, root: Path, n: int) -> Row:
 
     from kiln.records import WorkerReport
     from worker.engines import jobfiles
-    from worker.jobstore import JobStore
+    from worker.jobs.jobstore import JobStore
     from worker.messages import Run
-    from worker.workerconfig import WorkerConfig
+    from worker.child.workerconfig import WorkerConfig
 
     # Ray's defaults for a GPU task made explicit: a fresh process per task; no retries (Kiln's rule)
     remote = ray.remote(resources={RESOURCE: 1}, num_cpus=0, max_calls=1, max_retries=0)(task_job)

@@ -36,7 +36,7 @@ def _inputs():
 
 
 def bench_spawn(settings, root: Path, repeat: int) -> list[float]:
-    from worker.supervisor import Supervisor
+    from worker.pool.supervisor import Supervisor
 
     out = []
     for i in range(repeat):
@@ -51,7 +51,7 @@ def bench_spawn(settings, root: Path, repeat: int) -> list[float]:
 def bench_overhead(settings, root: Path, repeat: int) -> tuple[list[float], list[float]]:
     from pipeline.run import run_pipeline
     from pipeline.types import ImageInput
-    from worker.supervisor import Supervisor
+    from worker.pool.supervisor import Supervisor
 
     rgb, mask = _inputs()
     inproc = []
@@ -79,8 +79,8 @@ def bench_overhead(settings, root: Path, repeat: int) -> tuple[list[float], list
 
 
 def bench_crash(settings, root: Path, repeat: int) -> list[tuple[float, float, float]]:
-    from worker.faults import FaultPlan
-    from worker.supervisor import Supervisor
+    from worker.child.faults import FaultPlan
+    from worker.pool.supervisor import Supervisor
 
     rgb, mask = _inputs()
     bad_settings = settings.override({"worker.retry_with_fallback": False})

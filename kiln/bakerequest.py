@@ -4,7 +4,7 @@ the typed record a front end writes into the job's folder and the worker reads b
 Files are named relative to the job's ``inputs/`` folder, where the front end copied them
 (with the companions a mesh file refers to: an OBJ's MTL and textures, a glTF's buffers);
 the photo and its mask, when there is one, are ``inputs/image.png`` and ``inputs/mask.png``
-as for any job. Values are checked where they enter (``worker.bakeinputs``), then trusted.
+as for any job. Values are checked where they enter (``worker.jobs.bakeinputs``), then trusted.
 
 Standard library only: the app process and the worker both read it.
 """

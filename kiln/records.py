@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 # The start-up probes whose answers a ``Capabilities`` holds, one bool field each
-# (``worker.probe.PROBES`` runs them; a test keeps the two lists the same).
+# (``worker.child.probe.PROBES`` runs them; a test keeps the two lists the same).
 PROBED = ("cuda", "cpu", "moderngl", "gsplat", "nvdiffrast", "sam3d")
 
 
@@ -67,7 +67,7 @@ def _without_none(data: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a worker's start-up probes found it can run (``worker.process``), sent to the
+    """What a worker's start-up probes found it can run (``worker.child.process``), sent to the
     supervisor in ``Ready``; ``pipeline.backends`` resolves ``auto`` settings against it.
 
     device: the GPU's name when the CUDA probe passed, else "cpu".

@@ -127,7 +127,7 @@ class WorkerSettings:
     probe_timeout_s: float = field(default=300.0, metadata=_num(5, 1800))
     retry_with_fallback: bool = True
     # jobs a previous server left queued or running (kill -9, OOM killer, reboot) are queued
-    # again at start; one that was running counts as a crash of its input (worker.resume)
+    # again at start; one that was running counts as a crash of its input (worker.pool.resume)
     resume_interrupted: bool = True
     max_queue: int = field(default=16, metadata=_num(1, 1000))
     # python executable the workers run under (e.g. SAM 3D Objects' env); "" = Kiln's own
@@ -159,7 +159,7 @@ class AppSettings:
     auto_mask: str = field(default="auto", metadata=_choice("auto", "sam2", "rembg", "border-model"))
     jobs_dir: str = "var/jobs"
     cache_dir: str = "var/cache"
-    # per-tab images on disk (app/web/sessions.py); a client is a network address
+    # per-tab images on disk (app/web/state/sessions.py); a client is a network address
     session_ttl_h: float = field(default=6.0, metadata=_num(0.1, 168))
     max_sessions: int = field(default=200, metadata=_num(1, 100000))
     max_sessions_per_client: int = field(default=8, metadata=_num(1, 10000))
@@ -168,7 +168,7 @@ class AppSettings:
     upload_mb_per_client_hour: float = field(default=500.0, metadata=_num(1, 1_000_000))
     # a job the page started is cancelled once no page of its browser followed it this long
     orphan_grace_s: float = field(default=120.0, metadata=_num(1, 86400))
-    # reverse proxies whose X-Forwarded-For names the client (app/web/proxies.py); () = none
+    # reverse proxies whose X-Forwarded-For names the client (app/web/server/proxies.py); () = none
     trusted_proxies: tuple[str, ...] = field(default=(), metadata=_networks())
 
 

@@ -468,17 +468,17 @@ def _load_settings(path: Path):
 
 
 def _read_photo_mask(path: Path):
-    """``kiln run``'s check of a photo with a mutated mask beside it (worker.inputs)."""
-    from worker.inputs import read_photo
+    """``kiln run``'s check of a photo with a mutated mask beside it (worker.jobs.inputs)."""
+    from worker.jobs.inputs import read_photo
 
     photo = path.parent / "photo.png"
     return read_photo(photo, path, MAX_PIXELS)
 
 
 def _check_bake_mesh(path: Path):
-    """``kiln bake``'s checks (worker.bakeinputs) of a mutated mesh with a small splat."""
+    """``kiln bake``'s checks (worker.jobs.bakeinputs) of a mutated mesh with a small splat."""
     from kiln.settings import Settings
-    from worker.bakeinputs import BakeFiles, check_bake
+    from worker.jobs.bakeinputs import BakeFiles, check_bake
 
     return check_bake(BakeFiles(mesh=path, splat=path.parent / "splat.ply"), Settings())
 
@@ -513,9 +513,9 @@ def targets() -> dict[str, Target]:
         Target("mesh", mesh_seeds, _read_mesh, _errors(stage), check_mesh),
         Target("splat", splat_seeds, _read_splat, _errors(stage), check_splat),
         Target("run-inputs", lambda: [_photo_companion(s) for s in mask_seeds()], _read_photo_mask,
-               _errors("worker.inputs:InputProblem"), check_loaded),
+               _errors("worker.jobs.inputs:InputProblem"), check_loaded),
         Target("bake-inputs", lambda: [_splat_companion(s) for s in mesh_seeds()[:3]], _check_bake_mesh,
-               _errors("worker.inputs:InputProblem"), check_bake_result),
+               _errors("worker.jobs.inputs:InputProblem"), check_bake_result),
     )}
 
 

@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import numpy as np
 from PIL import Image
 
-from app.web import browser
-from app.web.context import AppContext
-from app.web.requestinfo import Caller
+from app.web.server import browser
+from app.web.server.context import AppContext
+from app.web.server.requestinfo import Caller
 from app.segment.segment import GrabCutSegmenter, SegmenterChoice
 from kiln.records import JobStats, OutputFile, PipelineStats
-from worker.jobstore import JobStatus
+from worker.jobs.jobstore import JobStatus
 
 ALICE, BOB = "a" * 43, "b" * 43   # two browsers' cookies
 
@@ -41,7 +41,7 @@ def png_bytes(arr: np.ndarray) -> bytes:
 
 
 class FakeJob:
-    """A ``worker.jobhandle.Job``'s calls, answered by ``FakeSup``."""
+    """A ``worker.pool.jobhandle.Job``'s calls, answered by ``FakeSup``."""
 
     def __init__(self, sup: "FakeSup", job_id: str):
         self.sup, self.id = sup, job_id
@@ -125,7 +125,7 @@ class FakeSup:
         return FakeJob(self, job_id)
 
     def submit_bake(self, bake, settings, session, kind: str = "bake"):
-        """A bake job: ``bakes[job id]`` keeps the ``worker.bakeinputs.CheckedBake`` it got."""
+        """A bake job: ``bakes[job id]`` keeps the ``worker.jobs.bakeinputs.CheckedBake`` it got."""
         if self.refuse is not None:
             raise self.refuse
         with self.lock:

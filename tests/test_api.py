@@ -1,4 +1,4 @@
-"""The script API (app/web/api.py, docs/api.md) against a live server: the documented example
+"""The script API (app/web/api/photo.py, docs/api.md) against a live server: the documented example
 makes a real GLB, and what one client made no other client can reach."""
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_docs_show_the_example_as_it_is():
     blocks = re.findall(r"```python\n(.*?)```", docs, re.S)
     assert EXAMPLE.read_text() in blocks, "docs/api.md must show examples/api_client.py verbatim"
     # every endpoint is documented
-    from app.web.api_endpoints import ENDPOINTS
+    from app.web.api.endpoints import ENDPOINTS
 
     for name in ENDPOINTS:
         assert f"### `/{name}`" in docs
@@ -229,7 +229,7 @@ def test_inputs_and_settings_refused_with_what_to_fix(server, images, tmp_path):
             with pytest.raises(AppError, match=message):
                 c.predict(**kw, api_name="/generate")
         # the pages' own events are not part of the API
-        from app.web.api_endpoints import ENDPOINTS
+        from app.web.api.endpoints import ENDPOINTS
 
         named = c.view_api(print_info=False, return_format="dict")["named_endpoints"]
         assert sorted(named) == sorted(f"/{n}" for n in ENDPOINTS)

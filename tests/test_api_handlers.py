@@ -1,4 +1,4 @@
-"""The script API's endpoints without a server (app/web/api.py): each handler called with plain
+"""The script API's endpoints without a server (app/web/api/photo.py): each handler called with plain
 values, the endpoint table against the handlers' parameters, and the registration against
 what gradio_client lists. tests/test_api.py runs the same endpoints against a live server."""
 
@@ -16,9 +16,10 @@ from PIL import Image
 # a required dependency; absent only on the offline GPU image, which runs `pytest -m gpu`
 gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
 
-from app.web import api, api_endpoints  # noqa: E402
-from app.web.requestinfo import event_fn  # noqa: E402
-from app.web.ui import build_ui  # noqa: E402
+from app.web.api import photo as api  # noqa: E402
+from app.web.api import endpoints as api_endpoints
+from app.web.server.requestinfo import event_fn  # noqa: E402
+from app.web.page.ui import build_ui  # noqa: E402
 from kiln.settings import Settings  # noqa: E402
 from page_helpers import ALICE, BOB, FakeSup, caller, make_context, png_file  # noqa: E402
 from synthetic import make_object_image  # noqa: E402
@@ -174,7 +175,7 @@ def _coloured_mesh(path: Path) -> str:
 
 
 def test_bake_checks_the_files_before_a_job_is_queued(app, tmp_path):
-    from app.web import api_bake
+    from app.web.api import bake as api_bake
 
     mesh = _coloured_mesh(tmp_path / "ball.ply")
     assert _refused(api_bake.bake, app.ctx, A, "", progress=_no_progress) == "mesh: no file was given"
@@ -195,7 +196,7 @@ def test_bake_checks_the_files_before_a_job_is_queued(app, tmp_path):
 
 
 def test_bake_runs_a_job_with_the_sessions_photo_and_publishes_its_glb(app, tmp_path):
-    from app.web import api_bake
+    from app.web.api import bake as api_bake
 
     mesh = _coloured_mesh(tmp_path / "ball.ply")
     api.upload_image(app.ctx, A, app.files.cutout)
@@ -257,7 +258,7 @@ def test_a_bad_format_unit_or_texture_format_is_refused_before_a_job(app, values
 
 
 def test_bake_takes_formats_too(app, tmp_path):
-    from app.web import api_bake
+    from app.web.api import bake as api_bake
 
     mesh = _coloured_mesh(tmp_path / "ball.ply")
     api.upload_image(app.ctx, A, app.files.cutout)
@@ -271,8 +272,9 @@ def test_fit_camera_answers_the_camera_file_its_figures_and_its_picture_for_this
     """/fit_camera: a fit job (no bake); its camera file in the form /bake's camera (and kiln
     bake --camera) reads, its figures, whether a bake will project the photo, and the picture;
     then /bake with that camera as fitted bakes without fitting again and answers the picture."""
-    from app.web import api_bake, api_fit
-    from app.web.browser import browser_of
+    from app.web.api import bake as api_bake
+    from app.web.api import fit as api_fit
+    from app.web.server.browser import browser_of
     from pipeline.io.camera_file import read_camera
 
     mesh = _coloured_mesh(tmp_path / "ball.ply")
@@ -308,9 +310,9 @@ def test_fit_camera_answers_the_camera_file_its_figures_and_its_picture_for_this
 def test_a_bake_that_fitted_its_camera_answers_the_fits_picture_and_figures(app, tmp_path, monkeypatch):
     from dataclasses import replace
 
-    from app.web import api_bake
+    from app.web.api import bake as api_bake
     from kiln.records import JobStats, ModelStats, PipelineStats
-    from worker.bakejob import FIT_IMAGE
+    from worker.jobs.bakejob import FIT_IMAGE
 
     fit = {"silhouette_iou": 0.7, "silhouette_coverage": 0.99, "silhouette_inside": 0.7, "fit_seconds": 2.0}
     end = app.sup._end

@@ -1,5 +1,5 @@
 """Uploaded photos and the page's working copy are bound to their browser, as results are
-(app/web/ownedfiles.py, RequestGuard): the browser that uploaded a file, or was shown a
+(app/web/server/browser_files.py, RequestGuard): the browser that uploaded a file, or was shown a
 canvas image, fetches it; another browser and a client without the cookie get 403, through
 the page's routes and the script API; a server starts with Gradio's folder empty."""
 
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.web import browser
-from app.web.ownedfiles import OwnedFiles, uploaded_paths
-from app.web.requestinfo import Caller, event_fn
+from app.web.server import browser
+from app.web.server.browser_files import OwnedFiles, uploaded_paths
+from app.web.server.requestinfo import Caller, event_fn
 from synthetic import make_object_image
 from test_app_sessions import Tab, _png, serve_with_fake_pool
 
@@ -45,7 +45,7 @@ def test_owned_files_are_known_by_every_spelling_of_their_path(tmp_path):
 
 
 def test_files_whose_file_is_gone_are_forgotten(tmp_path, monkeypatch):
-    from app.web import ownedfiles
+    from app.web.server import browser_files as ownedfiles
 
     monkeypatch.setattr(ownedfiles, "PRUNE_AT", 3)
     owned = OwnedFiles(tmp_path / "canvas")
@@ -107,7 +107,7 @@ def _guarded(owned: OwnedFiles, results: dict | None = None):
     from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.routing import Route, Router
 
-    from app.web.server import RequestGuard
+    from app.web.server.launch import RequestGuard
 
     async def upload(request):
         """As Gradio's upload route answers: the stored paths, as JSON (here in two pieces)."""

@@ -13,12 +13,21 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.web import active, browser, form, history, jobs, usertext, results, selection, statusview, uploads
+from app.web.state import tab_jobs as active
+from app.web.server import browser
+from app.web.photo import form
+from app.web.state import history
+from app.web.state import browser_jobs as jobs
+from app.web.server import usertext
+from app.web.server import results
+from app.web.photo import selection
+from app.web.page import status_line as statusview
+from app.web.state import uploads
 from app.segment.segment import GrabCutSegmenter, box_mask, image_key, keep_clicked_components
 from kiln.records import Capabilities, JobStats, PipelineStats
 from kiln.settings import AppSettings, Settings
 from synthetic import make_object_image
-from worker.jobstore import JobStatus
+from worker.jobs.jobstore import JobStatus
 
 APP = AppSettings()
 # the form's values in ui_overrides' order: bake, simplify, texture, views, mode, seed, ply
@@ -293,7 +302,7 @@ class _Sup:
         self.submitted.append((job, session))
         return self.job(job)
 
-    def job(self, job_id):   # a worker.jobhandle.Job's calls, answered by this stand-in
+    def job(self, job_id):   # a worker.pool.jobhandle.Job's calls, answered by this stand-in
         return SimpleNamespace(id=job_id, status=lambda: self.status(job_id),
                                cancel=lambda timeout=5.0, reason="": self.cancel(job_id, reason))
 
@@ -403,7 +412,7 @@ def test_session_names_come_from_the_browser_cookie_and_the_tab():
     anon = browser.session_name(None, tab)
     assert anon.startswith("web-anon-") and not browser.session_owned_by(anon, None)
     assert not browser.session_owned_by("cli", alice) and not browser.session_owned_by(None, alice)
-    from worker.jobstore import safe_session
+    from worker.jobs.jobstore import safe_session
     assert safe_session(own) == own            # usable as the job store's folder name as it is
 
 
@@ -411,7 +420,7 @@ def _guarded_app(owner_of, max_upload_bytes=10_000):
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route, Router
 
-    from app.web.server import RequestGuard
+    from app.web.server.launch import RequestGuard
 
     async def any_route(request):
         body = await request.body()
@@ -461,7 +470,7 @@ def test_request_guard_serves_results_only_to_their_browser():
 def test_request_guard_caps_request_bodies():
     from starlette.testclient import TestClient
 
-    from app.web.server import MAX_BODY_BYTES
+    from app.web.server.launch import MAX_BODY_BYTES
 
     client = TestClient(_guarded_app(lambda name: None, max_upload_bytes=10_000))
     assert client.post("/gradio_api/upload", content=b"x" * 9_000).status_code == 200
@@ -544,9 +553,9 @@ def test_results_are_published_per_browser_as_image_name_n_outside_the_job_store
     assert 'src="data:image/jpeg;base64,xx"' in page and "My_photo-2.glb" in page
     failed = JobStatus(id="20260101-000001-cccccc", session="web-a", state="failed", error="boom | bad",
                        created=time.time() + 1)
-    md = history.history_markdown([a, failed], {a.id: "texture 512px fast"})
-    assert md.index("cccccc") < md.index("aaaaaa")          # newest first
-    assert "failed: boom \\| bad" in md and "texture 512px fast" in md
+    listed = history.history_html([a, failed], {a.id: "texture 512px fast"})
+    assert listed.index("cccccc") < listed.index("aaaaaa")          # newest first
+    assert "failed: boom | bad" in listed and "texture 512px fast" in listed
     assert pub.publish("web-a", failed) == {}
     # a restarted server drops copies older than its age limit, keeps fresh ones
     import os
@@ -618,7 +627,7 @@ def test_active_jobs_one_press_at_a_time_and_the_outcome_until_shown():
     """A tab with a job or a waiting Generate gets no second one; the time of the press
     is kept for "Done in"; a tab's outcome is kept until taken, and a new press or a
     closed tab drops it."""
-    from app.web.outcome import not_started
+    from app.web.state.job_outcome import not_started
 
     act = active.ActiveJobs()
     assert act.press("web-a", at=100.0) and act.pending_since("web-a") == 100.0 and act.busy("web-a")
@@ -652,7 +661,7 @@ def test_image_key_depends_on_content_and_shape():
 # -- server flags -------------------------------------------------------------
 
 def test_binding_rules(caplog):
-    from app.web.server import LaunchError, check_binding, is_loopback, parse_auth
+    from app.web.server.launch import LaunchError, check_binding, is_loopback, parse_auth
 
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
@@ -671,7 +680,7 @@ def test_binding_rules(caplog):
 
 
 def test_main_refuses_unsafe_binding_before_starting_anything(capsys, monkeypatch):
-    from app.web.server import main
+    from app.web.server.launch import main
 
     monkeypatch.delenv("KILN_AUTH", raising=False)
     assert main(["--host", "0.0.0.0", "--port", "7999"]) == 2
@@ -759,8 +768,16 @@ def main():
     import httpx
     import numpy as np
     from kiln.settings import load
-    from app.web import browser, form, history, jobs, usertext, results, selection, statusview, uploads
-    from app.web.server import launch
+    from app.web.server import browser
+    from app.web.photo import form
+    from app.web.state import history
+    from app.web.state import browser_jobs as jobs
+    from app.web.server import usertext
+    from app.web.server import results
+    from app.web.photo import selection
+    from app.web.page import status_line as statusview
+    from app.web.state import uploads
+    from app.web.server.launch import launch
 
     var, port = sys.argv[1], int(sys.argv[2])
     # browsers with known cookies, so the fault rule can name tab 1's session
@@ -805,7 +822,7 @@ def main():
         secret = settings.app.jobs_dir + "/web-other/secret.txt"
         os.makedirs(os.path.dirname(secret), exist_ok=True)
         open(secret, "w").write("another session's file")
-        files = {"job_store": os.path.abspath(secret), "source": os.path.abspath("app/web/server.py"),
+        files = {"job_store": os.path.abspath(secret), "source": os.path.abspath("app/web/server/launch.py"),
                  "configs": os.path.abspath("configs/default.yaml"), "etc": "/etc/passwd",
                  "traversal": var + "/gradio/../jobs/web-other/secret.txt"}
         out["refused_files"] = {k: httpx.get(base + "/gradio_api/file=" + v).status_code for k, v in files.items()}
@@ -821,8 +838,9 @@ def main():
                 break
         steps.close()
         job = st.id
-        # hung by fault, so only a cancel could end it now: closing the page must not
-        time.sleep(1.0)
+        # hung by fault, so only a cancel could end it now: closing the page must not. The
+        # reaper's own tick, run here at once rather than waited for, is what would cancel it
+        out["reaped_at_close"] = jobs.reap_orphans(ctx)
         out["after_close"] = ctx.sup.job(job).status().state
         # the browser's next page (tab 2) finds it and follows it; another browser does not
         out["live_for_tab2"] = getattr(jobs.live_job(jobs.browser_jobs(ctx, S2)), "id", None) == job
@@ -869,7 +887,7 @@ def main():
         ctx.shutdown()
     # a restarted server (a new AppContext on the same job store): tab 3 of the browser sees
     # the browser's history with names and thumbnails; another browser sees none of it
-    from app.web.context import AppContext
+    from app.web.server.context import AppContext
     ctx2 = AppContext(settings, Path(var) / "gradio").start(wait=True)
     try:
         hist = jobs.browser_jobs(ctx2, S3)
@@ -925,7 +943,7 @@ def test_served_app_guards_files_and_uploads_frees_workers_and_stays_off_cuda(tm
     # the end (another browser does not see it); a job no page follows is cancelled after
     # app.orphan_grace_s, and the worker serves the next job
     assert out["first_note"] == jobs.WAITING_FOR_POOL
-    assert out["after_close"] == "running"
+    assert out["reaped_at_close"] == [] and out["after_close"] == "running"
     assert out["live_for_tab2"] and out["live_for_mallory"]
     assert out["reconnected_job"] == ["done", 2]
     assert out["orphan"] == ["cancelled", jobs.orphan_reason(3)]
@@ -1047,7 +1065,7 @@ def test_stage_labels_name_every_stage_and_no_other():
 
 
 def test_a_jobs_settings_come_back_into_the_form_as_they_were_used():
-    from app.web import form
+    from app.web.photo import form
     from kiln.settings import load
 
     base = load()
@@ -1063,8 +1081,8 @@ def test_a_jobs_settings_come_back_into_the_form_as_they_were_used():
 
 def test_small_wordings_a_user_noticed():
     """One number for one thing, a plural that agrees, what "auto" chose."""
-    from app.web.jobs import settings_summary
-    from app.web.selection import MaskCheck, percent
+    from app.web.state.browser_jobs import settings_summary
+    from app.web.photo.selection import MaskCheck, percent
     from kiln.settings import Settings as S
 
     assert "1 view," in settings_summary(S().override({"views.count": 1}))

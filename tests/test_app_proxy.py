@@ -1,4 +1,4 @@
-"""Behind a reverse proxy (app/web/proxies.py, app.trusted_proxies): a trusted proxy's users
+"""Behind a reverse proxy (app/web/server/proxies.py, app.trusted_proxies): a trusted proxy's users
 are counted apart, by the address it forwards; an X-Forwarded-For from anyone else changes
 nothing, also from 127.0.0.1, which uvicorn would believe by default."""
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from app.web import browser
-from app.web.proxies import TrustedProxies, parse_address
+from app.web.server import browser
+from app.web.server.proxies import TrustedProxies, parse_address
 from synthetic import make_object_image
 from test_app_sessions import Tab, _png, serve_with_fake_pool
 
@@ -64,7 +64,7 @@ def test_the_guard_counts_uploads_and_hands_on_the_forwarded_client():
     from starlette.routing import Route, Router
     from starlette.testclient import TestClient
 
-    from app.web.server import RequestGuard
+    from app.web.server.launch import RequestGuard
 
     async def echo(request):
         await request.body()

@@ -18,8 +18,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.web import browser, form, history, usertext, selection, statusview, uploads
-from app.web.sessions import WORK_BYTES_MAX, SessionLimits, SessionStore
+from app.web.server import browser
+from app.web.photo import form
+from app.web.state import history
+from app.web.server import usertext
+from app.web.photo import selection
+from app.web.page import status_line as statusview
+from app.web.state import uploads
+from app.web.state.sessions import WORK_BYTES_MAX, SessionLimits, SessionStore
 from kiln.settings import load
 from synthetic import make_object_image
 
@@ -209,7 +215,7 @@ def test_public_text_cuts_absolute_paths():
                          "OSError: [Errno 28] No space left on device: '/srv/var/jobs/web-x/j/out.tmp'",
                          message="", timings={}, stats={}, created=0)
     assert "/srv" not in statusview.progress_html(st) and "out.tmp" in statusview.progress_html(st)
-    assert "/srv" not in history.history_markdown([st])
+    assert "/srv" not in history.history_html([st]) and "out.tmp" in history.history_html([st])
 
 
 # -- a served app ---------------------------------------------------------------
@@ -250,9 +256,9 @@ def _free_port() -> int:
 def served(tmp_path_factory):
     import os
 
-    from app.web.context import AppContext
+    from app.web.server.context import AppContext
     from app.segment.segment import GrabCutSegmenter, SegmenterChoice
-    from app.web.server import launch
+    from app.web.server.launch import launch
 
     var = tmp_path_factory.mktemp("served")
     old_tmp = os.environ.get("GRADIO_TEMP_DIR")
@@ -293,8 +299,8 @@ def serve_with_fake_pool(var: Path, overrides: dict):
     import os
 
     from app.segment.segment import GrabCutSegmenter, SegmenterChoice
-    from app.web.context import AppContext
-    from app.web.server import launch
+    from app.web.server.context import AppContext
+    from app.web.server.launch import launch
 
     saved = {k: os.environ.get(k) for k in ("GRADIO_TEMP_DIR", "FORWARDED_ALLOW_IPS")}
     settings = load(None, {"app.jobs_dir": str(var / "jobs"), "app.cache_dir": str(var / "cache"), **overrides})
@@ -391,7 +397,7 @@ def test_another_browser_sending_a_tabs_session_hash_gets_nothing_of_it(served, 
 
     # Second layer: even if the hash check were gone, state is keyed by cookie + tab, so the
     # stolen hash lands in a session of Mallory's own: empty.
-    from app.web.server import TabBindings
+    from app.web.server.launch import TabBindings
 
     monkeypatch.setattr(TabBindings, "claim", lambda self, h, b: True)
     code, msg = stolen.call("kiln-clear:click", [])
@@ -460,9 +466,9 @@ def test_served_files_say_nosniff_and_errors_show_no_server_paths(served, blob_p
 def test_under_auth_every_route_needs_the_login(tmp_path):
     import os
 
-    from app.web.context import AppContext
+    from app.web.server.context import AppContext
     from app.segment.segment import GrabCutSegmenter, SegmenterChoice
-    from app.web.server import launch
+    from app.web.server.launch import launch
 
     old_tmp = os.environ.get("GRADIO_TEMP_DIR")
     settings = load(None, {"app.jobs_dir": str(tmp_path / "jobs"), "app.cache_dir": str(tmp_path / "cache")})

@@ -286,7 +286,7 @@ def _save(path: Path, rgb: np.ndarray) -> Path:
 
 
 def test_plan_takes_auto_for_one_image_and_for_a_batch(tmp_path):
-    from worker.inputs import RunItem, plan
+    from worker.jobs.inputs import RunItem, plan
 
     [item], batch = plan(["a/shot.jpg"], "auto", None, None)
     assert not batch and item == RunItem(Path("a/shot.jpg"), None, Path("shot.glb"), auto=True)
@@ -337,7 +337,7 @@ def test_the_api_generates_with_the_object_found_automatically(tmp_path):
     pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
     import gradio as gr
 
-    from app.web import api
+    from app.web.api import photo as api
     from kiln.settings import Settings
     from page_helpers import ALICE, FakeSup, caller, make_context
 

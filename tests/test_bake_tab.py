@@ -1,4 +1,4 @@
-"""The "Bake a model" tab's handlers without a server (app/web/handlers_bake.py): bad files are
+"""The "Bake a model" tab's handlers without a server (app/web/bake/bake_handlers.py): bad files are
 refused at once saying what is wrong, a good bake runs through the job queue's stand-in and
 its outcome shows the model, the download and the history; Cancel stops it. Every answer is
 checked against the outputs the wiring declares for its handler."""
@@ -16,10 +16,10 @@ from PIL import Image
 # a required dependency; absent only on the offline GPU image, which runs `pytest -m gpu`
 gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
 
-from app.web import handlers_bake as baking  # noqa: E402
-from app.web import handlers_image as image  # noqa: E402
-from app.web.page import layout  # noqa: E402
-from app.web.wiring import wire  # noqa: E402
+from app.web.bake import bake_handlers as baking  # noqa: E402
+from app.web.photo import image_handlers as image  # noqa: E402
+from app.web.page.layout import layout  # noqa: E402
+from app.web.page.wiring import wire  # noqa: E402
 from kiln.settings import Settings  # noqa: E402
 from page_helpers import ALICE, FakeSup, caller, make_context, png_file, wired_outputs  # noqa: E402
 from synthetic import make_object_image  # noqa: E402
@@ -40,9 +40,9 @@ def app(tmp_path):
 
 
 def _names(page) -> dict:
-    out = {id(getattr(page.baking, f)): f for f in page.baking.__dataclass_fields__}
+    out = {id(getattr(page.bake_tab, f)): f for f in page.bake_tab.__dataclass_fields__}
     out.update({id(getattr(page, f)): f for f in page.__dataclass_fields__
-                if f not in ("demo", "examples", "baking")})
+                if f not in ("demo", "examples", "bake_tab")})
     return out
 
 
@@ -104,7 +104,7 @@ def test_bad_files_are_refused_at_once_saying_what_is_wrong(app):
     assert 'data-state="refused"' in out["progress"] and "Not started:" in out["progress"]
     assert "upload an image first" in out["progress"] and 'id="kiln-bake-progress"' in out["progress"]
     again = baking.show_bake_refusal(app.page, app.ctx, A1)
-    assert again == {app.page.baking.progress: gr.skip()}
+    assert again == {app.page.bake_tab.progress: gr.skip()}
 
 
 def test_a_bake_runs_and_its_outcome_shows_the_model_and_the_download(app):
@@ -142,7 +142,7 @@ def test_cancel_stops_the_tabs_bake(app):
     values = form(_ball(app.tmp / "ball.ply"))
     answer(app, baking.on_bake, *values)
     steps = baking.run_bake(app.page, app.ctx, A1, *values)
-    while 'data-state="running"' not in str(next(steps).get(app.page.baking.progress)):
+    while 'data-state="running"' not in str(next(steps).get(app.page.bake_tab.progress)):
         pass
     out = answer(app, baking.on_bake_cancel)
     assert 'data-state="cancelled"' in out["progress"] and _is_update(out["generate"], value="Bake")
@@ -151,13 +151,13 @@ def test_cancel_stops_the_tabs_bake(app):
 
 
 def test_a_reloaded_page_follows_its_bake_on_this_tab_and_the_image_tab_leaves_it(app):
-    from app.web import handlers_job as job
+    from app.web.photo import generate_handlers as job
 
     app.sup.hold = True
     values = form(_ball(app.tmp / "ball.ply"))
     answer(app, baking.on_bake, *values)
     steps = baking.run_bake(app.page, app.ctx, A1, *values)
-    while 'data-state="running"' not in str(next(steps).get(app.page.baking.progress)):
+    while 'data-state="running"' not in str(next(steps).get(app.page.bake_tab.progress)):
         pass
     steps.close()                       # the page went away; its job goes on
     app.ctx.active.drop_session(A1.session)
@@ -177,21 +177,21 @@ def test_a_reloaded_page_follows_its_bake_on_this_tab_and_the_image_tab_leaves_i
 
 def test_a_fitted_camera_shows_its_silhouette_over_the_photo_before_the_bake_ends(app, monkeypatch):
     """The worker draws the fitted silhouette over the photo as soon as it has fitted the
-    camera (worker.bakejob.FIT_IMAGE); the running bake's stream shows it once, as a file only
+    camera (worker.jobs.bakejob.FIT_IMAGE); the running bake's stream shows it once, as a file only
     this browser may fetch, while the job still runs; the outcome says how well it fits."""
     from dataclasses import replace
 
-    from app.web import fitview
-    from app.web.browser import browser_of
+    from app.web.bake import fit_picture as fitview
+    from app.web.server.browser import browser_of
     from kiln.records import JobStats, ModelStats, PipelineStats
-    from worker.bakejob import FIT_IMAGE
+    from worker.jobs.bakejob import FIT_IMAGE
 
     app.sup.hold = True
     values = form(_ball(app.tmp / "ball.ply"), fit=True)
     out = answer(app, baking.on_bake, *values)
     assert _is_update(out["fit_view"], value=None, visible=False)
     steps = baking.run_bake(app.page, app.ctx, A1, *values)
-    while 'data-state="running"' not in str(next(steps).get(app.page.baking.progress)):
+    while 'data-state="running"' not in str(next(steps).get(app.page.bake_tab.progress)):
         pass
     job_id = "job0"
     picture = np.zeros((30, 40, 3), np.uint8)

@@ -568,7 +568,7 @@ def test_bake_a_model_tab(server, browser, tmp_path):
         page.wait_for_selector("#kiln-bake-mesh input[type=file]", state="attached")
         page.set_input_files("#kiln-bake-mesh input[type=file]", str(cloud))
         page.wait_for_function("() => document.querySelector('#kiln-bake-mesh').innerText.includes('cloud')")
-        page.click("#kiln-bake-generate")
+        page.click("#kiln-bake-button")
         _wait_toast(page, "cloud.ply has no faces")
         page.wait_for_function("() => { const e = document.querySelector('#kiln-bake-progress');"
                                " return e && e.dataset.state === 'refused' && e.innerText.includes('no faces'); }")
@@ -576,7 +576,7 @@ def test_bake_a_model_tab(server, browser, tmp_path):
         page.locator("#kiln-bake-mesh button[aria-label='Clear']").first.click()
         page.set_input_files("#kiln-bake-mesh input[type=file]", str(mesh))
         page.wait_for_function("() => document.querySelector('#kiln-bake-mesh').innerText.includes('ball')")
-        page.click("#kiln-bake-generate")
+        page.click("#kiln-bake-button")
         page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText.includes('vertex colours')")
         _wait_bake_done(page)
         _assert_viewer_draws(page, viewer="#kiln-bake-model")
@@ -627,7 +627,7 @@ def test_a_fitted_camera_shows_its_silhouette_over_the_photo(server, browser, tm
             page.set_input_files(f"#kiln-bake-{box} input[type=file]", str(path))
             page.wait_for_function("(a) => document.querySelector(a[0]).innerText.includes(a[1])",
                                    arg=[f"#kiln-bake-{box}", path.stem])
-        page.click("#kiln-bake-generate")
+        page.click("#kiln-bake-button")
         _wait_bake_done(page)
         page.wait_for_function("() => { const i = document.querySelector('#kiln-bake-fit-view img');"
                                " return i && i.complete && i.naturalWidth === 320; }")

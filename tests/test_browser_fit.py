@@ -82,7 +82,7 @@ def test_fit_the_camera_first_then_bake_with_it(server, browser, tmp_path):
         assert np.abs(shown - photo)[mask].mean() > 10
         page.screenshot(path=str(ARTIFACTS / "f1_fitted_before_baking.png"), full_page=True)
 
-        page.click("#kiln-bake-generate")
+        page.click("#kiln-bake-button")
         page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText"
                                ".includes('Baking with the camera fitted before')")
         _wait_bake_state(page, "done")

@@ -93,7 +93,7 @@ def test_the_viewer_lights_a_neutral_texture_neutrally(server, browser, tmp_path
         page.get_by_role("tab", name="Bake a model").click()
         page.set_input_files("#kiln-bake-mesh input[type=file]", str(mesh))
         page.wait_for_function("() => document.querySelector('#kiln-bake-mesh').innerText.includes('grey_ball')")
-        page.click("#kiln-bake-generate")
+        page.click("#kiln-bake-button")
         page.wait_for_function("() => { const e = document.querySelector('#kiln-bake-progress');"
                                " return e && ['done', 'failed', 'refused'].includes(e.dataset.state); }",
                                timeout=240_000)

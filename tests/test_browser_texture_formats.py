@@ -125,7 +125,7 @@ def test_the_viewer_shows_the_texture_in_each_format(server, browser, two_colour
         page.wait_for_function(
             "() => document.querySelector('#kiln-bake-mesh').innerText.includes('two_colour_ball')")
         page.locator("#kiln-bake-texture-format").get_by_label(fmt, exact=True).check()
-        page.click("#kiln-bake-generate")
+        page.click("#kiln-bake-button")
         page.wait_for_function("() => { const e = document.querySelector('#kiln-bake-progress');"
                                " return e && ['done', 'failed', 'refused'].includes(e.dataset.state); }",
                                timeout=240_000)

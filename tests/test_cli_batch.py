@@ -47,7 +47,7 @@ def test_several_images_through_one_worker(tmp_path):
     Image.fromarray(np.where(np.roll(obj, 1, axis=1), 255, 0).astype(np.uint8)).save(masks / "d-mask.png")
     from kiln.digest import input_digest
     from kiln.settings import ReconstructSettings
-    from worker.inputs import RunItem, load
+    from worker.jobs.inputs import RunItem, load
     d = load(RunItem(photos / "d.jpg", masks / "d-mask.png", tmp_path / "d.glb"), 10**7, ReconstructSettings())
     env = {**os.environ, "KILN_TEST_FAULTS": f"error@reconstruct:input={input_digest(d.rgb, d.mask)[:16]}"}
 

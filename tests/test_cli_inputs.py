@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from kiln.settings import ReconstructSettings
-from worker.inputs import InputProblem, NoSpace, RunItem, load, plan, writing_to
+from worker.jobs.inputs import InputProblem, NoSpace, RunItem, load, plan, writing_to
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +84,7 @@ def test_a_line_thinner_than_the_builtin_grid_is_kept_not_refused():
     ``pipeline.recon.thin_parts`` keeps such parts now, so the same up-front check (the
     backend's own, run before a worker starts) accepts it, one pixel wide too."""
     from kiln.settings import load as load_settings
-    from worker.inputs import check_reconstructable
+    from worker.jobs.inputs import check_reconstructable
 
     for width in (1, 2):
         line = np.zeros((512, 512), bool)
@@ -195,7 +195,7 @@ def test_a_disk_that_fills_during_the_run_is_named(toy, tmp_path, tiny_disk):
     # the check before the start is switched off, so the kernel's ENOSPC meets the
     # GLB's copy at the end of the job
     out = tiny_disk / "toy.glb"
-    code = ("import sys, worker.inputs as ri\n"
+    code = ("import sys, worker.jobs.inputs as ri\n"
             "ri.check_space = lambda places, need: None\n"
             "from app.cli.cli import main\n"
             "sys.exit(main(sys.argv[1:]))")
@@ -225,14 +225,14 @@ def test_a_worker_that_met_a_full_disk_is_named():
     from types import SimpleNamespace
 
     from app.cli.clirunner import WorkerRunner
-    from worker.inputs import Loaded
+    from worker.jobs.inputs import Loaded
 
     status = SimpleNamespace(state="failed", terminal=True, message="", outputs={}, timings={}, stats=None,
                              error="stage 'export' failed: OSError: [Errno 28] No space left on device: "
                                    "'/data/jobs/cli/j1/outputs/model.glb'")
 
     class Sup:
-        def submit(self, *a, **k):   # a worker.jobhandle.Job's calls, answered by a stand-in
+        def submit(self, *a, **k):   # a worker.pool.jobhandle.Job's calls, answered by a stand-in
             return SimpleNamespace(id="j1", follow=lambda: iter(()), status=lambda: status,
                                    dir=Path("/data/jobs/cli/j1"))
 

@@ -213,7 +213,7 @@ def test_probes_report_crash_and_timeout_and_the_rest_still_run():
 def test_probe_protocol_keeps_stdout_for_itself():
     """Whatever a library prints while a probe runs (a JIT build does) goes to stderr,
     so the doctor reads only the probes' lines."""
-    code = ("import os, sys, worker.probe as p\n"
+    code = ("import os, sys, worker.child.probe as p\n"
             "def noisy(ctx):\n"
             "    print('noise from Python'); os.write(1, b'noise from native code\\n'); return True, 'ok'\n"
             "p.FUNCS['cpu'] = noisy\n"

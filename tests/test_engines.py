@@ -12,7 +12,7 @@ import pytest
 from kiln.settings import SettingsError, load
 from worker.engines import jobfiles, make_engine
 from worker.engines.local import LocalEngine
-from worker.jobstore import JobStore
+from worker.jobs.jobstore import JobStore
 from worker_helpers import image, small_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +30,7 @@ def test_the_setting_picks_the_engine_and_local_is_the_default():
 def test_ray_flag_of_run_and_serve_sets_the_engine_and_address():
     from app.cli.cli import build_parser
     from app.cli.cliargs import settings_from_args
-    from app.web.server import build_parser as serve_parser
+    from app.web.server.launch import build_parser as serve_parser
 
     args = build_parser().parse_args(["run", "x.png", "--ray", "head:6379"])
     s = settings_from_args(args)
@@ -40,7 +40,7 @@ def test_ray_flag_of_run_and_serve_sets_the_engine_and_address():
 
 
 def test_without_ray_the_ray_engine_says_how_to_get_it(monkeypatch, tmp_path):
-    from worker.dispatcher import WorkerStartError
+    from worker.pool.dispatcher import WorkerStartError
 
     monkeypatch.setitem(sys.modules, "ray", None)   # import ray raises ImportError
     engine = make_engine(small_settings(worker__engine="ray"))
@@ -52,7 +52,7 @@ def test_a_cluster_address_that_does_not_answer_fails_at_once(tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'kiln3d[ray]')")
     import socket
 
-    from worker.dispatcher import WorkerStartError
+    from worker.pool.dispatcher import WorkerStartError
 
     with socket.socket() as s:   # a port nobody listens on: bound, never listening
         s.bind(("127.0.0.1", 0))
@@ -63,7 +63,7 @@ def test_a_cluster_address_that_does_not_answer_fails_at_once(tmp_path):
 
 
 def test_app_start_and_the_supervisor_do_not_import_ray():
-    code = ("import sys, app.cli.cli, app.web.server, worker.supervisor, worker.engines.local; "
+    code = ("import sys, app.cli.cli, app.web.server.launch, worker.pool.supervisor, worker.engines.local; "
             "sys.exit('ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=120).returncode == 0
 

@@ -13,8 +13,8 @@ from PIL import Image
 
 from kiln.limits import MIN_IMAGE_SIDE
 from kiln.settings import Settings
-from worker.inprocess import run_in_process
-from worker.inputs import InputProblem, RunItem, load
+from worker.child.inprocess import run_in_process
+from worker.jobs.inputs import InputProblem, RunItem, load
 from worker_helpers import small_settings
 
 # a small pixel limit, so the cases at it stay quick

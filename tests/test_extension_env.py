@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from worker import env as wenv
+from worker.child import env as wenv
 from worker.checks import selftest
-from worker.supervisor import Supervisor
+from worker.pool.supervisor import Supervisor
 from worker_helpers import small_settings
 
 

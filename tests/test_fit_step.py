@@ -1,4 +1,4 @@
-"""The bake tab's "Fit the camera to the photo" without a server (app/web/handlers_fit.py): the
+"""The bake tab's "Fit the camera to the photo" without a server (app/web/bake/fit_handlers.py): the
 fit is checked at once and runs as a job through the supervisor's stand-in; when it is done the
 tab shows the fitted silhouette over the photo and the fit's figures, and keeps the fit for the
 tab, which its Bake then uses as it is (no refit); a fit below bake.fit_min_iou says photo
@@ -17,8 +17,8 @@ from PIL import Image
 
 gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
 
-from app.web import handlers_bake as baking  # noqa: E402
-from app.web import handlers_fit as fitting  # noqa: E402
+from app.web.bake import bake_handlers as baking  # noqa: E402
+from app.web.bake import fit_handlers as fitting  # noqa: E402
 from kiln.records import CameraFitReport  # noqa: E402
 from test_bake_tab import A1, _ball, _is_update, answer, app, form, stream  # noqa: E402,F401
 
@@ -67,7 +67,7 @@ def test_a_fit_needs_a_mesh_and_the_photo_and_no_camera_of_its_own(app):
 
 
 def test_a_fit_shows_its_picture_and_figures_and_the_bake_uses_it_without_refitting(app):
-    from app.web.browser import browser_of
+    from app.web.server.browser import browser_of
 
     ball = _ball(app.tmp / "ball.ply")
     photo, mask = _photo(app)
@@ -167,7 +167,7 @@ def test_every_fit_handler_is_wired(app):
 
 
 def test_the_tie_break_is_said_in_words():
-    from app.web.fitview import tie_line
+    from app.web.bake.fit_picture import tie_line
 
     photo = {"decided_by": "photo", "tied": 2, "photo_error": {"chosen": 0.031, "runner_up": 0.118},
              "photo_margin": 0.087, "silhouette": {"chosen": 0.97, "runner_up": 0.96}, "runner_up_turn_deg": 179.2}

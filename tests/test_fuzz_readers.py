@@ -174,8 +174,8 @@ def test_camera_fields(K, viewmat, width, height, extra) -> None:
                                                    "seed", "gaussians_ply")}))
 def test_generate_parameters(values: dict[str, Any]) -> None:
     """/generate's settings parameters: a Settings or a UIError naming the parameter."""
-    from app.web.api import api_settings
-    from app.web.usertext import UIError
+    from app.web.api.photo import api_settings
+    from app.web.server.usertext import UIError
     from kiln.settings import Settings
 
     out = ft.measured(lambda: api_settings(Settings(), values), (UIError,))
@@ -188,7 +188,7 @@ def test_select_parameters(points: Any, box: Any) -> None:
     """/select's points and box: parsed prompts or a refusal (gr.Error) that says what to give."""
     import gradio as gr
 
-    from app.web.api import _prompts
+    from app.web.api.photo import _prompts
 
     def check(result) -> None:
         pts, bx = result
@@ -204,7 +204,7 @@ def test_select_parameters(points: Any, box: Any) -> None:
 def test_form_values_of_any_record(settings_dict: Any) -> None:
     """A reloaded page shows its last job's settings from a record: any record gives the form's
     values or None, never an exception."""
-    from app.web.form import form_values
+    from app.web.photo.form import form_values
     from kiln.settings import Settings
 
     for record in (settings_dict, {**Settings().to_dict(), "seed": settings_dict}):
@@ -216,8 +216,8 @@ def test_form_values_of_any_record(settings_dict: Any) -> None:
 @given(focal=VALUES, principal=VALUES, camera_frame=VALUES, source=VALUES, uvs=VALUES, fit=JSONISH)
 def test_bake_parameters(focal, principal, camera_frame, source, uvs, fit) -> None:
     """/bake's parameters with a valid mesh and splat: a checked bake or a UIError."""
-    from app.web.bakeform import bake_request
-    from app.web.usertext import UIError
+    from app.web.bake.bake_form import bake_request
+    from app.web.server.usertext import UIError
     from kiln.settings import Settings
 
     seed = ft._splat_companion(_seeds("mesh")[0])
@@ -321,7 +321,7 @@ def test_camera_nested_too_deeply() -> None:
 def test_select_malformed_prompts(points, box) -> None:
     import gradio as gr
 
-    from app.web.api import _prompts
+    from app.web.api.photo import _prompts
 
     with pytest.raises(gr.Error, match="points: give"):
         _prompts(points, box)
@@ -329,8 +329,8 @@ def test_select_malformed_prompts(points, box) -> None:
 
 @pytest.mark.parametrize("focal, principal", [(10 ** 400, None), (1000.0, {"a": 1})])
 def test_bake_malformed_camera_parameters(focal, principal) -> None:
-    from app.web.bakeform import bake_request
-    from app.web.usertext import UIError
+    from app.web.bake.bake_form import bake_request
+    from app.web.server.usertext import UIError
     from kiln.settings import Settings
 
     with pytest.raises(UIError, match="focal is a number"):

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from app.segment.segment import SEG_MAX_SIDE, GrabCutSegmenter
-from app.web import selection
-from app.web.uploads import SessionState, WorkImage, downscale
+from app.web.photo import selection
+from app.web.state.uploads import SessionState, WorkImage, downscale
 
 Box = tuple[float, float, float, float]
 
@@ -132,7 +132,7 @@ def room_drawing(width: int, line: int, obj: str = "sofa", gap: float = 0.0,
 
 def as_work(grey: np.ndarray, mask: np.ndarray, box: Box) -> tuple[np.ndarray, np.ndarray, Box]:
     """What an upload hands the segmenter: the RGB copy downscaled to SEG_MAX_SIDE
-    (INTER_AREA, as app.web.uploads does), with the mask and box scaled alike."""
+    (INTER_AREA, as app.web.state.uploads does), with the mask and box scaled alike."""
     rgb = downscale(np.dstack([grey] * 3) if grey.ndim == 2 else grey, SEG_MAX_SIDE)
     s = rgb.shape[1] / grey.shape[1]
     small = cv2.resize(mask.astype(np.uint8) * 255, (rgb.shape[1], rgb.shape[0]),

@@ -49,11 +49,11 @@ def test_enough_pixels_pass():
 
 
 def test_a_40_pixel_mask_is_refused_by_the_page_the_cli_and_the_stage():
-    from app.web.selection import assess_mask
+    from app.web.photo.selection import assess_mask
     from kiln.settings import load
     from pipeline.recon.reconstruct import require_usable_mask
     from pipeline.validate import StageInputError
-    from worker.inputs import InputProblem, check_reconstructable
+    from worker.jobs.inputs import InputProblem, check_reconstructable
 
     mask = _mask(40)
     assert assess_mask(mask).speck                                     # the page

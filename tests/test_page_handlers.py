@@ -16,17 +16,17 @@ import pytest
 # a required dependency; absent only on the offline GPU image, which runs `pytest -m gpu`
 gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
 
-from app.web import handlers_image as image  # noqa: E402
-from app.web import handlers_job as job  # noqa: E402
-from app.web import handlers_page as around  # noqa: E402
-from app.web import statusview  # noqa: E402
-from app.web.outcome import not_started  # noqa: E402
-from app.web.page import layout  # noqa: E402
-from app.web.requestinfo import Caller, caller_of, event_fn  # noqa: E402
-from app.web.wiring import wire  # noqa: E402
+from app.web.photo import image_handlers as image  # noqa: E402
+from app.web.photo import generate_handlers as job  # noqa: E402
+from app.web.page import page_handlers as around  # noqa: E402
+from app.web.page import status_line as statusview  # noqa: E402
+from app.web.state.job_outcome import not_started  # noqa: E402
+from app.web.page.layout import layout  # noqa: E402
+from app.web.server.requestinfo import Caller, caller_of, event_fn  # noqa: E402
+from app.web.page.wiring import wire  # noqa: E402
 from kiln.formats import human_bytes  # noqa: E402
 from kiln.settings import Settings  # noqa: E402
-from worker.jobstore import JobStatus  # noqa: E402
+from worker.jobs.jobstore import JobStatus  # noqa: E402
 from page_helpers import ALICE, BOB, FakeSup, caller, make_context, named, png_file, request, wired_outputs  # noqa: E402
 from synthetic import make_object_image  # noqa: E402
 
@@ -368,7 +368,7 @@ def test_a_loaded_page_follows_its_browsers_job_and_then_shows_how_it_ended(app,
     assert 'data-state="running"' in first["progress"] and 'data-job="job0"' in first["progress"]
     assert _is_update(first["generate"], value="Running…", interactive=False) and _is_update(first["cancel"], interactive=True)
     assert "job0" in first["history"]
-    assert [first[k] for k in ("bake", "simplify", "texture", "views", "mode", "seed", "ply")] == list(form)
+    assert [first[k] for k in ("bake_texture", "simplify", "texture", "views", "mode", "seed", "ply")] == list(form)
     app.sup.hold = False
     rest = [_checked(app, job.follow_on_load, u) for u in follow]
     assert rest[-1] == {"progress": gr.skip()}
@@ -431,7 +431,7 @@ def test_a_waiting_job_exists_shows_its_place_and_a_reload_finds_it(app, blob):
     first = _checked(app, job.follow_on_load, next(follow))
     assert 'data-state="queued"' in first["progress"] and "2nd in line" in first["progress"]
     assert _is_update(first["generate"], value="Running…", interactive=False) and _is_update(first["cancel"], interactive=True)
-    assert [first[k] for k in ("bake", "simplify", "texture", "views", "mode", "seed", "ply")] == list(form)
+    assert [first[k] for k in ("bake_texture", "simplify", "texture", "views", "mode", "seed", "ply")] == list(form)
     app.sup.ahead = 0                  # the job ahead got a worker: this one is next
     assert "1st in line, about 10 s" in _checked(app, job.follow_on_load, next(follow))["progress"]
     app.sup.waiting = False
@@ -481,7 +481,7 @@ def test_the_wait_in_line_counts_what_the_running_jobs_have_left():
 
 
 def test_running_jobs_have_left_what_their_kind_takes_less_their_time_so_far():
-    from app.web.jobs import running_left_s
+    from app.web.state.browser_jobs import running_left_s
 
     now = 5000.0
     running = [JobStatus(id="a", session="s", state="running", started=now - 4.0),             # image: 10 s
@@ -502,7 +502,7 @@ def test_status_line_history_on_load_and_the_settings_baking_enables(app, blob, 
     list(job.run_job(app.page, app.ctx, A1, *FORM))
     app.ctx.typical_job_s.clear()       # what the last 30 s kept
     assert "a model took about 2 s here lately" in around.on_status(app.page, app.ctx)[app.page.status]
-    on, off = around.on_bake(app.page, True), around.on_bake(app.page, False)
+    on, off = around.on_bake_texture(app.page, True), around.on_bake_texture(app.page, False)
     assert all(_is_update(on[c], interactive=True) for c in (app.page.texture, app.page.mode, app.page.views))
     assert all(_is_update(off[c], interactive=False) for c in (app.page.texture, app.page.mode, app.page.views))
     # while the workers start (or after they failed to): the status says so, the history is empty
@@ -601,8 +601,8 @@ def test_the_download_choices_give_each_format_its_file_with_its_size_for_this_b
     from starlette.routing import Route, Router
     from starlette.testclient import TestClient
 
-    from app.web import browser
-    from app.web.server import RequestGuard
+    from app.web.server import browser
+    from app.web.server.launch import RequestGuard
 
     _ready(app, blob)
     form = (True, 0.95, 512, 8, "fast", 0, False, ["stl", "obj", "ply"], "webp", "mm")

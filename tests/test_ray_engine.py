@@ -3,7 +3,7 @@
 One two-node cluster (``ray.cluster_utils.Cluster``: a head and a second node, each with one
 unit of a custom resource standing in for a GPU) and one supervisor on it serve the module:
 a cluster takes ~15-20 s to come up on 2 cores and each worker ~10 s to start. Faults are
-picked by session name (``worker.faults``), as in test_worker_faults. Every wait has a time
+picked by session name (``worker.child.faults``), as in test_worker_faults. Every wait has a time
 limit and waits for a state, a stage or a file, never for a guessed time. The node test
 removes the second node, so it runs last. Each test has images of its own (seeds 11, 21, ...):
 Kiln's crash memory is keyed on the input, so an image that crashed in one test would be
@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from worker.faults import FaultPlan
-from worker.jobstore import CANCELLED, DONE, FAILED
-from worker.supervisor import Supervisor
+from worker.child.faults import FaultPlan
+from worker.jobs.jobstore import CANCELLED, DONE, FAILED
+from worker.pool.supervisor import Supervisor
 from worker_helpers import image, small_settings
 
 # Read by Ray when it is imported, so set first. On Linux, Ray swaps 127.0.0.1 for the host's
@@ -206,7 +206,7 @@ SERVER = """
 import json, os, sys, time
 sys.path.insert(0, {tests!r})
 from kiln.atomic import atomic_write
-from worker.supervisor import Supervisor
+from worker.pool.supervisor import Supervisor
 from worker_helpers import image, small_settings
 settings = small_settings(worker__engine="ray", worker__ray_resource={resource!r}, worker__count=1,
                           worker__ray_address={address!r}, worker__ray_scratch={scratch!r})
@@ -235,7 +235,7 @@ def test_a_server_killed_mid_job_has_its_job_resumed_by_the_next(env, tmp_path):
     import subprocess
     import sys
 
-    from worker.jobstore import JobStore
+    from worker.jobs.jobstore import JobStore
 
     env.sup.shutdown()   # frees the cluster's resource units for the servers below
     jobs, info = tmp_path / "jobs", tmp_path / "info.json"

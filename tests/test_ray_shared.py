@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.jobstore import DONE
-from worker.supervisor import Supervisor
+from worker.jobs.jobstore import DONE
+from worker.pool.supervisor import Supervisor
 from worker_helpers import image, small_settings
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -1,4 +1,4 @@
-"""The typed records that cross the process boundary (kiln/records.py, worker/workerconfig.py):
+"""The typed records that cross the process boundary (kiln/records.py, worker/child/workerconfig.py):
 their JSON forms, job directories written before they existed, and the pickled forms a
 spawned worker receives."""
 
@@ -15,10 +15,10 @@ import pytest
 from kiln.records import (PROBED, Backends, BakeStats, CameraFitReport, Capabilities, JobStats, JobTimes,
                           PipelineStats, WorkerReport)
 from kiln.settings import Settings
-from worker.interpreter import ForeignInterpreter
-from worker.jobstore import JobStatus, JobStore, load_settings
-from worker.probe import PROBES
-from worker.workerconfig import WorkerConfig
+from worker.child.interpreter import ForeignInterpreter
+from worker.jobs.jobstore import JobStatus, JobStore, load_settings
+from worker.child.probe import PROBES
+from worker.child.workerconfig import WorkerConfig
 
 # Three jobs written by Kiln at commit 4722fc8, before these records, through a real
 # supervisor (tests/worker_helpers.small_settings with bake.texture_size auto; a test fault

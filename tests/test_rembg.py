@@ -306,8 +306,8 @@ def test_the_api_says_rembg_found_the_object(models_dir, offline, tmp_path):
     pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
     from app.segment.rembg_auto import RembgChoice
     from app.segment.segment import GrabCutSegmenter, SegmenterChoice
-    from app.web import api
-    from app.web.context import AppContext
+    from app.web.api import photo as api
+    from app.web.server.context import AppContext
     from kiln.settings import Settings
     from page_helpers import ALICE, FakeSup, caller
 

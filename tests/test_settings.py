@@ -94,8 +94,8 @@ def test_ranges_and_values_are_read_from_the_field_metadata():
 
 def test_web_form_widgets_take_their_limits_from_the_settings(tmp_path):
     """One source for a setting's range: the page's sliders and choices are the settings'."""
-    from app.web.context import AppContext
-    from app.web.ui import build_ui
+    from app.web.server.context import AppContext
+    from app.web.page.ui import build_ui
 
     demo = build_ui(AppContext(S.Settings(), tmp_path / "gradio"))
     widgets = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}

@@ -17,7 +17,7 @@ except ModuleNotFoundError:   # Python 3.10: the pyproject check below is left o
 ROOT = Path(__file__).resolve().parent.parent
 
 # the records that cross the process boundary and the modules that define their wire: strict
-STRICT = ("kiln.records", "worker.workerconfig", "worker.messages", "worker.interpreter", "pipeline.backends",
+STRICT = ("kiln.records", "worker.child.workerconfig", "worker.messages", "worker.child.interpreter", "pipeline.backends",
           "worker.engines.raymessages", "worker.engines.jobfiles")
 
 

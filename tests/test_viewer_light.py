@@ -1,4 +1,4 @@
-"""The 3D viewer's light made neutral (app/web/viewerlight.py), without a browser: Gradio's
+"""The 3D viewer's light made neutral (app/web/page/viewer_light.py), without a browser: Gradio's
 own default environment, rewritten, keeps its layout and brightness and loses its colour;
 the middleware serves it in place of Gradio's asset and leaves every other request alone.
 (tests/test_browser_page.py checks the viewer's pixels in Chromium.)"""
@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("gradio", reason="the viewer's environment is one of Gradio's assets")
 
-from app.web import viewerlight  # noqa: E402
+from app.web.page import viewer_light as viewerlight  # noqa: E402
 
 
 @pytest.fixture(scope="module")

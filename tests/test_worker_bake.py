@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.bakeinputs import BakeFiles, check_bake
-from worker.faults import FaultPlan
-from worker.jobstore import JobStore, load_request
-from worker.supervisor import Supervisor
+from worker.jobs.bakeinputs import BakeFiles, check_bake
+from worker.child.faults import FaultPlan
+from worker.jobs.jobstore import JobStore, load_request
+from worker.pool.supervisor import Supervisor
 from worker_helpers import small_settings
 
 PLAN = FaultPlan(["segv@uv:attempt=1:session=flaky", "segv@read:session=segv", "hang@bake:session=cancel"])
@@ -97,7 +97,7 @@ def test_a_running_bake_job_is_cancelled_at_once(env):
 
 
 def test_a_restart_finds_a_bake_job_left_running(tmp_path):
-    from worker import resume
+    from worker.pool import resume
 
     store = JobStore(tmp_path / "jobs")
     bake, _ = _bake(tmp_path, "orphan")

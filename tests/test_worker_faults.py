@@ -21,11 +21,11 @@ from types import SimpleNamespace
 import pytest
 
 from kiln.records import Backends
-from worker.faults import FaultPlan
-from worker.jobhandle import JobCancelled, JobFailed
-from worker.jobstore import JobStore
-from worker.retry import FALLBACK
-from worker.supervisor import Supervisor
+from worker.child.faults import FaultPlan
+from worker.pool.jobhandle import JobCancelled, JobFailed
+from worker.jobs.jobstore import JobStore
+from worker.pool.retry import FALLBACK
+from worker.pool.supervisor import Supervisor
 from worker_helpers import CudaTripwire, image, small_settings
 
 PLAN = FaultPlan([
@@ -341,6 +341,7 @@ def test_cancel_wins_over_a_retry_already_on_its_way(env):
         return log_file.read_text() if log_file.exists() else ""
 
     with sup._dispatcher.lock:  # keep the dispatcher from reading the worker's report until cancel ran
+        pid0 = sup.workers()[0]["pid"]
         assert "oom error" not in job_log()  # not too late: the fault is stages away
         deadline = time.monotonic() + JOB_TIMEOUT
         while "oom error" not in job_log():  # the worker writes this just before its report
@@ -350,8 +351,10 @@ def test_cancel_wins_over_a_retry_already_on_its_way(env):
         assert job.cancel()
     st = job.status()
     assert (st.state, st.error, st.attempts) == ("cancelled", "cancelled by user", 1)
-    time.sleep(1.0)  # give a wrongly re-queued attempt the time to start
-    assert job.status().attempts == 1 and sup.queue_length() == 0
+    # the event a wrong retry would follow: the cancelled worker is gone (its report read or
+    # dropped with it) and a fresh one is idle; a re-queued attempt would be queued or on it now
+    assert worker_pid(sup) != pid0
+    assert job.status().attempts == 1 and sup.queue_length() == 0 and sup.workers()[0]["job"] is None
 
 
 def test_events_carry_monotonic_seq_and_progress(env):
@@ -416,8 +419,8 @@ def test_app_process_never_initialised_cuda(env):
 
 
 def test_supervisor_modules_import_neither_torch_nor_pipeline():
-    code = ("import sys, worker.supervisor, worker.jobstore, worker.process, worker.faults, "
-            "kiln.glb, worker.env\n"
+    code = ("import sys, worker.pool.supervisor, worker.jobs.jobstore, worker.child.process, worker.child.faults, "
+            "kiln.glb, worker.child.env\n"
             "print(sorted(m for m in ('torch', 'pipeline', 'trimesh', 'cv2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -425,7 +428,7 @@ def test_supervisor_modules_import_neither_torch_nor_pipeline():
 
 
 def test_fault_rules_bind_to_an_input_digest_and_an_error_leaves_the_worker_alive():
-    from worker import faults
+    from worker.child import faults
 
     plan = FaultPlan(["error@reconstruct:input=abcd12", "segv@bake:session=s:attempt=2"])
     assert plan.pick("x", 1, "abcd12ff00") == "error@reconstruct"

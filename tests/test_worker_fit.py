@@ -15,9 +15,9 @@ from PIL import Image
 from fit_helpers import fit_scene, rotation_error_deg
 from kiln.records import CameraFitReport
 from pipeline.raster.rasterize import available_backends
-from worker.bakeinputs import BakeFiles, check_bake, check_fit, fit_key
-from worker.inputs import InputProblem
-from worker.supervisor import Supervisor
+from worker.jobs.bakeinputs import BakeFiles, check_bake, check_fit, fit_key
+from worker.jobs.inputs import InputProblem
+from worker.pool.supervisor import Supervisor
 from worker_helpers import small_settings
 
 gl_only = pytest.mark.skipif("moderngl" not in available_backends(), reason="no EGL OpenGL context on this machine")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from worker.faults import FaultPlan
-from worker.jobstore import JobStore
-from worker.supervisor import Supervisor, WorkerStartError
+from worker.child.faults import FaultPlan
+from worker.jobs.jobstore import JobStore
+from worker.pool.supervisor import Supervisor, WorkerStartError
 from worker_helpers import image, small_settings
 
 TESTS = Path(__file__).resolve().parent
@@ -66,8 +66,8 @@ def test_one_worker_per_visible_gpu_and_a_crash_stays_in_its_worker(tmp_path, mo
 SERVER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
-    from worker.faults import FaultPlan
-    from worker.supervisor import Supervisor
+    from worker.child.faults import FaultPlan
+    from worker.pool.supervisor import Supervisor
     from worker_helpers import image, small_settings
 
     if __name__ == "__main__":

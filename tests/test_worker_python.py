@@ -3,7 +3,7 @@
 The second interpreter is a venv the test creates (``python -m venv --without-pip``) whose
 site-packages reaches Kiln's venv through a plain ``.pth`` path line: it can import torch
 and the stage libraries cheaply, but not Kiln itself (the editable install's finder is not
-run from there), so the worker must find Kiln's tree the way ``worker.interpreter`` says.
+run from there), so the worker must find Kiln's tree the way ``worker.child.interpreter`` says.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from worker import interpreter
-from worker.supervisor import Supervisor, WorkerStartError
+from worker.child import interpreter
+from worker.pool.supervisor import Supervisor, WorkerStartError
 from worker_helpers import image, small_settings
 
 
@@ -30,7 +30,7 @@ def second_python(tmp_path_factory) -> Path:
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
     Path(site, "kiln_parent_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    # Kiln itself must not be importable there: the worker gets it from worker.interpreter
+    # Kiln itself must not be importable there: the worker gets it from worker.child.interpreter
     probe = subprocess.run([str(python), "-c", "import worker"], capture_output=True, cwd="/")
     assert probe.returncode != 0
     return python

@@ -13,11 +13,11 @@ from kiln.records import Backends, Capabilities
 from kiln.settings import Settings
 from kiln.stages import FIT_STAGES, MODEL_STAGES, STAGES, UNBAKED_STAGES, WEIGHTS, stages_for
 from worker import messages
-from worker.crashcounts import CrashCounts
-from worker.jobrecord import JobRecord
-from worker.jobstore import JobStatus
-from worker.progress import job_progress
-from worker.retry import FALLBACK, OOM_CHUNK_SCALE, Decision, Failure, decide, used_gpu
+from worker.pool.crashcounts import CrashCounts
+from worker.pool.jobrecord import JobRecord
+from worker.jobs.jobstore import JobStatus
+from worker.pool.progress import job_progress
+from worker.pool.retry import FALLBACK, OOM_CHUNK_SCALE, Decision, Failure, decide, used_gpu
 
 SAFE = "retrying once with safe backends (CPU renderer, moderngl rasterizer, CPU device)"
 CRASH = "worker crashed with SIGSEGV during stage 'bake'"
@@ -33,7 +33,7 @@ def fail(message):
 
 CANCELLED_RETRY = "; not retried: the job was cancelled"
 
-# (failure, decision): one row per rule of worker.retry's table
+# (failure, decision): one row per rule of worker.pool.retry's table
 TABLE = {
     "cancel": (Failure("cancel", "cancelled"),
                Decision("cancel", "cancelled by user", log="cancelled: the worker running it was stopped")),
@@ -206,9 +206,9 @@ def test_messages_survive_the_pipe(msg):
 
 
 def test_a_handle_reattaches_to_a_job_on_disk_by_id(tmp_path):
-    from worker.jobhandle import JobCancelled, JobFailed
-    from worker.jobstore import JobStore
-    from worker.supervisor import Supervisor
+    from worker.pool.jobhandle import JobCancelled, JobFailed
+    from worker.jobs.jobstore import JobStore
+    from worker.pool.supervisor import Supervisor
     from worker_helpers import image, small_settings
 
     store = JobStore(tmp_path / "jobs")

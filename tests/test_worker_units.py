@@ -15,13 +15,13 @@ from kiln.atomic import atomic_write
 from kiln.glb import GLBError, check_glb_light
 from kiln.records import Capabilities
 from kiln.settings import Settings
-from worker import env as wenv
-from worker.faults import Fault, FaultPlan, parse
-from worker.jobstore import (JobStatus, JobStore, atomic_write_json, load_inputs, load_settings,
+from worker.child import env as wenv
+from worker.child.faults import Fault, FaultPlan, parse
+from worker.jobs.jobstore import (JobStatus, JobStore, atomic_write_json, load_inputs, load_settings,
                              safe_session)
 from worker.messages import Failed, Ready
-from worker.process import MAX_MESSAGE_BYTES, Sender, classify_error
-from worker.slots import describe_exit
+from worker.child.process import MAX_MESSAGE_BYTES, Sender, classify_error
+from worker.pool.slots import describe_exit
 from worker_helpers import image
 
 # --------------------------------------------------------------------------- job store
@@ -103,7 +103,7 @@ def test_atomic_write_leaves_old_content_when_writing_fails(tmp_path):
 
 
 def test_jobs_left_unfinished_are_resumed_or_settled_with_a_reason(tmp_path):
-    from worker import resume
+    from worker.pool import resume
 
     store = JobStore(tmp_path)
     rgb, mask = image(size=32)
@@ -303,7 +303,7 @@ def test_torch_cuda_version_is_read_without_importing_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from worker.env import torch_cuda_version; v = torch_cuda_version(); "
+    code = ("import sys; from worker.child.env import torch_cuda_version; v = torch_cuda_version(); "
             "print(repr(v), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     import torch
@@ -332,7 +332,7 @@ def test_liveness_tells_a_busy_process_from_a_stopped_one():
     import sys
     import time
 
-    from worker.liveness import LivenessProbe
+    from worker.pool.liveness import LivenessProbe
 
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -358,7 +358,7 @@ def test_liveness_tells_a_busy_process_from_a_stopped_one():
 
 def test_a_frozen_worker_is_settled_within_a_minute_at_default_settings():
     from kiln.settings import Settings
-    from worker.slots import KILL_GRACE_S
+    from worker.pool.slots import KILL_GRACE_S
 
     w = Settings().worker
     # the stall window, at most one sample interval (<= 1 s) late, then SIGTERM..SIGKILL
@@ -391,21 +391,23 @@ def test_a_stopped_worker_whose_server_is_gone_is_killed_at_the_next_start(tmp_p
     import signal
     import subprocess
     import sys
-    import time
 
-    from worker import leftovers
+    from worker.pool import leftovers
 
-    code = "import time  # spawn_main: stands in for a multiprocessing worker\ntime.sleep(120)"
-    orphan = subprocess.Popen([sys.executable, "-c", code])
-    ours = subprocess.Popen([sys.executable, "-c", code])
+    # stands in for a multiprocessing worker (spawn_main in its command line); echoes its stdin,
+    # so an answer after kill_leftovers shows it outlived any signal that call sent
+    code = "import sys  # spawn_main\nfor line in sys.stdin:\n    print(line, end='', flush=True)"
+    orphan = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    ours = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         os.kill(orphan.pid, signal.SIGSTOP)
         leftovers.record(tmp_path, 0, orphan.pid, server_pid=2 ** 22 + 7)   # a server no longer its parent
         leftovers.record(tmp_path, 1, ours.pid, server_pid=os.getpid())     # still its server's child
         assert leftovers.kill_leftovers(tmp_path) == [orphan.pid]
         assert orphan.wait(10) == -signal.SIGKILL
-        time.sleep(0.2)
-        assert ours.poll() is None and list(tmp_path.glob("*.pid")) == []
+        ours.stdin.write("alive?\n")
+        ours.stdin.flush()
+        assert ours.stdout.readline() == "alive?\n" and list(tmp_path.glob("*.pid")) == []
     finally:
         for p in (orphan, ours):
             if p.poll() is None:
@@ -423,11 +425,11 @@ def _finished_with(tmp_path, outputs: dict, extra: dict, ply=None):
     outputs folder before that (the GLB among them)."""
     import time
 
-    from worker.dispatcher import Dispatcher
+    from worker.pool.dispatcher import Dispatcher
     from worker.engines.local import LocalEngine
-    from worker.jobrecord import JobRecord
+    from worker.pool.jobrecord import JobRecord
     from worker.messages import Done
-    from worker.slots import WorkerSlot
+    from worker.pool.slots import WorkerSlot
 
     settings = Settings()
     store = JobStore(tmp_path / "jobs")

@@ -3,11 +3,11 @@
 Each message is a frozen dataclass; the queue pickles it by reference to this module,
 so both ends must import it under the same name. They do: the worker, even under
 another interpreter (``worker.python``), imports Kiln's own source tree
-(``worker.interpreter.adopt_path``) before it reads its first message. Standard
+(``worker.child.interpreter.adopt_path``) before it reads its first message. Standard
 library and ``kiln.records`` (the typed records some messages carry) only, and nothing
 here may change between the two ends of one run.
 
-A worker's messages stay small (``worker.process.Sender`` caps them under PIPE_BUF);
+A worker's messages stay small (``worker.child.process.Sender`` caps them under PIPE_BUF);
 everything big goes through the job directory.
 """
 
@@ -31,7 +31,7 @@ ErrorKind = Literal["oom", "cuda", "input", "error"]
 class Run:
     """Run one attempt of a job. ``overrides``: settings changed for this attempt only
     (the safe backends of a retry); ``fault``: a test fault spec, or None; ``kind``: the
-    job's kind (``worker.jobstore.JobKind``: "image", "bake" or "fit")."""
+    job's kind (``worker.jobs.jobstore.JobKind``: "image", "bake" or "fit")."""
 
     job: str
     dir: str
@@ -95,7 +95,7 @@ class Done:
     """The attempt wrote its GLB (and result.json); ``ply`` when one was asked for; ``extra``:
     the other formats it wrote beside the GLB, output key -> path (``kiln.formats``). A fit
     job writes no GLB (``glb`` None): ``extra`` holds its camera and picture
-    (``worker.bakejob.FIT_OUTPUTS``)."""
+    (``worker.jobs.bakejob.FIT_OUTPUTS``)."""
 
     job: str
     glb: Optional[str]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kiln import settings as settings_mod
 from kiln.formats import human_bytes
-from worker.inputs import InputProblem, Loaded, NoSpace, is_no_space, no_space
+from worker.jobs.inputs import InputProblem, Loaded, NoSpace, is_no_space, no_space
 
 from app.cli.cliargs import add_format_flags, settings_from_args
 from app.cli.clibake import add_parser as add_bake_parser
@@ -38,7 +38,7 @@ def _validate(items, settings, mask_dir, keep: bool, find_mask=None) -> list[Loa
     ``find_mask``: --mask auto's finder (``app.cli.cliautomask.AutoMasker``)."""
     import numpy as np
 
-    from worker.inputs import load
+    from worker.jobs.inputs import load
 
     loaded: list[Loaded] = []
     problems: list[str] = []
@@ -63,7 +63,7 @@ def _validate(items, settings, mask_dir, keep: bool, find_mask=None) -> list[Loa
 def _space_check(items, settings) -> None:
     from PIL import Image
 
-    from worker.inputs import check_space, job_bytes
+    from worker.jobs.inputs import check_space, job_bytes
 
     pixels = 0
     for item in items:
@@ -75,7 +75,7 @@ def _space_check(items, settings) -> None:
 
 
 def cmd_run(args) -> int:
-    from worker.inputs import AUTO, load, plan, writing_to
+    from worker.jobs.inputs import AUTO, load, plan, writing_to
 
     settings = settings_from_args(args)
     try:
@@ -192,7 +192,7 @@ def _run_batch(runner, items, load_item, args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from app.web.server import main as serve_main
+    from app.web.server.launch import main as serve_main
 
     return serve_main(args.rest)
 

@@ -1,5 +1,5 @@
 """``kiln run --mask auto``: the object of each image without transparency found before any
-worker starts (``app.segment.automask``), then checked like a mask file by ``worker.inputs``.
+worker starts (``app.segment.automask``), then checked like a mask file by ``worker.jobs.inputs``.
 
 A batch reads every image twice (all of them up front, so a bad one stops the run before
 anything starts; then each in its turn), so what was found is kept, packed to a bit a
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from worker.inputs import InputProblem
+from worker.jobs.inputs import InputProblem
 
 from app.cli.clirunner import CliError
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class AutoMasker:
-    """A ``worker.inputs.FindMask``: (rgb, image path) -> (mask, note), or InputProblem
+    """A ``worker.jobs.inputs.FindMask``: (rgb, image path) -> (mask, note), or InputProblem
     saying why no single object was found and what to do instead. ``batch``: the hint
     names the --mask-dir folder rather than --mask."""
 

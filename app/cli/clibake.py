@@ -123,8 +123,8 @@ def add_parser(sub) -> None:
 
 
 def cmd_bake(args) -> int:
-    from worker.bakeinputs import BakeFiles, bake_settings, check_bake
-    from worker.inputs import InputProblem, check_space, job_bytes, writing_to
+    from worker.jobs.bakeinputs import BakeFiles, bake_settings, check_bake
+    from worker.jobs.inputs import InputProblem, check_space, job_bytes, writing_to
 
     settings = bake_settings(settings_from_args(args), simplify_asked=args.simplify_ratio is not None)
     out = Path(args.output)

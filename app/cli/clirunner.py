@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 from kiln.formats import EXTRA_OUTPUTS, copy_output, output_path
 from kiln.records import JobStats
-from worker.bakejob import copy_fit_files
-from worker.inputs import Loaded, NoSpace, no_space, writing_to
+from worker.jobs.bakejob import copy_fit_files
+from worker.jobs.inputs import Loaded, NoSpace, no_space, writing_to
 
 if TYPE_CHECKING:
-    from worker.bakeinputs import CheckedBake
-    from worker.supervisor import Supervisor
+    from worker.jobs.bakeinputs import CheckedBake
+    from worker.pool.supervisor import Supervisor
 
 # How long Ctrl-C waits for the cancelled job's worker to exit (it is sent SIGTERM, and
 # SIGKILL a second later, so this is only reached when the machine is badly overloaded).
@@ -84,7 +84,7 @@ class WorkerRunner:
         self.resume = resume
 
     def start(self) -> float:
-        from worker.supervisor import Supervisor, WorkerStartError
+        from worker.pool.supervisor import Supervisor, WorkerStartError
 
         t0 = time.perf_counter()
         self.sup = Supervisor(self.settings, jobs_dir=self.jobs_dir,
@@ -126,7 +126,7 @@ class WorkerRunner:
         return {**self._follow(submit, out, display), "source": source}
 
     def bake(self, bake: "CheckedBake", out: Path, display) -> dict:
-        """Run a bake job (``worker.bakeinputs.CheckedBake``) and copy its GLB to ``out``;
+        """Run a bake job (``worker.jobs.bakeinputs.CheckedBake``) and copy its GLB to ``out``;
         returns and raises as ``run``."""
         return self._follow(lambda sup: sup.submit_bake(bake, self.settings, session="cli"), out, display)
 
@@ -169,7 +169,7 @@ class WorkerRunner:
                 "queued": st.timings.get("queued_s", 0.0)}
 
     def _cancel(self, job) -> None:
-        """Cancel ``job`` (a ``worker.jobhandle.Job``) and wait until its worker has exited
+        """Cancel ``job`` (a ``worker.pool.jobhandle.Job``) and wait until its worker has exited
         (the job then ends cancelled); a second Ctrl-C stops waiting."""
         job.cancel(timeout=CANCEL_WAIT_S)
         st = job.status()
@@ -196,7 +196,7 @@ class InProcessRunner:
         pass
 
     def run(self, item: Loaded, out: Path, display) -> dict:
-        from worker.inprocess import run_in_process
+        from worker.child.inprocess import run_in_process
 
         with writing_to(out.parent):
             res = run_in_process(item.rgb, item.mask, self.settings, out, on_event=display.update,
@@ -205,7 +205,7 @@ class InProcessRunner:
         return {**res, "stats": JobStats(pipeline=res["stats"]), "queued": 0.0}
 
     def bake(self, bake: "CheckedBake", out: Path, display) -> dict:
-        from worker.inprocess import bake_in_process
+        from worker.child.inprocess import bake_in_process
 
         with writing_to(out.parent):
             res = bake_in_process(bake, self.settings, out, on_event=display.update)

@@ -5,7 +5,7 @@ Kiln needs a mask, and a photo without transparency or clicks has none. Every pe
 (one image or a batch) and the script API's ``/generate`` with ``mask="auto"`` ask this
 module for one. The front end computes it before the job is submitted; the mask is
 then checked like any other (``kiln.limits.mask_problem``,
-``worker.inputs.check_reconstructable``).
+``worker.jobs.inputs.check_reconstructable``).
 
 Three methods:
 
@@ -36,14 +36,15 @@ onnxruntime's CPU provider).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import numpy as np
 
+from app.segment.one_object import METHODS, NAMES as _NAMES, AutoMask
+
 __all__ = ["AutoMask", "Finder", "find_object", "METHODS", "ORDER", "CHOICES"]
 
-METHODS = ("border-model", "sam2", "rembg")
 # app.auto_mask = auto: the methods at hand in this order, the first that finds one object
 # answers. SAM 2 first: its checkpoint is there because someone chose it (for clicks too).
 # rembg next: a model trained for this very task. The border model, which needs no
@@ -51,52 +52,6 @@ METHODS = ("border-model", "sam2", "rembg")
 ORDER = ("sam2", "rembg", "border-model")
 # what app.auto_mask takes (kiln.settings lists the same)
 CHOICES = ("auto",) + ORDER
-_NAMES = {"border-model": "the border model", "sam2": "SAM 2", "rembg": "rembg"}
-
-
-@dataclass(frozen=True, eq=False)
-class AutoMask:
-    """What ``find_object`` found.
-
-    ``mask``: (H, W) bool at the input's size, True on the object; all False when
-    ``problem`` is set, so that a caller who forgets to look cannot use a wrong mask.
-    ``method``: the method that answered, one of ``METHODS``. ``score``: 0..1, that
-    method's confidence (border model: how well its colour threshold and GrabCut agree on
-    the outline, times the plain share of the border; SAM 2: the model's predicted IoU
-    times the mask's stability). ``problem``: None when one object was found, else why
-    not, in plain words and without the front end's advice. ``detail``: one line on how
-    it was found, for logs. ``timings``: seconds per step. Compared by identity (it holds
-    an array).
-    """
-
-    mask: np.ndarray
-    method: str
-    score: float
-    problem: Optional[str] = None
-    detail: str = ""
-    timings: dict = field(default_factory=dict)
-
-    @property
-    def found(self) -> bool:
-        return self.problem is None
-
-    @property
-    def share(self) -> float:
-        """The object's share of the image, 0..1."""
-        return float(self.mask.mean()) if self.mask.size else 0.0
-
-    @property
-    def method_name(self) -> str:
-        """The method as people read it: "the border model", "SAM 2"."""
-        return _NAMES.get(self.method, self.method)
-
-    def describe(self) -> str:
-        """One line for a person: "found by the border model (score 0.97); the object covers
-        23.4 % of the image", or why nothing was."""
-        if self.problem is not None:
-            return f"{self.method_name} found no single object: {self.problem}"
-        return (f"found by {self.method_name} (score {self.score:.2f}); the object covers "
-                f"{100 * self.share:.1f} % of the image")
 
 
 def find_object(rgb: np.ndarray, segmenter=None, rembg=None, method: str = "auto") -> AutoMask:

@@ -32,7 +32,6 @@ from typing import Optional
 
 import numpy as np
 
-from app.segment.automask import AutoMask
 from app.segment.maskshape import (
     components,
     dilate,
@@ -46,6 +45,7 @@ from app.segment.maskshape import (
     to_size,
     work_copy,
 )
+from app.segment.one_object import ONE_OBJECT, AutoMask
 
 # the side of the copy the method works on: GrabCut at 400 px costs ~0.3 s on a 2-core CPU
 WORK_SIDE = 400
@@ -61,16 +61,9 @@ MAX_BORDER_OTHER = 0.3
 # MIN_CONTRAST Lab units (a just noticeable difference is ~2.3)
 NOISE_SIGMAS = 5.0
 MIN_CONTRAST = 6.0
-# the kept object: its share of the image, and of the image's outermost pixel ring
-MIN_SHARE = 0.003
-MAX_SHARE = 0.9
-MAX_FRAME_CONTACT = 0.25
-# another piece at least this large against the kept one: two objects, not one
-SECOND_OBJECT = 0.3
-# all other pieces together, against the kept one, above which the image is clutter
-MAX_OTHER_PIECES = 0.5
-# pieces smaller than this share of the work copy are specks, not things
-SPECK = 0.002
+# the one-object rule (shares, frame contact, second objects, clutter, specks) is every
+# method's: app.segment.one_object
+SPECK = ONE_OBJECT.speck
 # the agreement (threshold vs GrabCut, times the plain share of the border) below which
 # the outline is not trusted
 MIN_SCORE = 0.5
@@ -281,14 +274,11 @@ def _first_cut(small: np.ndarray, dist: np.ndarray, thresh: float) -> tuple[np.n
         raise _Refused("nothing stands out from the background (the image looks empty)")
     weights = piece_weights(labels, stats)
     main = 1 + int(np.argmax(weights))
-    areas = stats[1:, 4].astype(np.float64)
-    main_area = stats[main, 4]
-    others = [a for i, a in enumerate(areas, 1) if i != main and a >= SPECK * h * w]
-    similar = sum(a >= SECOND_OBJECT * main_area for a in others)
+    similar, others = ONE_OBJECT.other_pieces(stats, main, h * w)
     if similar:
         raise _Refused(f"{similar + 1} separate things of similar size stand out from the "
                        "background, not one object")
-    if sum(others) > MAX_OTHER_PIECES * main_area:
+    if ONE_OBJECT.cluttered(others, float(stats[main, 4])):
         raise _Refused(f"the image is cluttered ({len(others) + 1} separate things stand out from "
                        "the background)")
     obj = fill_holes(labels == main, stands_out, SPECK)
@@ -297,21 +287,21 @@ def _first_cut(small: np.ndarray, dist: np.ndarray, thresh: float) -> tuple[np.n
 
 
 def _check_object(obj: np.ndarray) -> None:
-    share = float(obj.mean())
-    if share < MIN_SHARE:
+    problem = ONE_OBJECT.outline_problem(obj)
+    if problem is None:
+        return
+    kind, figure = problem
+    if kind == "specks":
         raise _Refused("nothing but specks stands out from the background "
-                       f"({100 * share:.2f} % of the image)")
-    if share > MAX_SHARE:
-        raise _Refused(f"what differs from the border's colour covers {100 * share:.0f} % of the "
+                       f"({100 * float(figure):.2f} % of the image)")
+    if kind == "too large":
+        raise _Refused(f"what differs from the border's colour covers {100 * float(figure):.0f} % of the "
                        "image: no background is left around an object")
-    contact = frame_contact(obj)
-    if contact > MAX_FRAME_CONTACT:
-        raise _Refused(f"the object runs off the image along {100 * contact:.0f} % of its border, "
+    if kind == "runs off":
+        raise _Refused(f"the object runs off the image along {100 * float(figure):.0f} % of its border, "
                        "so the border cannot show the background")
-    across = spans(obj)
-    if across is not None:
-        raise _Refused(f"what stands out from the border's colour reaches across the image from "
-                       f"{across} (a table edge, a floor or a horizon?), so the background is not plain")
+    raise _Refused(f"what stands out from the border's colour reaches across the image from "
+                   f"{figure} (a table edge, a floor or a horizon?), so the background is not plain")
 
 
 def _zoomed_cut(rgb: np.ndarray, obj: np.ndarray, bg: Background, thresh: float,

@@ -18,8 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-# segment.py imports this module only inside GrabCutSegmenter.segment: no import cycle
-from app.segment.segment import Box, Click, box_mask
+from app.segment.prompts import Box, Click, box_mask
 
 # a line drawing is mostly paper: at least this share of the region is within the paper's
 # noise of its colour (anti-aliased stroke edges are neither paper nor ink)

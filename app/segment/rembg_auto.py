@@ -29,15 +29,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from app.segment.automask import AutoMask
-from app.segment.border_model import (
-    MAX_FRAME_CONTACT,
-    MAX_OTHER_PIECES,
-    MAX_SHARE,
-    MIN_SHARE,
-    SECOND_OBJECT,
-    SPECK,
-)
 from app.segment.maskshape import (
     components,
     fill_holes,
@@ -48,6 +39,7 @@ from app.segment.maskshape import (
     to_size,
     work_copy,
 )
+from app.segment.one_object import ONE_OBJECT, AutoMask
 
 INSTALL_HINT = "pip install 'kiln3d[rembg]'"
 # rembg's session for a U^2-Net-layout model given by path
@@ -167,25 +159,21 @@ def one_object(mask: np.ndarray) -> tuple[np.ndarray, Optional[str]]:
     if len(stats) < 2:
         return empty, "rembg's mask is empty: nothing stands out from the rest of the image"
     main = 1 + int(np.argmax(piece_weights(labels, stats)))
-    main_area = stats[main, 4]
-    others = [a for i, a in enumerate(stats[1:, 4], 1) if i != main and a >= SPECK * h * w]
-    similar = sum(a >= SECOND_OBJECT * main_area for a in others)
+    similar, others = ONE_OBJECT.other_pieces(stats, main, h * w)
     if similar:
         return empty, f"rembg's mask holds {similar + 1} separate things of similar size, not one object"
-    if sum(others) > MAX_OTHER_PIECES * main_area:
+    if ONE_OBJECT.cluttered(others, float(stats[main, 4])):
         return empty, f"rembg's mask is cluttered ({len(others) + 1} separate things)"
     obj = fill_holes(labels == main, labels == main)   # only tiny holes: larger ones show background
-    share = float(obj.mean())
-    if share < MIN_SHARE:
-        return empty, f"rembg's mask holds only specks ({100 * share:.2f} % of the image)"
-    if share > MAX_SHARE:
-        return empty, f"rembg's mask covers {100 * share:.0f} % of the image: no background is left around an object"
-    contact = frame_contact(obj)
-    if contact > MAX_FRAME_CONTACT:
-        return empty, f"rembg's object runs off the image along {100 * contact:.0f} % of its border"
-    across = spans(obj)
-    if across is not None:
-        return empty, f"rembg's mask reaches across the image from {across}, which is not one object"
+    problem = ONE_OBJECT.outline_problem(obj)
+    if problem is not None:
+        kind, figure = problem
+        why = {"specks": lambda f: f"rembg's mask holds only specks ({100 * f:.2f} % of the image)",
+               "too large": lambda f: f"rembg's mask covers {100 * f:.0f} % of the image: no background is left "
+                                      "around an object",
+               "runs off": lambda f: f"rembg's object runs off the image along {100 * f:.0f} % of its border",
+               "spans": lambda f: f"rembg's mask reaches across the image from {f}, which is not one object"}
+        return empty, why[kind](figure)
     return obj, None
 
 

@@ -19,8 +19,6 @@ import time
 
 import numpy as np
 
-from app.segment.automask import AutoMask
-from app.segment.border_model import MAX_FRAME_CONTACT, MAX_SHARE, MIN_SHARE
 from app.segment.maskshape import (
     components,
     fill_holes,
@@ -31,6 +29,7 @@ from app.segment.maskshape import (
     to_size,
     work_copy,
 )
+from app.segment.one_object import ONE_OBJECT, AutoMask
 
 # SAM 2 sees the image at this side (its encoder resizes to 1024 anyway; the candidates'
 # full-size logits cost N x 3 x side^2 x 2 bytes)
@@ -82,10 +81,10 @@ def sam2_mask(rgb: np.ndarray, segmenter, side: int = WORK_SIDE) -> AutoMask:
             lg = logits[i, k].astype(np.float32)
             mask = lg > 0
             share = float(mask.mean())
-            if not MIN_SHARE <= share <= MAX_SHARE or predicted[i, k] < MIN_PREDICTED_IOU:
+            if not ONE_OBJECT.min_share <= share <= ONE_OBJECT.max_share or predicted[i, k] < MIN_PREDICTED_IOU:
                 continue
             stable = stability(lg)
-            if stable < MIN_STABILITY or frame_contact(mask) > MAX_FRAME_CONTACT or spans(mask):
+            if stable < MIN_STABILITY or frame_contact(mask) > ONE_OBJECT.max_frame_contact or spans(mask):
                 continue
             passed += 1
             labels, stats = components(mask)

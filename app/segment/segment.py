@@ -23,11 +23,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from app.segment.prompts import Box, Click, box_mask, has_prompt, scale_prompt
+
 log = logging.getLogger(__name__)
 
 SEG_MAX_SIDE = 1024
-Click = tuple[float, float, int]   # (x, y, label); label 1 = object, 0 = background
-Box = tuple[float, float, float, float]   # (x0, y0, x1, y1), x0 < x1, y0 < y1, image pixels
 
 
 def image_key(rgb: np.ndarray) -> str:
@@ -70,27 +70,6 @@ def keep_clicked_components(mask: np.ndarray, clicks: Sequence[Click],
     if not keep:
         return mask   # every object click landed outside the mask: show what was found
     return np.isin(labels, sorted(keep))
-
-
-def box_mask(shape: tuple[int, int], box: Box) -> np.ndarray:
-    """(H, W) bool, True inside ``box`` (edges included)."""
-    h, w = shape[:2]
-    x0, y0, x1, y1 = (int(round(v)) for v in box)
-    out = np.zeros((h, w), bool)
-    out[max(y0, 0):max(min(y1, h - 1), -1) + 1, max(x0, 0):max(min(x1, w - 1), -1) + 1] = True
-    return out
-
-
-def has_prompt(clicks: Sequence[Click], box: Optional[Box]) -> bool:
-    """An object click or a box: enough to ask a segmenter for a mask."""
-    return box is not None or any(c[2] == 1 for c in clicks)
-
-
-def _scale_prompt(clicks: Sequence[Click], box: Optional[Box], sx: float,
-                  sy: float) -> tuple[list[Click], Optional[Box]]:
-    """Clicks and box in the pixels of a copy scaled by (sx, sy)."""
-    scaled = [(x * sx, y * sy, int(lab)) for x, y, lab in clicks]
-    return scaled, None if box is None else (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
 
 
 def _resize_mask(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
@@ -162,7 +141,7 @@ class GrabCutSegmenter:
                               interpolation=cv2.INTER_AREA)
         else:
             fine = rgb
-        fclicks, fbox = _scale_prompt(clicks, box, fine.shape[1] / w, fine.shape[0] / h)
+        fclicks, fbox = scale_prompt(clicks, box, fine.shape[1] / w, fine.shape[0] / h)
         mask = select_outlined(fine, fclicks, fbox)
         if mask is None:
             mask = self._grabcut(fine, fclicks, fbox)
@@ -177,7 +156,7 @@ class GrabCutSegmenter:
         scale = min(1.0, self.max_side / max(h, w))
         sw, sh = max(8, round(w * scale)), max(8, round(h * scale))
         small = cv2.resize(rgb, (sw, sh), interpolation=cv2.INTER_AREA) if scale < 1 else rgb.copy()
-        sclicks, sbox = _scale_prompt(clicks, box, sw / w, sh / h)
+        sclicks, sbox = scale_prompt(clicks, box, sw / w, sh / h)
         mask = self._grabcut_small(small, sclicks, sbox, self.iterations)
         if sbox is not None and not fills_box(mask, sbox):
             # downscaling averages some noise away; smoothing more lets a colour that

@@ -121,7 +121,7 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
     timings["rasterize"] = time.perf_counter() - t0
     image = np.zeros((size, size, 3), np.float32)
     seen = np.zeros((size, size), bool)
-    use_photo = bool(getattr(settings, "photo_projection", False)) and photo is not None \
+    use_photo = settings.photo_projection and photo is not None \
         and source_camera is not None
     fit, notes = None, []
     if views is not None:

@@ -5,7 +5,7 @@ the worker:
 
 * ``read_model``: read and check every file (the mesh, the splat, the camera) and how they
   go together (a camera needs its photo, kept UVs need usable UVs, the mesh in front of the
-  camera). Seconds even for a 227k-face mesh; ``worker.bakeinputs`` runs it before a job
+  camera). Seconds even for a 227k-face mesh; ``worker.jobs.bakeinputs`` runs it before a job
   is queued, the worker again on the copies in the job's folder.
 * ``place_model``: the "read" stage's slow half: the splat's source frame found from its
   centres against the mesh surface (``pipeline.io.frames``), and the photo's camera fitted

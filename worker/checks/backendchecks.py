@@ -195,7 +195,7 @@ def check_worker_python(settings, quick: bool = False, timeout: float = 120.0) -
     python = settings.worker.python
     if not python:
         return Check("worker.python", "info", f"not set: workers run under {sys.executable}")
-    from worker.interpreter import MIN_VERSION, InterpreterError, resolve
+    from worker.child.interpreter import MIN_VERSION, InterpreterError, resolve
 
     try:
         exe = resolve(python)

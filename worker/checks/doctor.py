@@ -7,9 +7,9 @@ each render backend on one triangle.
 
 It never initialises CUDA in its own process (it may be run next to a server):
 GPUs come from ``nvidia-smi``, and what touches CUDA or GL is the worker's own
-start-up probes (``worker.probe``: CUDA, moderngl, gsplat, nvdiffrast), run by
+start-up probes (``worker.child.probe``: CUDA, moderngl, gsplat, nvdiffrast), run by
 ``worker.checks.proberun`` in a child under the interpreter workers use, in the
-environment a worker would get (``worker.env.prepare``: matching CUDA_HOME/PATH,
+environment a worker would get (``worker.child.env.prepare``: matching CUDA_HOME/PATH,
 project-local TORCH_EXTENSIONS_DIR), each with a time limit, so a crash or a hang
 there is reported, not suffered.
 
@@ -39,7 +39,7 @@ from kiln.checkpoints import DEFAULT_FOLDER, MODELS_DIR_ENV, models_dir
 from worker.checks.backendchecks import (check_cuda_backend, check_device, check_moderngl, check_rembg, check_sam2, check_sam3d,
                             check_torch_cuda, check_worker_python)
 from worker.checks.doctorcheck import Check
-from worker.env import extension_env
+from worker.child.env import extension_env
 from worker.checks.hostchecks import (check_cuda_home, check_extension_cache, check_gpus, check_nvcc, check_python,
                          check_shm, check_torch)
 from worker.checks.proberun import run_probes
@@ -55,7 +55,7 @@ DOCTOR_PROBES = ("cuda", "moderngl", "gsplat", "nvdiffrast")
 def worker_interpreter(settings) -> str:
     """The interpreter a worker runs under: ``worker.python``, or this one (also when
     ``worker.python`` is unusable: its own check says why)."""
-    from worker.interpreter import InterpreterError, resolve
+    from worker.child.interpreter import InterpreterError, resolve
 
     try:
         return resolve(settings.worker.python) or sys.executable
@@ -89,7 +89,7 @@ def run_checks(settings, quick: bool = False, timeout: float = 180.0,
     # the environment a worker would get: the probes below build and render in it
     probe_env = dict(env)
     try:
-        from worker.env import prepare
+        from worker.child.env import prepare
 
         prepare(probe_env, None, settings.worker.device)
     except Exception:  # noqa: BLE001 - the probes still run, in the plain environment

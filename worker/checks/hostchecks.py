@@ -70,7 +70,7 @@ def check_torch(import_torch: bool) -> Check:
     else:
         from importlib import metadata
 
-        from worker.env import torch_cuda_version
+        from worker.child.env import torch_cuda_version
 
         try:
             version = metadata.version("torch")
@@ -121,7 +121,7 @@ def check_nvcc(torch_cuda: Optional[str], env: Mapping, needed: bool = False) ->
     use the first nvcc on PATH / CUDA_HOME. Kiln's workers pick a matching
     toolkit themselves when one is installed; shells and other tools do not.
     """
-    from worker.env import find_toolkit, toolkit_candidates, toolkit_version
+    from worker.child.env import find_toolkit, toolkit_candidates, toolkit_version
 
     nvcc = shutil.which("nvcc", path=env.get("PATH"))
     want = _major_minor(torch_cuda)
@@ -160,7 +160,7 @@ def check_nvcc(torch_cuda: Optional[str], env: Mapping, needed: bool = False) ->
 
 
 def check_cuda_home(torch_cuda: Optional[str], env: Mapping) -> Check:
-    from worker.env import toolkit_version
+    from worker.child.env import toolkit_version
 
     home = env.get("CUDA_HOME")
     want = _major_minor(torch_cuda)
@@ -178,7 +178,7 @@ def check_cuda_home(torch_cuda: Optional[str], env: Mapping) -> Check:
 
 def extension_dirs(env: Mapping, cwd: Path, extra: Optional[Path] = None) -> list[Path]:
     """torch's JIT build caches: $TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions, and
-    the one Kiln's processes share (``worker.env.extension_env``), and older project-local ones."""
+    the one Kiln's processes share (``worker.child.env.extension_env``), and older project-local ones."""
     dirs = []
     if env.get("TORCH_EXTENSIONS_DIR"):
         dirs.append(Path(env["TORCH_EXTENSIONS_DIR"]))

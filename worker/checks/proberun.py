@@ -1,8 +1,8 @@
-"""The worker's start-up probes run in a child interpreter (``python -m worker.probe``),
+"""The worker's start-up probes run in a child interpreter (``python -m worker.child.probe``),
 for a process that must not touch CUDA or GL itself: ``kiln doctor``.
 
 The child is what a worker would be: the interpreter workers use (``worker.python``
-or this one) and the environment ``worker.env.prepare`` gives them. This side plays
+or this one) and the environment ``worker.child.env.prepare`` gives them. This side plays
 the supervisor's part: a probe that crashes the child (a signal, an exit) or hangs in
 native code past its limit is that probe's result, and the probes after it run in a
 fresh child with it counted as failed, as a restarted worker skips the probe that
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from worker.interpreter import PROJECT_ROOT
+from worker.child.interpreter import PROJECT_ROOT
 
 # on top of a probe's own limit (which the child enforces for Python-level hangs), before
 # the child is killed: its own "timed out" answer is the better report
@@ -82,7 +82,7 @@ def _one_child(python: str, names: list[str], skips: dict[str, str], limits: dic
     that was running when the child died or hung, or None when no probe is left to run
     (the child finished, or it broke outside any probe: then every probe not reported
     carries that reason)."""
-    cmd = [python, "-m", "worker.probe", "--json", "--device", device, *names]
+    cmd = [python, "-m", "worker.child.probe", "--json", "--device", device, *names]
     cmd += [f"--limit={n}={s:g}" for n, s in limits.items()]
     cmd += [f"--skip={n}={why}" for n, why in skips.items()]
     if settings_json:
@@ -98,7 +98,7 @@ def _one_child(python: str, names: list[str], skips: dict[str, str], limits: dic
 
     try:
         with open(err_path, "w") as err_f:
-            # cwd: `-m worker.probe` imports Kiln's tree under any interpreter (worker.python
+            # cwd: `-m worker.child.probe` imports Kiln's tree under any interpreter (worker.python
             # has no install of Kiln); a new session so a kill reaches the child's children
             try:
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_f, text=True,
@@ -161,7 +161,7 @@ def _one_child(python: str, names: list[str], skips: dict[str, str], limits: dic
 def run_probes(names: list[str], limits: Mapping[str, float], python: str,
                env: Optional[Mapping] = None, device: str = "auto",
                settings_json: Optional[str] = None) -> dict[str, ProbeOutcome]:
-    """Every probe in ``names`` (``worker.probe.PROBES`` order), each under its limit in
+    """Every probe in ``names`` (``worker.child.probe.PROBES`` order), each under its limit in
     seconds, in children started from ``python``. Never raises: a probe's crash or hang
     is its outcome, and a child that cannot even start is every probe's."""
     out: dict[str, ProbeOutcome] = {}

@@ -195,7 +195,7 @@ def run_isolated(check, settings, timeout: float = CHILD_TIMEOUT_S) -> dict:
     """Run ``check`` (a CHILD_CHECKS name, or a module-level function) in a spawned
     process: its result, or {"ok": False, "error": ...} when it crashed, hung past
     ``timeout`` or raised."""
-    from worker.env import share_extension_env
+    from worker.child.env import share_extension_env
 
     share_extension_env()   # the child builds into, and loads from, the workers' cache
     ctx = mp.get_context("spawn")
@@ -246,7 +246,7 @@ def _job_settings(settings, **extra):
 def _job_check(settings, work: Path) -> Result:
     from kiln.examples import draw_object
 
-    from worker.supervisor import Supervisor
+    from worker.pool.supervisor import Supervisor
 
     rgb, mask = draw_object(256, kind="toy", seed=2)
     js = _job_settings(settings)
@@ -272,8 +272,8 @@ def _sticky_cuda_check(settings, work: Path) -> Result:
     worker is replaced, the next job on the same supervisor passes."""
     from kiln.examples import draw_object
 
-    from worker.faults import FaultPlan
-    from worker.supervisor import Supervisor
+    from worker.child.faults import FaultPlan
+    from worker.pool.supervisor import Supervisor
 
     name = "sticky CUDA error replaces the worker"
     js = _job_settings(settings, **{"worker.retry_with_fallback": False, "worker.count": 1,

@@ -1,9 +1,9 @@
 """The local engine: worker processes spawned on this machine, one per visible GPU (one on a
 CPU machine, or ``worker.count``), each pinned to its GPU with ``CUDA_VISIBLE_DEVICES``.
 
-Each worker is ``worker.process.worker_main`` in a ``spawn``-context child (no fork: the
+Each worker is ``worker.child.process.worker_main`` in a ``spawn``-context child (no fork: the
 parent's handles stay its own), under ``worker.python`` when that is set. Its pid is recorded
-beside its log (``worker.leftovers``) so that the next server can kill one that a dead server
+beside its log (``worker.pool.leftovers``) so that the next server can kill one that a dead server
 left stopped.
 """
 
@@ -17,10 +17,11 @@ from pathlib import Path
 
 from kiln.settings import Settings
 
-from worker import env as env_mod
-from worker import interpreter, leftovers
-from worker.slots import WorkerSlot
-from worker.workerconfig import WorkerConfig
+from worker.child import env as env_mod
+from worker.child import interpreter
+from worker.pool import leftovers
+from worker.pool.slots import WorkerSlot
+from worker.child.workerconfig import WorkerConfig
 
 log = logging.getLogger("kiln.worker")
 

@@ -2,14 +2,14 @@
 
 Each slot of the pool is a host actor (``worker.engines.rayhost.WorkerHost``) that holds one
 unit of ``worker.ray_resource`` (a GPU) on whichever node Ray places it, and runs the local
-engine's worker process there. ``RaySlot`` is a ``worker.slots.WorkerSlot`` whose process is on
+engine's worker process there. ``RaySlot`` is a ``worker.pool.slots.WorkerSlot`` whose process is on
 that node: the dispatcher drives it exactly like a local one (same messages, deadlines, words,
 retry rule) and the slot turns each call into a call on its host.
 
 How Ray's own recovery maps onto Kiln's (``docs/cluster.md``):
 
 * hosts are made with ``max_restarts=0`` and ``max_task_retries=0``: Ray never runs a job
-  again by itself. Kiln's retry rule (``worker.retry``: once, with safe backends, unless the
+  again by itself. Kiln's retry rule (``worker.pool.retry``: once, with safe backends, unless the
   input crashed a worker before) decides, and a retry goes back to Kiln's queue, whose next
   free slot may be on another node. Ray's defaults (3 retries of a task on a crash) would run
   an input that segfaults the worker four times and never with the safe backends.
@@ -19,7 +19,7 @@ How Ray's own recovery maps onto Kiln's (``docs/cluster.md``):
   a new host, which Ray places on any node with a free unit of the resource.
 * the hosts belong to this server's Ray job: when the server dies, Ray ends them and their
   workers exit (they watch their parent); the next server resumes or settles the jobs as
-  ``worker.resume`` says, as after a local crash.
+  ``worker.pool.resume`` says, as after a local crash.
 
 Ray is imported only here, and this module only when ``worker.engine`` is ``ray``.
 """
@@ -34,11 +34,12 @@ from typing import Any, Optional
 from kiln.settings import Settings
 
 from worker.engines import jobfiles
+from worker.errors import WorkerStartError
 from worker.engines.raymessages import HostInfo, HostReport, WorkerMessage
-from worker.jobstore import append_log
+from worker.jobs.jobstore import append_log
 from worker.messages import Ready, Run
-from worker.slots import WorkerSlot, cut_tail, describe_exit
-from worker.workerconfig import WorkerConfig
+from worker.pool.slots import WorkerSlot, cut_tail, describe_exit
+from worker.child.workerconfig import WorkerConfig
 
 log = logging.getLogger("kiln.worker")
 
@@ -52,8 +53,6 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError as e:
-        from worker.dispatcher import WorkerStartError
-
         raise WorkerStartError("worker.engine is ray but Ray is not installed here: "
                                "pip install 'kiln3d[ray]' (docs/cluster.md)") from e
     return ray
@@ -76,8 +75,6 @@ class RayEngine:
     def slots(self, var_dir: Path) -> list[WorkerSlot]:
         """Join the cluster (unless this process already has) and make one slot per unit of
         the resource it has (``worker.count`` when set)."""
-        from worker.dispatcher import WorkerStartError
-
         ray = import_ray()
         if not ray.is_initialized():
             _check_reachable(self.address)
@@ -131,8 +128,6 @@ def _check_reachable(address: str, timeout: float = 10.0) -> None:
     """Fail at once, saying so, when a HOST:PORT address does not answer: ``ray.init`` would
     retry for ever. ("auto" finds a local cluster or fails by itself; ray:// has its own limit.)"""
     import socket
-
-    from worker.dispatcher import WorkerStartError
 
     host, _, port = address.rpartition(":")
     if address == "auto" or "://" in address or not host or not port.isdigit():

@@ -3,8 +3,8 @@
 One host holds one unit of the worker's Ray resource (a GPU) and stays up while the workers in
 it come and go: a crash, a freeze or a cancel kills the worker process, never the host, so the
 next worker starts on a warm node without Ray scheduling anything. The worker is the local
-engine's own: ``worker.process.worker_main`` in a ``spawn``-context child of the host, with its
-two queues, its log on the node, and its pid recorded for ``worker.leftovers``. The host runs no
+engine's own: ``worker.child.process.worker_main`` in a ``spawn``-context child of the host, with its
+two queues, its log on the node, and its pid recorded for ``worker.pool.leftovers``. The host runs no
 native code of Kiln's, so what kills a worker (SIGSEGV in a kernel, a CUDA error, SIGSTOP) is
 seen from outside it, with the exit status that names the signal; Ray's own report of a dead
 worker process does not say which signal it was.
@@ -30,13 +30,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Union
 
-from worker import interpreter, leftovers
+from worker.child import interpreter
+from worker.pool import leftovers
 from worker.engines import jobfiles
 from worker.engines.raymessages import HostInfo, HostReport, JobFiles, WorkerMessage
-from worker.liveness import LivenessProbe
+from worker.pool.liveness import LivenessProbe
 from worker.messages import Done, Failed, Run, Stop
-from worker.slots import WorkerSlot
-from worker.workerconfig import WorkerConfig
+from worker.pool.slots import WorkerSlot
+from worker.child.workerconfig import WorkerConfig
 
 LOG_TAIL_BYTES = 64_000
 
@@ -59,7 +60,7 @@ class WorkerHost:
         self.root = base
         (base / "workers").mkdir(parents=True, exist_ok=True)
         (base / "jobs").mkdir(exist_ok=True)
-        # a worker an earlier host left stopped (SIGSTOP) outlives it: end it (worker.leftovers)
+        # a worker an earlier host left stopped (SIGSTOP) outlives it: end it (worker.pool.leftovers)
         self.leftovers_killed = leftovers.kill_leftovers(base / "workers")
         _undo_ray_thread_cap()
         self._ctx = mp.get_context("spawn")

@@ -53,7 +53,7 @@ class HostReport:
     exitcode: the worker's exit status once it has exited (negative: the signal); None while
         it runs. Nothing more comes from this worker after a report with an exit code.
     cpu_idle_s: while it runs a job, seconds since the worker (with its children) last gained
-        CPU time, measured on its node (``worker.liveness``); None otherwise.
+        CPU time, measured on its node (``worker.pool.liveness``); None otherwise.
     proc_state: its scheduler state as last seen ('running', 'sleeping', 'stopped', ...).
     log_tail: the end of the worker's own log, once it has exited.
     """

@@ -1,0 +1,93 @@
+"""A bake's parameters (the page's "Bake a model" tab, ``/bake``) as a checked job request:
+the files read and checked as ``kiln bake`` checks them (``worker.jobs.bakeinputs``), the settings
+checked by ``kiln.settings``, before any job is queued."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+from app.web.server import usertext
+from app.web.api.photo import api_settings
+from app.web.server.context import AppContext
+
+
+def bake_request(ctx: AppContext, session: str, mesh: str, splat: Optional[str], image: Optional[str],
+                 mask: Optional[str], camera: Optional[str], focal: Any, principal: Any, camera_frame: Any,
+                 fit_camera: Any, source: Any, uvs: Any, session_image: Any, settings_values: dict,
+                 camera_fitted: Any = False):
+    """(``worker.jobs.bakeinputs.CheckedBake``, its settings) from a bake's parameters, checked;
+    UIError naming the parameter or file that is wrong. ``session_image``: the session's
+    image and selection are the photo (the page's first tab, or ``/upload_image``).
+    ``camera_fitted``: ``camera`` is a fit's camera.json (the tab's fit, ``/fit_camera``),
+    used as fitted."""
+    from worker.jobs.bakeinputs import BakeFiles, bake_settings, check_bake
+    from worker.jobs.inputs import InputProblem
+
+    if not mesh:
+        raise usertext.UIError("mesh: no file was given")
+    simplify_asked = settings_values.get("simplify_ratio") is not None
+    settings = bake_settings(api_settings(ctx.settings, settings_values), simplify_asked)
+    try:
+        files = BakeFiles(
+            mesh=Path(mesh), splat=_path(splat), image=_path(image), mask=_path(mask), camera=_path(camera),
+            focal=float(focal) if focal not in (None, "", 0) else None,
+            principal=(float(principal[0]), float(principal[1])) if principal else None,
+            camera_frame=str(camera_frame or "opengl"), fit_camera=bool(fit_camera),
+            source=str(source or "auto"), uvs=str(uvs or "auto"), camera_fitted=bool(camera_fitted))
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+        # any JSON may arrive: {"a": 1} as principal (KeyError), 10**400 as focal (OverflowError)
+        raise usertext.UIError("focal is a number of pixels and principal [cx, cy]") from None
+    pixels = _session_photo(ctx, session) if session_image else None
+    try:
+        return check_bake(files, settings, simplify_asked, photo_pixels=pixels), settings
+    except InputProblem as e:
+        raise usertext.UIError(as_parameters(str(e))) from None
+
+
+def fit_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Optional[str], image: Optional[str],
+                mask: Optional[str], source: Any, session_image: Any):
+    """(``worker.jobs.bakeinputs.CheckedBake`` of a fit job, its settings) from the fit's
+    parameters (the bake's, less the camera and what only a bake uses), checked as a bake's
+    are; UIError naming what is wrong."""
+    from worker.jobs.bakeinputs import BakeFiles, bake_settings, check_fit
+    from worker.jobs.inputs import InputProblem
+
+    if not mesh:
+        raise usertext.UIError("mesh: no file was given")
+    settings = bake_settings(ctx.settings, False)
+    files = BakeFiles(mesh=Path(mesh), splat=_path(splat), image=_path(image), mask=_path(mask),
+                      source=str(source or "auto"))
+    if image is None and not session_image:
+        raise usertext.UIError("fitting the camera needs the photo and its mask: give the photo (image) "
+                               "or use the session's image and selection")
+    pixels = _session_photo(ctx, session) if session_image else None
+    try:
+        return check_fit(files, settings, photo_pixels=pixels), settings
+    except InputProblem as e:
+        raise usertext.UIError(as_parameters(str(e))) from None
+
+
+def _session_photo(ctx: AppContext, session: str):
+    """The session's image and selection at full size (UIError: no image, or no usable selection)."""
+    from app.web.photo import form
+
+    st = ctx.sessions.get(session)
+    with ctx.decodes:
+        return form.job_inputs(st)
+
+
+def _path(value) -> Optional[Path]:
+    return Path(value) if value else None
+
+
+# the command line's flags as the page's and the API's parameters, in the checks' messages
+_FLAG_RE = re.compile(r"--(keep-uvs|new-uvs|[a-z][a-z-]*)")
+_FLAG_AS = {"keep-uvs": 'uvs "keep"', "new-uvs": 'uvs "new"', "simplify-ratio": "simplify_ratio"}
+
+
+def as_parameters(text: str) -> str:
+    """A ``kiln bake`` check's message with its flags named as parameters ("pass it as --splat"
+    -> "pass it as splat")."""
+    return _FLAG_RE.sub(lambda m: _FLAG_AS.get(m.group(1), m.group(1).replace("-", "_")), text)

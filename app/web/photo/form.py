@@ -1,0 +1,201 @@
+"""The job a Generate press asks for: the form's values as settings (an invalid one named by
+its field) and the full-size image and mask, refused before any slow work when not usable."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import numpy as np
+
+from kiln.formats import PRIMARY
+from kiln.settings import JOB_SETTINGS, Settings, SettingsError, from_dict, setting_value
+from worker.jobs.inputs import InputProblem, check_reconstructable
+
+from app.web.server.usertext import UIError
+from app.web.photo.selection import MIN_MASK_PIXELS, assess_mask
+from app.web.state.uploads import SessionState, require_image
+
+
+def ui_overrides(bake: bool, simplify_ratio: float, texture_size: Any, views: Any, bake_mode: str,
+                 seed: Any, gaussians_ply: bool, formats: Any = None, texture_format: Any = None,
+                 units: Any = None) -> dict:
+    """The web form's values (``kiln.settings.JOB_SETTINGS``, in its order) as dotted setting
+    keys (checked later by kiln.settings). ``formats``: the formats besides the GLB that are
+    ticked (the settings add the GLB); None for these last three keeps the server's."""
+    texture = (texture_size if str(texture_size) == "auto" else int(texture_size)) \
+        if texture_size not in (None, "") else None
+    values = (bool(bake), simplify_ratio, texture, views, bake_mode, seed, bool(gaussians_ply),
+              list(formats) if isinstance(formats, (list, tuple)) else formats, texture_format or None,
+              units or None)
+    return dict(zip(JOB_SETTINGS.values(), values))
+
+
+# job settings a job from before Kiln wrote other formats lacks; their defaults stand in
+_NEWER = ("export.formats", "export.texture_format", "export.units")
+
+
+def form_values(settings: Optional[dict]) -> Optional[tuple]:
+    """The web form's boxes (``ui_overrides``' arguments, in order) showing a job's
+    settings (``Settings.to_dict()``), so a reloaded page shows what its last job used;
+    None when ``settings`` is not such a dict."""
+    if not isinstance(settings, dict) or not all(_has(settings, key) for key in JOB_SETTINGS.values()
+                                                 if key not in _NEWER):
+        return None
+    try:
+        job = from_dict(settings)
+    except (SettingsError, KeyError, TypeError, ValueError):
+        return None
+    # the formats box lists only what goes beside the GLB
+    return tuple([f for f in job.export.formats if f != PRIMARY] if key == "export.formats"
+                 else setting_value(job, key) for key in JOB_SETTINGS.values())
+
+
+def _has(data: dict, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+# the form's labels for the setting keys it sets, so an error names the box to fix
+FIELD_LABELS = {"bake.enabled": "Bake texture", "mesh.simplify_ratio": "Simplify ratio",
+                "bake.texture_size": "Texture size", "views.count": "Bake views",
+                "bake.mode": "Bake mode", "seed": "Seed", "export.gaussians_ply": "Also export Gaussians",
+                "export.formats": "Also download as", "export.texture_format": "Texture file",
+                "export.units": "STL units"}
+SETTING_RE = re.compile(r"setting '([\w.]+)'(?: = |: )?")
+
+
+def field_error(message: str) -> str:
+    """A settings error as the form names it: "setting 'seed' = -1 is out of range; …" ->
+    "Seed: -1 is out of range; …"."""
+    m = SETTING_RE.match(message)
+    if m is None or m.group(1) not in FIELD_LABELS:
+        return message
+    return f"{FIELD_LABELS[m.group(1)]}: {message[m.end():]}"
+
+
+def job_settings(base: Settings, overrides: dict) -> Settings:
+    """``base`` with the form's overrides; an invalid value becomes a ``UIError`` naming
+    its field."""
+    try:
+        return base.override(overrides)
+    except SettingsError as e:
+        raise UIError(field_error(str(e))) from None
+
+
+def full_mask(state: SessionState, alpha: Optional[np.ndarray] = None) -> np.ndarray:
+    """(H, W) bool mask at the upload's full size, ready for a job. ``alpha``: the
+    full-size alpha when the caller has decoded it already (``WorkImage.full``)."""
+    import cv2
+
+    img = require_image(state)
+    if state.use_alpha and img.has_alpha:
+        if alpha is None:
+            alpha = img.full()[1]
+        assert alpha is not None   # has_alpha: the upload has an alpha channel
+        return alpha >= 128
+    if state.mask_file:
+        return _full_mask_file(state)
+    if state.mask is None:
+        raise UIError("select the object first: click on it (or use the image's transparency)")
+    H, W = img.size
+    if state.mask.shape == (H, W):
+        return state.mask.copy()
+    up = cv2.resize(state.mask.astype(np.float32), (W, H), interpolation=cv2.INTER_LINEAR)
+    return up >= 0.5
+
+
+def _full_mask_file(state: SessionState) -> np.ndarray:
+    from kiln.imageio import ImageError
+    from kiln.maskfile import load_mask
+
+    H, W = require_image(state).size
+    assert state.mask_file   # full_mask asks only for a state with a mask file
+    try:
+        # its limits were checked when it was uploaded
+        mask = load_mask(state.mask_file, max_pixels=max(1, H * W)).mask
+    except (ImageError, OSError):
+        raise UIError("the mask file can no longer be read; upload it again") from None
+    if mask.shape != (H, W):
+        raise UIError("the mask file no longer matches the image; upload it again")
+    return mask
+
+
+def job_inputs(state: SessionState) -> tuple[np.ndarray, np.ndarray]:
+    """(rgb (H, W, 3) uint8, mask (H, W) bool) for ``Supervisor.submit``; UIError if not ready."""
+    img = require_image(state)
+    if not state.use_alpha and (state.mask is None or not state.mask.any()):
+        full_mask(state)   # says what is missing before the slow decode
+    rgb, alpha = img.full()
+    mask = full_mask(state, alpha)
+    n = int(mask.sum())
+    if n < MIN_MASK_PIXELS:
+        raise UIError(f"the mask covers only {n} pixels; click on the object to select more of it")
+    if n == mask.size:
+        raise UIError("the mask covers the whole image; add a background click outside the object")
+    return rgb, mask
+
+
+def found_object_inputs(state: SessionState, finder, reconstruct,
+                        instead: str = "select it with clicks or a box") -> tuple[np.ndarray, np.ndarray, Any]:
+    """(rgb (H, W, 3) uint8, mask (H, W) bool, ``app.segment.automask.AutoMask``): the
+    session's image at full size and its object found automatically by ``finder`` (an
+    ``app.segment.automask.Finder``: SAM 2, rembg or the border model as ``app.auto_mask``
+    and what is installed say), checked as ``job_inputs`` checks a selection and as the
+    reconstruction would (``reconstruct``: its settings). UIError saying why no single
+    object was found and what to do ``instead``."""
+    img = require_image(state)
+    rgb, _ = img.full()
+    found = finder.find(rgb)
+    if not found.found:
+        raise UIError(f"no single object found automatically: {found.problem}; {instead}")
+    n = int(found.mask.sum())
+    if n < MIN_MASK_PIXELS:
+        raise UIError(f"the object found automatically covers only {n} pixels; {instead}")
+    try:
+        check_reconstructable(rgb, found.mask, reconstruct, "the object found automatically")
+    except InputProblem as e:
+        raise UIError(str(e)) from None
+    return rgb, found.mask, found
+
+
+def check_job_request(state: SessionState, base: Settings, *form, mask_found: bool = False) -> Settings:
+    """What ``job_request`` refuses, checked on the working copy without decoding the
+    full-size image (fast, for the check before a job waits in the queue). ``mask_found``:
+    the object is to be found automatically (``found_object_inputs``), so only the image
+    and the settings are checked here."""
+    img = require_image(state)
+    if mask_found:
+        return job_settings(base, ui_overrides(*form))
+    if state.use_alpha and img.work_alpha is not None:
+        mask = img.work_alpha >= 128
+    elif state.mask is None:
+        raise UIError("select the object first: click on it (or use the image's transparency)")
+    else:
+        mask = state.mask
+    if not mask.any():
+        raise UIError("the mask is empty; click on the object to select it")
+    if mask.all():
+        raise UIError("the mask covers the whole image; add a background click outside the object")
+    mc = assess_mask(mask)
+    if mc.speck:
+        raise UIError(f"the selection is only a speck ({100 * mc.share:.2f} % of the image); "
+                      "drag a box around the whole object or click on more of it")
+    used = job_settings(base, ui_overrides(*form))
+    try:   # what the reconstruction would refuse (e.g. a selection too thin for its grid)
+        check_reconstructable(img.work, mask, used.reconstruct, "the selection")
+    except InputProblem as e:
+        raise UIError(str(e)) from None
+    return used
+
+
+def job_request(state: SessionState, base: Settings, *form) -> tuple[np.ndarray, np.ndarray, Settings]:
+    """(rgb, mask, settings) of the job a Generate press asks for: ``job_inputs`` of the
+    session and ``base`` with the form's values (``ui_overrides``' arguments, in order).
+    UIError when either is not usable."""
+    rgb, mask = job_inputs(state)
+    return rgb, mask, job_settings(base, ui_overrides(*form))
+

@@ -1,0 +1,226 @@
+"""The page's handlers for a job: Generate (checked at once, then submitted to the supervisor's queue),
+the outcome shown when it ends, Cancel, and a loaded page following its browser's job.
+
+Each is ``handler(page, ctx, caller, *inputs) -> {component: value}`` (generators yield
+such dicts; ``app.web.page.wiring`` connects them). What a tab's job came to is an ``Outcome`` kept in
+the active-jobs record (``ctx.active``) under the tab's session, never in a ``gr.State``.
+
+Why a job's end is shown by a second handler: Gradio 6.31's Model3D never mounts its viewer
+when a generator sets its value, so the generators here stream only the progress bar and
+leave the outcome in the record for ``show_outcome``, a plain handler run after them.
+Jobs belong to the browser, not the tab: a page loaded later (a reload, a second tab) shows
+the browser's history and follows its running job (``app.web.state.browser_jobs``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import gradio as gr
+
+from app.web.photo import form
+from app.web.state import history
+from app.web.state import browser_jobs as jobs
+from app.web.server import usertext
+from app.web.page import status_line as statusview
+from app.web.server.context import AppContext
+from app.web.state.job_outcome import Outcome, browser_history, job_outcome, not_started
+from app.web.page.layout import Page, Updates
+from app.web.server.requestinfo import Caller, refusal
+
+BUSY = "This page's job is still running; wait for it or press Cancel."
+
+
+def idle_buttons(page: Page) -> Updates:
+    # fresh dicts each time: Gradio consumes an update's keys as it applies it, so a shared
+    # one came back without its value and left the button saying "Running…"
+    return {page.generate: gr.update(value="Generate", interactive=True), page.cancel: gr.update(interactive=False)}
+
+
+def running_buttons(page: Page) -> Updates:
+    return {page.generate: gr.update(value="Running…", interactive=False), page.cancel: gr.update(interactive=True)}
+
+
+def on_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: float, texture,
+                views, mode: str, seed, ply: bool, formats=None,
+                texture_format=None, units=None) -> Updates:
+    """Refuse at once what cannot run, before the job is submitted (raises a ``gr.Error``
+    the page shows as a pop-up, and keeps why for ``show_refusal``, which leaves it on the
+    progress line), and clear the previous result. Queued in a group of its own so it runs
+    at once: Gradio 6.31 shows no gr.Error raised by a queue=False event. The setting boxes
+    then show the values the job will use (e.g. the seed rounded)."""
+    return kept_refusal(ctx, caller, "image", _check_generate, page, ctx, caller, bake, simplify,
+                        texture, views, mode, seed, ply, formats, texture_format, units)
+
+
+def kept_refusal(ctx: AppContext, caller: Caller, kind: str, check, *args):
+    """``check(*args)``, keeping why it refused (a ``gr.Error``) for the page's progress line;
+    not while the tab's own job runs, whose bar says more than "still running"."""
+    try:
+        return check(*args)
+    except gr.Error as e:
+        if not ctx.active.busy(caller.session):
+            ctx.active.keep_refusal(caller.session, kind, str(e.message))
+        raise
+
+
+def show_refusal(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """After a refused Generate: why, on the progress line, where it stays until the next
+    action (the pop-up goes after a few seconds)."""
+    text = ctx.active.take_refusal(caller.session, "image")
+    if text is None:
+        return {page.progress: gr.skip()}
+    return {page.progress: statusview.progress_html(note=f"Not started: {text}", note_state="refused")}
+
+
+def _check_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: float, texture,
+                    views, mode: str, seed, ply: bool, formats=None,
+                    texture_format=None, units=None) -> Updates:
+    session, s = caller.session, ctx.settings
+    st = ctx.sessions.get(session)
+    if st.image is None:
+        raise refusal("Upload an image first.")
+    if ctx.active.busy(session):
+        raise refusal(BUSY)
+    try:
+        used = form.check_job_request(st, s, bake, simplify, texture, views, mode, seed, ply, formats,
+                                      texture_format, units)
+    except usertext.UIError as e:
+        raise refusal(usertext.public_text(str(e))) from None
+    if ctx.sup_error:
+        raise refusal(usertext.public_text(ctx.sup_error))
+    running, waiting = jobs.queue_load(ctx)
+    if waiting >= s.worker.max_queue:
+        raise refusal(f"The job queue is full ({waiting} waiting); try again in a few minutes.")
+    if not ctx.active.press(session):     # another press of this tab got in first
+        raise refusal(BUSY)
+    note = "Starting…"
+    if running + waiting >= ctx.workers:
+        note = "Waiting for a free worker" + (f" ({waiting} other job{'s' if waiting != 1 else ''} waiting)…"
+                                             if waiting else "…")
+    return {page.progress: statusview.progress_html(note=note), page.model: None,
+            page.glb_download: gr.update(visible=False), page.ply_download: gr.update(visible=False),
+            page.more_files: gr.update(value=None, visible=False), page.file_sizes: "", **running_buttons(page),
+            page.views: used.views.count, page.simplify: used.mesh.simplify_ratio, page.seed: used.seed}
+
+
+def run_job(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: float, texture,
+            views, mode: str, seed, ply: bool, formats=None,
+            texture_format=None, units=None) -> Iterator[Updates]:
+    """The Generate ``on_generate`` let through: submit the job at once (the supervisor's
+    queue holds it until a worker is free, so a reload finds it waiting) and stream its
+    progress bar; its end goes to the active-jobs record as an ``Outcome`` for
+    ``show_outcome``."""
+    session = caller.session
+    last, note = None, ""
+    pressed = ctx.active.pending_since(session)
+    try:
+        # pending (for Cancel) until follow_job submits the job, e.g. while the pool starts
+        st_now = ctx.sessions.get(session)
+        info = None
+        if st_now.image is not None:
+            info = history.JobInfo(st_now.image.name, history.thumbnail_uri(st_now.image.work))
+        with ctx.decodes:   # the full-size image is decoded again for the job
+            request_ = form.job_request(st_now, ctx.settings, bake, simplify, texture, views, mode, seed, ply,
+                                        formats, texture_format, units)
+        del st_now
+        # follow_job lets go of the full-size arrays once the job store has them
+        steps = jobs.follow_job(ctx, session, *request_, info=info, pressed_at=pressed)
+        del request_
+        for note, last, view in jobs.progress_views(ctx, steps):
+            yield {page.progress: view}
+    except usertext.UIError as e:
+        note = f"Cannot start: {usertext.public_text(str(e))}"
+    finally:
+        ctx.active.end_pending(session)
+    if last is None:
+        ctx.active.keep_outcome(session, not_started(note))
+    else:
+        # the wait in Gradio's queue before the job was submitted counts in "Done in"
+        waited = max(0.0, (last.created or 0.0) - (pressed or last.created or 0.0))
+        ctx.active.keep_outcome(session, job_outcome(ctx, session, last, waited))
+    yield {page.progress: gr.skip()}
+
+
+def outcome_view(page: Page, out: Optional[Outcome], idle_when_empty: bool = True) -> Updates:
+    """An outcome as the page shows it: progress bar, the model in the viewer, download
+    buttons, the browser's history, Generate enabled again. With no outcome: only the
+    buttons back to idle (``idle_when_empty``), or nothing."""
+    if out is None:
+        return idle_buttons(page) if idle_when_empty else {page.progress: gr.skip()}
+    shown = {page.progress: out.progress_html(),
+             page.glb_download: gr.update(value=out.glb, visible=True) if out.glb else gr.update(visible=False),
+             page.ply_download: gr.update(value=out.ply, visible=True) if out.ply else gr.update(visible=False),
+             page.more_files: gr.update(value=out.extra_files(), visible=bool(out.extra)),
+             page.file_sizes: out.sizes_markdown(), **idle_buttons(page)}
+    if out.glb:
+        shown[page.model] = out.glb
+    if out.history is not None:
+        shown.update({page.history: out.history.html, page.history_files: out.history.file_list()})
+    return shown
+
+
+def show_outcome(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """After ``run_job``: the tab's outcome, taken from the record (Generate enabled again
+    even without one: the press was cancelled or dropped)."""
+    return outcome_view(page, ctx.active.take_outcome(caller.session))
+
+
+def show_followed_outcome(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """After ``follow_on_load``: the outcome it left, if any; else the buttons stay as the
+    page's own Generate set them."""
+    return outcome_view(page, ctx.active.take_outcome(caller.session), idle_when_empty=False)
+
+
+def on_cancel(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """Cancel the tab's job (its worker is killed and replaced, or it leaves the queue), or
+    its Generate not yet submitted (which ``cancels=`` in the wiring drops)."""
+    st = jobs.cancel_jobs(ctx, caller.session)
+    if st is not None:
+        return {page.progress: statusview.progress_html(st), **idle_buttons(page)}
+    note = "Cancelled before it started." if ctx.active.take_pending(caller.session) else "Nothing to cancel."
+    return {page.progress: statusview.progress_html(note=note), **idle_buttons(page)}
+
+
+def follow_on_load(page: Page, ctx: AppContext, caller: Caller) -> Iterator[Updates]:
+    """A page just loaded (a reload, another tab): once the workers are up, show the
+    browser's history, its newest job's settings in the form and, if that job is queued or
+    running, follow it here with live progress (Cancel works on it; the result lands here
+    when done); if it ended, leave its outcome for ``show_followed_outcome``, so the page
+    looks as it did before the reload."""
+    session = caller.session
+    while not ctx.sup_ready.is_set():
+        yield {page.progress: gr.skip()}   # a beat a second: Gradio drops the generator of a closed page
+        ctx.sup_ready.wait(1.0)
+    if ctx.sup is None:
+        yield {page.progress: gr.skip()}
+        return
+    statuses = jobs.browser_jobs(ctx, session)
+    own = [st for st in statuses if st.kind == "image"]   # the bake tab follows its own
+    live = jobs.live_job(own)
+    newest = own[-1] if own else None
+    idle = not ctx.active.busy(session)      # else this page's own Generate shows its job
+    hist = browser_history(ctx, session, statuses)
+    shown = {page.history: hist.html, page.history_files: hist.file_list()}
+    if newest is not None and idle:
+        values = form.form_values(jobs.stored_settings(ctx, newest.id))
+        shown.update(zip(page.form, values or ()))
+    if live is None or not idle:
+        if newest is not None and idle:
+            ctx.active.keep_outcome(session, job_outcome(ctx, session, newest, _waited(ctx, newest)))
+        yield shown
+        return
+    first = jobs.progress_view(ctx, live)
+    yield {page.progress: first, **running_buttons(page), **shown}
+    last = live
+    for _, last, view in jobs.progress_views(ctx, jobs.follow_existing(ctx, session, live.id), shown=first):
+        yield {page.progress: view}
+    if last.terminal:
+        ctx.active.keep_outcome(session, job_outcome(ctx, session, last, _waited(ctx, live)))
+    yield {page.progress: gr.skip()}
+
+
+def _waited(ctx: AppContext, st) -> float:
+    """How long the job's Generate waited for a worker slot, as the page recorded it."""
+    info = jobs.job_infos(ctx, [st]).get(st.id)
+    return info.waited_s if info is not None else 0.0
