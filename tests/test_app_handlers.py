@@ -30,7 +30,7 @@ from synthetic import make_object_image
 from worker.jobs.jobstore import JobStatus
 
 APP = AppSettings()
-# the form's values in ui_overrides' order: bake, simplify, texture, views, mode, seed, ply
+# the form's values in GenerateForm's order: bake_texture, simplify, texture, views, mode, seed, ply
 FORM = (False, 0.95, 512, 8, "fast", 0, False)
 
 
@@ -207,7 +207,7 @@ def test_keep_clicked_components_drops_islands():
 
 def test_settings_from_the_form():
     base = Settings()
-    ov = form.ui_overrides(False, 0.97, "512", 8, "fast", 3, True)
+    ov = form.GenerateForm(False, 0.97, "512", 8, "fast", 3, True).overrides()
     s = form.job_settings(base, ov)
     assert (s.bake.enabled, s.mesh.simplify_ratio, s.bake.texture_size, s.views.count,
             s.bake.mode, s.seed, s.export.gaussians_ply) == (False, 0.97, 512, 8, "fast", 3, True)
@@ -215,11 +215,11 @@ def test_settings_from_the_form():
     assert s.reconstruct == base.reconstruct and s.worker == base.worker
     assert "vertex colours" in jobs.settings_summary(s) and "+ply" in jobs.settings_summary(s)
     with pytest.raises(usertext.UIError, match="^Simplify ratio: 1.5 is out of range"):
-        form.job_settings(base, form.ui_overrides(True, 1.5, 1024, 16, "opt", 0, False))
+        form.job_settings(base, form.GenerateForm(True, 1.5, 1024, 16, "opt", 0, False).overrides())
     with pytest.raises(usertext.UIError, match="^Texture size: .*power of two"):
-        form.job_settings(base, form.ui_overrides(True, 0.9, 768, 16, "opt", 0, False))
+        form.job_settings(base, form.GenerateForm(True, 0.9, 768, 16, "opt", 0, False).overrides())
     with pytest.raises(usertext.UIError, match="^Seed: "):
-        form.job_settings(base, form.ui_overrides(True, 0.9, 1024, 16, "opt", -4, False))
+        form.job_settings(base, form.GenerateForm(True, 0.9, 1024, 16, "opt", -4, False).overrides())
 
 
 def test_job_inputs_refuse_empty_and_full_masks(blob):
@@ -994,17 +994,17 @@ def test_tiny_and_scattered_masks_warned_and_specks_refused(blob):
     st_tiny = replace(st, mask=tiny, clicks=((102.0, 102.0, 1),))
     assert "tiny" in selection.mask_summary(st_tiny)
     with pytest.raises(usertext.UIError, match="speck"):
-        form.check_job_request(st_tiny, Settings(), *FORM)
+        form.check_job_request(st_tiny, Settings(), form.GenerateForm(*FORM))
     small = np.zeros((256, 256), bool)
     small[100:112, 100:112] = True          # 144 px: 0.22 % -> warned, allowed
     st_small = replace(st, mask=small, clicks=((105.0, 105.0, 1),))
     assert "tiny" in selection.mask_summary(st_small)
-    form.check_job_request(st_small, Settings(), *FORM)
+    form.check_job_request(st_small, Settings(), form.GenerateForm(*FORM))
     st512 = uploads.load_upload(_png(np.full((512, 512, 3), 120, np.uint8)), APP)
     line = np.zeros((512, 512), bool)
     line[256:258, 10:502] = True            # 984 px, thinner than the reconstruction's grid cells
     # kept (pipeline.recon.thin_parts): it used to be refused as "too thin" for the grid
-    form.check_job_request(replace(st512, mask=line, clicks=((256.0, 256.0, 1),)), Settings(), *FORM)
+    form.check_job_request(replace(st512, mask=line, clicks=((256.0, 256.0, 1),)), Settings(), form.GenerateForm(*FORM))
     pieces = np.zeros((256, 256), bool)
     for i in range(6):
         pieces[20 + 35 * i:40 + 35 * i, 20:60] = True
@@ -1019,11 +1019,11 @@ def test_validation_errors_name_the_field(blob):
     values = list(FORM)
     values[5] = -1    # seed
     with pytest.raises(usertext.UIError, match=r"^Seed: -1 is out of range"):
-        form.check_job_request(st, Settings(), *values)
+        form.check_job_request(st, Settings(), form.GenerateForm(*values))
     values = list(FORM)
     values[3] = 0     # views
     with pytest.raises(usertext.UIError, match=r"^Bake views: 0 is out of range"):
-        form.check_job_request(st, Settings(), *values)
+        form.check_job_request(st, Settings(), form.GenerateForm(*values))
 
 
 def test_mask_file_on_the_page(tmp_path, blob):
@@ -1070,13 +1070,13 @@ def test_a_jobs_settings_come_back_into_the_form_as_they_were_used():
 
     base = load()
     values = (True, 0.8, 512, 12, "opt", 7, True, ["obj", "stl"], "jpeg", "mm")
-    used = form.job_settings(base, form.ui_overrides(*values))
-    assert form.form_values(used.to_dict()) == values
+    used = form.job_settings(base, form.GenerateForm(*values).overrides())
+    assert form.form_values(used.to_dict()) == form.GenerateForm(*values)
     assert form.form_values({"bake": {}}) is None and form.form_values(None) is None
     # a job from before Kiln wrote other formats: its export section lacks them, the defaults stand in
     old = used.to_dict()
     old["export"] = {"gaussians_ply": True}
-    assert form.form_values(old) == (*values[:7], [], "png", "m")
+    assert form.form_values(old) == form.GenerateForm(*values[:7], [], "png", "m")
 
 
 def test_small_wordings_a_user_noticed():

@@ -6,6 +6,7 @@ checked against the outputs the wiring declares for its handler."""
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +17,8 @@ from PIL import Image
 # a required dependency; absent only on the offline GPU image, which runs `pytest -m gpu`
 gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
 
-from app.web.bake import bake_handlers as baking  # noqa: E402
+from app.web.bake import bake_handlers as baking
+from app.web.bake.bake_form import BakeForm  # noqa: E402
 from app.web.photo import image_handlers as image  # noqa: E402
 from app.web.page.layout import layout  # noqa: E402
 from app.web.page.wiring import wire  # noqa: E402
@@ -69,8 +71,8 @@ def _is_update(update, **props) -> bool:
 
 
 def form(mesh, splat=None, photo=None, mask=None, reuse=False, source="auto", camera=None, focal=0,
-         frame="opengl", fit=False, uvs="auto", texture=1024, simplify=0.0):
-    return (mesh, splat, photo, mask, reuse, source, camera, focal, frame, fit, uvs, texture, simplify)
+         frame="opengl", fit=False, uvs="auto", texture=1024, simplify=0.0) -> BakeForm:
+    return BakeForm(mesh, splat, photo, mask, reuse, source, camera, focal, frame, fit, uvs, texture, simplify)
 
 
 def _ball(path: Path) -> str:
@@ -93,11 +95,11 @@ def test_bad_files_are_refused_at_once_saying_what_is_wrong(app):
     t = app.tmp
     bare = t / "bare.obj"
     bare.write_text("v 0 0 -3\nv 1 0 -3\nv 0 1 -3\nf 1 2 3\n")
-    assert _refused(app, *form(None)) == "mesh: no file was given"
-    assert "nothing to take colour from: bare.obj has no colours" in _refused(app, *form(str(bare)))
-    assert "cannot bake into the mesh's own UVs: the mesh has no UVs" in _refused(app, *form(str(bare), uvs="keep"))
-    assert "a camera is only used to project the photo" in _refused(app, *form(str(bare), focal=300))
-    assert "upload an image first" in _refused(app, *form(str(bare), reuse=True))
+    assert _refused(app, form(None)) == "mesh: no file was given"
+    assert "nothing to take colour from: bare.obj has no colours" in _refused(app, form(str(bare)))
+    assert "cannot bake into the mesh's own UVs: the mesh has no UVs" in _refused(app, form(str(bare), uvs="keep"))
+    assert "a camera is only used to project the photo" in _refused(app, form(str(bare), focal=300))
+    assert "upload an image first" in _refused(app, form(str(bare), reuse=True))
     assert app.sup.jobs() == [] and not app.ctx.active.busy(A1.session)
     # the last refusal stays on the tab's progress line (the pop-up goes), once
     out = _checked(app, baking.show_bake_refusal, baking.show_bake_refusal(app.page, app.ctx, A1))
@@ -109,17 +111,17 @@ def test_bad_files_are_refused_at_once_saying_what_is_wrong(app):
 
 def test_a_bake_runs_and_its_outcome_shows_the_model_and_the_download(app):
     values = form(_ball(app.tmp / "ball.ply"))
-    out = answer(app, baking.on_bake, *values)
+    out = answer(app, baking.on_bake, values)
     assert "Starting…" in out["progress"] and 'id="kiln-bake-progress"' in out["progress"]
     assert "mesh ball.ply: PLY, 320 faces, no UVs, vertex colours" in out["notes"] and out["model"] is None
-    assert _is_update(out["generate"], value="Baking…", interactive=False) and _is_update(out["cancel"], interactive=True)
-    steps = stream(app, baking.run_bake, *values)
+    assert _is_update(out["bake_button"], value="Baking…", interactive=False) and _is_update(out["cancel"], interactive=True)
+    steps = stream(app, baking.run_bake, values)
     assert all(set(s) == {"progress"} for s in steps) and steps[-1] == {"progress": gr.skip()}
     out = answer(app, baking.show_bake_outcome)
     glb = Path(out["model"])
     assert glb.name == "ball-1.glb" and 'data-state="done"' in out["progress"]
     assert _is_update(out["download"], value=str(glb), visible=True)
-    assert "ball.ply" in out["history"] and _is_update(out["generate"], value="Bake", interactive=True)
+    assert "ball.ply" in out["history"] and _is_update(out["bake_button"], value="Bake", interactive=True)
     (job_id, checked), = app.sup.bakes.items()
     assert checked.request.uvs == "new" and app.sup.statuses[job_id].kind == "bake"
 
@@ -129,8 +131,8 @@ def test_the_first_tab_s_photo_and_selection_can_be_the_photo(app):
     cutout = png_file(app.tmp, "cutout.png", np.dstack([rgb, mask.astype(np.uint8) * 255]))
     image.on_upload(app.page, app.ctx, A1, cutout)
     values = form(_ball(app.tmp / "ball.ply"), reuse=True, focal=300)
-    answer(app, baking.on_bake, *values)
-    list(baking.run_bake(app.page, app.ctx, A1, *values))
+    answer(app, baking.on_bake, values)
+    list(baking.run_bake(app.page, app.ctx, A1, values))
     (_, checked), = app.sup.bakes.items()
     assert checked.request.photo and checked.request.camera_given and checked.mask.shape == (160, 160)
 
@@ -140,12 +142,12 @@ def test_cancel_stops_the_tabs_bake(app):
     assert "Nothing to cancel." in out["progress"]
     app.sup.hold = True
     values = form(_ball(app.tmp / "ball.ply"))
-    answer(app, baking.on_bake, *values)
-    steps = baking.run_bake(app.page, app.ctx, A1, *values)
+    answer(app, baking.on_bake, values)
+    steps = baking.run_bake(app.page, app.ctx, A1, values)
     while 'data-state="running"' not in str(next(steps).get(app.page.bake_tab.progress)):
         pass
     out = answer(app, baking.on_bake_cancel)
-    assert 'data-state="cancelled"' in out["progress"] and _is_update(out["generate"], value="Bake")
+    assert 'data-state="cancelled"' in out["progress"] and _is_update(out["bake_button"], value="Bake")
     assert app.sup.cancelled == ["job0"]
     steps.close()
 
@@ -155,8 +157,8 @@ def test_a_reloaded_page_follows_its_bake_on_this_tab_and_the_image_tab_leaves_i
 
     app.sup.hold = True
     values = form(_ball(app.tmp / "ball.ply"))
-    answer(app, baking.on_bake, *values)
-    steps = baking.run_bake(app.page, app.ctx, A1, *values)
+    answer(app, baking.on_bake, values)
+    steps = baking.run_bake(app.page, app.ctx, A1, values)
     while 'data-state="running"' not in str(next(steps).get(app.page.bake_tab.progress)):
         pass
     steps.close()                       # the page went away; its job goes on
@@ -188,9 +190,9 @@ def test_a_fitted_camera_shows_its_silhouette_over_the_photo_before_the_bake_end
 
     app.sup.hold = True
     values = form(_ball(app.tmp / "ball.ply"), fit=True)
-    out = answer(app, baking.on_bake, *values)
+    out = answer(app, baking.on_bake, values)
     assert _is_update(out["fit_view"], value=None, visible=False)
-    steps = baking.run_bake(app.page, app.ctx, A1, *values)
+    steps = baking.run_bake(app.page, app.ctx, A1, values)
     while 'data-state="running"' not in str(next(steps).get(app.page.bake_tab.progress)):
         pass
     job_id = "job0"
@@ -229,10 +231,10 @@ def test_every_bake_handler_is_wired(app):
 
 
 def test_a_bake_s_download_choices_give_each_format_its_file_and_size(app):
-    values = (*form(_ball(app.tmp / "ball.ply")), ["stl"], "jpeg", "mm")
-    out = answer(app, baking.on_bake, *values)
+    values = replace(form(_ball(app.tmp / "ball.ply")), formats=["stl"], texture_format="jpeg", units="mm")
+    out = answer(app, baking.on_bake, values)
     assert _is_update(out["more_files"], value=None, visible=False) and out["file_sizes"] == ""
-    stream(app, baking.run_bake, *values)
+    stream(app, baking.run_bake, values)
     export = app.sup.export["job0"]
     assert (export.formats, export.texture_format, export.units) == (("glb", "stl"), "jpeg", "mm")
     out = answer(app, baking.show_bake_outcome)

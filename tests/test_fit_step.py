@@ -18,7 +18,8 @@ from PIL import Image
 gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
 
 from app.web.bake import bake_handlers as baking  # noqa: E402
-from app.web.bake import fit_handlers as fitting  # noqa: E402
+from app.web.bake import fit_handlers as fitting
+from app.web.bake.bake_form import FitForm  # noqa: E402
 from kiln.records import CameraFitReport  # noqa: E402
 from test_bake_tab import A1, _ball, _is_update, answer, app, form, stream  # noqa: E402,F401
 
@@ -37,30 +38,30 @@ def _photo(app, name: str = "photo.png", hole: bool = False) -> tuple[str, str]:
     return str(photo), str(m)
 
 
-def fit_form(mesh, splat=None, photo=None, mask=None, reuse=False, source="auto", camera=None, focal=0):
-    return (mesh, splat, photo, mask, reuse, source, camera, focal)
+def fit_form(mesh, splat=None, photo=None, mask=None, reuse=False, source="auto", camera=None, focal=0) -> FitForm:
+    return FitForm(mesh, splat, photo, mask, reuse, source, camera, focal)
 
 
-def _fit(app, *values) -> dict:
-    out = answer(app, fitting.on_fit, *values)
-    steps = stream(app, fitting.run_fit, *values)
+def _fit(app, values) -> dict:
+    out = answer(app, fitting.on_fit, values)
+    steps = stream(app, fitting.run_fit, values)
     assert steps and steps[-1] == {"progress": gr.skip()} and all(set(s) == {"progress"} for s in steps)
     return out
 
 
-def _refused(app, *values) -> str:
+def _refused(app, values) -> str:
     with pytest.raises(gr.Error) as e:
-        fitting.on_fit(app.page, app.ctx, A1, *values)
+        fitting.on_fit(app.page, app.ctx, A1, values)
     return e.value.message
 
 
 def test_a_fit_needs_a_mesh_and_the_photo_and_no_camera_of_its_own(app):
     ball = _ball(app.tmp / "ball.ply")
     photo, mask = _photo(app)
-    assert _refused(app, *fit_form(None)) == "mesh: no file was given"
-    assert "fitting the camera needs the photo and its mask" in _refused(app, *fit_form(ball))
-    assert "The photo's camera is given" in _refused(app, *fit_form(ball, photo=photo, mask=mask, focal=300))
-    assert "upload an image first" in _refused(app, *fit_form(ball, reuse=True))
+    assert _refused(app, fit_form(None)) == "mesh: no file was given"
+    assert "fitting the camera needs the photo and its mask" in _refused(app, fit_form(ball))
+    assert "The photo's camera is given" in _refused(app, fit_form(ball, photo=photo, mask=mask, focal=300))
+    assert "upload an image first" in _refused(app, fit_form(ball, reuse=True))
     assert app.sup.jobs() == [] and not app.ctx.active.busy(A1.session)
     out = answer(app, fitting.show_fit_refusal)
     assert 'data-state="refused"' in out["progress"] and "upload an image first" in out["progress"]
@@ -71,10 +72,10 @@ def test_a_fit_shows_its_picture_and_figures_and_the_bake_uses_it_without_refitt
 
     ball = _ball(app.tmp / "ball.ply")
     photo, mask = _photo(app)
-    out = _fit(app, *fit_form(ball, photo=photo, mask=mask))
+    out = _fit(app, fit_form(ball, photo=photo, mask=mask))
     assert "Starting…" in out["progress"] and _is_update(out["fit_view"], value=None, visible=False)
     assert _is_update(out["fit_button"], value="Fitting…", interactive=False)
-    assert _is_update(out["generate"], interactive=False) and _is_update(out["cancel"], interactive=True)
+    assert _is_update(out["bake_button"], interactive=False) and _is_update(out["cancel"], interactive=True)
     (job_id, checked), = app.sup.bakes.items()
     assert app.sup.statuses[job_id].kind == "fit" and checked.request.fit_camera and checked.request.camera is None
     shown = answer(app, fitting.show_fit_outcome)
@@ -85,16 +86,16 @@ def test_a_fit_shows_its_picture_and_figures_and_the_bake_uses_it_without_refitt
     assert "Camera fitted to the mask in 1.7 s: silhouette IoU **0.93**, covering 98 % of the mask" in info
     assert "Tie-break: none needed (the mesh was placed in the camera frame" in info
     assert "**Bake will use this camera** as it is (no refit)" in info
-    assert _is_update(shown["fit_button"], interactive=True) and _is_update(shown["generate"], value="Bake")
+    assert _is_update(shown["fit_button"], interactive=True) and _is_update(shown["bake_button"], value="Bake")
     kept = app.ctx.fits.get(A1.session)
     assert kept is not None and kept.job_id == job_id and kept.report.iou == 0.93
 
     # Bake, even with "fit during the bake" ticked: the fitted camera, as fitted, no refit
     values = form(ball, photo=photo, mask=mask, fit=True)
-    out = answer(app, baking.on_bake, *values)
+    out = answer(app, baking.on_bake, values)
     assert out["notes"].startswith("- Baking with the camera fitted before (silhouette IoU 0.93")
     assert "not fitted again" in out["notes"] and "fit_view" not in out, "the fit's picture stays"
-    stream(app, baking.run_bake, *values)
+    stream(app, baking.run_bake, values)
     bake_id = [j for j in app.sup.bakes if j != job_id][-1]
     req = app.sup.bakes[bake_id].request
     assert req.camera_fitted and not req.fit_camera and req.camera == "camera.json"
@@ -111,7 +112,7 @@ def test_below_the_iou_threshold_the_tab_says_the_photo_will_be_skipped_and_why(
     app.sup.fit_iou = 0.41
     ball = _ball(app.tmp / "ball.ply")
     photo, mask = _photo(app)
-    _fit(app, *fit_form(ball, photo=photo, mask=mask))
+    _fit(app, fit_form(ball, photo=photo, mask=mask))
     info = answer(app, fitting.show_fit_outcome)["fit_info"]
     assert "**Photo projection will be skipped**: the silhouette IoU 0.41 is below 0.60 (bake.fit_min_iou)" in info
     assert "does not match the mask well enough" in info and "Bake will use this camera" not in info
@@ -120,15 +121,15 @@ def test_below_the_iou_threshold_the_tab_says_the_photo_will_be_skipped_and_why(
 def test_changing_the_photo_mask_or_model_drops_the_fit(app):
     ball = _ball(app.tmp / "ball.ply")
     photo, mask = _photo(app)
-    _fit(app, *fit_form(ball, photo=photo, mask=mask))
+    _fit(app, fit_form(ball, photo=photo, mask=mask))
     answer(app, fitting.show_fit_outcome)
     out = answer(app, fitting.on_fit_inputs_changed)
     assert _is_update(out["fit_view"], value=None, visible=False) and "was dropped" in out["fit_info"]
     assert app.ctx.fits.get(A1.session) is None
     assert answer(app, fitting.on_fit_inputs_changed) == {"fit_info": gr.skip()}, "nothing more to drop"
     # a Bake now fits during the bake, as without a fit
-    answer(app, baking.on_bake, *form(ball, photo=photo, mask=mask))
-    stream(app, baking.run_bake, *form(ball, photo=photo, mask=mask))
+    answer(app, baking.on_bake, form(ball, photo=photo, mask=mask))
+    stream(app, baking.run_bake, form(ball, photo=photo, mask=mask))
     assert not list(app.sup.bakes.values())[-1].request.camera_fitted
 
 
@@ -137,14 +138,14 @@ def test_a_fit_for_another_mask_is_not_used_even_without_a_change_event(app):
     bake tab): the Bake compares what the fit was made for and drops it."""
     ball = _ball(app.tmp / "ball.ply")
     photo, mask = _photo(app)
-    _fit(app, *fit_form(ball, photo=photo, mask=mask))
+    _fit(app, fit_form(ball, photo=photo, mask=mask))
     answer(app, fitting.show_fit_outcome)
     _, other_mask = _photo(app, "photo.png", hole=True)    # same photo, the mask edited
     values = form(ball, photo=photo, mask=other_mask)
-    out = answer(app, baking.on_bake, *values)
+    out = answer(app, baking.on_bake, values)
     assert out["notes"].startswith("- The camera fitted before was dropped")
     assert _is_update(out["fit_view"], value=None, visible=False) and out["fit_info"] == ""
-    stream(app, baking.run_bake, *values)
+    stream(app, baking.run_bake, values)
     assert not list(app.sup.bakes.values())[-1].request.camera_fitted
     assert app.ctx.fits.get(A1.session) is None
 
@@ -153,7 +154,7 @@ def test_a_fit_cancelled_or_failed_keeps_no_camera(app):
     ball = _ball(app.tmp / "ball.ply")
     photo, mask = _photo(app)
     app.sup.fail_with = "stage 'fit' failed: ValueError: x"
-    _fit(app, *fit_form(ball, photo=photo, mask=mask))
+    _fit(app, fit_form(ball, photo=photo, mask=mask))
     shown = answer(app, fitting.show_fit_outcome)
     assert 'data-state="failed"' in shown["progress"] and "fit_view" not in shown
     assert app.ctx.fits.get(A1.session) is None and _is_update(shown["fit_button"], interactive=True)

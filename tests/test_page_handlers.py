@@ -6,6 +6,7 @@ declares for that handler: a handler names its outputs, and may name only those.
 from __future__ import annotations
 
 import inspect
+from dataclasses import astuple, replace
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +18,8 @@ import pytest
 gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
 
 from app.web.photo import image_handlers as image  # noqa: E402
-from app.web.photo import generate_handlers as job  # noqa: E402
+from app.web.photo import generate_handlers as job
+from app.web.photo.form import GenerateForm  # noqa: E402
 from app.web.page import page_handlers as around  # noqa: E402
 from app.web.page import status_line as statusview  # noqa: E402
 from app.web.state.job_outcome import not_started  # noqa: E402
@@ -30,8 +32,8 @@ from worker.jobs.jobstore import JobStatus  # noqa: E402
 from page_helpers import ALICE, BOB, FakeSup, caller, make_context, named, png_file, request, wired_outputs  # noqa: E402
 from synthetic import make_object_image  # noqa: E402
 
-# the form's values in ui_overrides' order: bake, simplify, texture, views, mode, seed, ply
-FORM = (False, 0.95, 512, 8, "fast", 0, False)
+# the form's values in GenerateForm's order: bake_texture, simplify, texture, views, mode, seed, ply
+FORM = GenerateForm(False, 0.95, 512, 8, "fast", 0, False)
 A1, A2, A3 = caller(ALICE, "tab1"), caller(ALICE, "tab2"), caller(ALICE, "tab3")
 B1 = caller(BOB, "tab1")
 
@@ -224,63 +226,63 @@ def test_a_file_given_to_the_filled_upload_box_replaces_the_image(app, blob, tmp
 
 def test_generate_refuses_what_cannot_run_and_says_why(app, blob, monkeypatch):
     with pytest.raises(gr.Error, match="Upload an image first"):
-        job.on_generate(app.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, FORM)
     answer(app, image.on_upload, A1, png_file(app.tmp, "blob.png", blob[0]))
     with pytest.raises(gr.Error, match="select the object first"):
-        job.on_generate(app.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, FORM)
     answer(app, image.on_click, A1, False, _select(128, 128))
-    bad_seed = (*FORM[:5], -3, FORM[6])
+    bad_seed = replace(FORM, seed=-3)
     with pytest.raises(gr.Error, match=r"Seed: -3 is out of range"):
-        job.on_generate(app.page, app.ctx, A1, *bad_seed)
+        job.on_generate(app.page, app.ctx, A1, bad_seed)
     app.ctx.sup_error = "worker pool failed to start: see /srv/kiln/var/workers/worker-0.log"
     with pytest.raises(gr.Error) as e:
-        job.on_generate(app.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, FORM)
     assert "worker-0.log" in str(e.value) and "/srv" not in str(e.value)
     app.ctx.sup_error = None
     limit = app.ctx.settings.worker.max_queue
     monkeypatch.setattr(job.jobs, "queue_load", lambda ctx: (1, limit))
     with pytest.raises(gr.Error, match=rf"The job queue is full \({limit} waiting\)"):
-        job.on_generate(app.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, FORM)
     assert not app.ctx.active.busy(A1.session), "a refused press must not leave the tab waiting"
     monkeypatch.setattr(job.jobs, "queue_load", lambda ctx: (1, 2))
-    out = answer(app, job.on_generate, A1, *FORM)
+    out = answer(app, job.on_generate, A1, FORM)
     assert "Waiting for a free worker (2 other jobs waiting)…" in out["progress"]
     with pytest.raises(gr.Error, match="still running; wait for it or press Cancel"):
-        job.on_generate(app.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, FORM)
 
 
 def test_a_refusal_stays_on_the_progress_line_until_the_next_action(app, blob):
     """The pop-up goes after seconds; the progress line keeps why nothing started."""
     assert answer(app, job.show_refusal, A1) == {"progress": gr.skip()}     # nothing refused
     with pytest.raises(gr.Error, match="Upload an image first"):
-        job.on_generate(app.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, FORM)
     bar = answer(app, job.show_refusal, A1)["progress"]
     assert 'data-state="refused"' in bar and "Not started: Upload an image first." in bar
     assert answer(app, job.show_refusal, A1) == {"progress": gr.skip()}     # shown once
     answer(app, image.on_upload, A1, png_file(app.tmp, "blob.png", blob[0]))
     with pytest.raises(gr.Error, match="select the object first"):
-        job.on_generate(app.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, FORM)
     bar = answer(app, job.show_refusal, A1)["progress"]
     assert "Not started:" in bar and "select the object first" in bar
     # another tab's refusal is its own
     with pytest.raises(gr.Error):
-        job.on_generate(app.page, app.ctx, A2, *FORM)
+        job.on_generate(app.page, app.ctx, A2, FORM)
     assert answer(app, job.show_refusal, A1) == {"progress": gr.skip()}
     assert 'data-state="refused"' in answer(app, job.show_refusal, A2)["progress"]
     # the tab's own job running: its bar stays, "still running" is not kept
     _ready(app, blob)
     app.sup.hold = True
-    answer(app, job.on_generate, A1, *FORM)
+    answer(app, job.on_generate, A1, FORM)
     with pytest.raises(gr.Error, match="still running"):
-        job.on_generate(app.page, app.ctx, A1, *FORM)
+        job.on_generate(app.page, app.ctx, A1, FORM)
     assert answer(app, job.show_refusal, A1) == {"progress": gr.skip()}
 
 
 def test_generate_runs_the_job_and_the_outcome_shows_its_result(app, blob):
     _ready(app, blob)
     app.ctx.active.keep_outcome(A1.session, not_started("an old outcome"))
-    form = (False, 0.95, 512, 8, "fast", 3, True)    # Gradio rounds 2.6 in the seed box to 3
-    out = answer(app, job.on_generate, A1, *form)
+    form = GenerateForm(False, 0.95, 512, 8, "fast", 3, True)    # Gradio rounds 2.6 in the seed box to 3
+    out = answer(app, job.on_generate, A1, form)
     assert "Starting…" in out["progress"] and out["model"] is None
     assert _is_update(out["glb_download"], visible=False) and _is_update(out["ply_download"], visible=False)
     assert _is_update(out["generate"], value="Running…", interactive=False)
@@ -289,7 +291,7 @@ def test_generate_runs_the_job_and_the_outcome_shows_its_result(app, blob):
     assert app.ctx.active.pending_since(A1.session) is not None
     assert app.ctx.active.take_outcome(A1.session) is None, "a new press drops the outcome not shown"
 
-    steps = stream(app, job.run_job, A1, *form)
+    steps = stream(app, job.run_job, A1, form)
     assert all(set(s) == {"progress"} for s in steps)
     bars = [s["progress"] for s in steps if s["progress"] != gr.skip()]
     assert bars and all('data-state="running"' in b and "Simplifying mesh" in b for b in bars)
@@ -315,8 +317,8 @@ def test_generate_runs_the_job_and_the_outcome_shows_its_result(app, blob):
 def test_a_press_that_never_becomes_a_job_says_why(app, blob):
     _ready(app, blob)
     app.sup.refuse = RuntimeError("queue is full (see /srv/secret/var/jobs)")
-    answer(app, job.on_generate, A1, *FORM)
-    steps = stream(app, job.run_job, A1, *FORM)
+    answer(app, job.on_generate, A1, FORM)
+    steps = stream(app, job.run_job, A1, FORM)
     assert steps[-1] == {"progress": gr.skip()} and not app.ctx.active.busy(A1.session)
     out = answer(app, job.show_outcome, A1)
     assert "Could not start the job: queue is full (see jobs)" in out["progress"] and "/srv" not in out["progress"]
@@ -324,9 +326,9 @@ def test_a_press_that_never_becomes_a_job_says_why(app, blob):
     assert _is_update(out["generate"], value="Generate", interactive=True)
     # the image went away between the check and the slot: the job cannot start
     app.sup.refuse = None
-    answer(app, job.on_generate, A1, *FORM)
+    answer(app, job.on_generate, A1, FORM)
     app.ctx.sessions.drop(A1.session)
-    stream(app, job.run_job, A1, *FORM)
+    stream(app, job.run_job, A1, FORM)
     assert "Cannot start: upload an image first" in answer(app, job.show_outcome, A1)["progress"]
     assert app.sup.jobs() == []
 
@@ -340,8 +342,8 @@ def test_cancel_stops_the_tabs_job_or_its_waiting_press(app, blob):
 
     _ready(app, blob)
     app.sup.hold = True
-    answer(app, job.on_generate, A1, *FORM)
-    steps = job.run_job(app.page, app.ctx, A1, *FORM)
+    answer(app, job.on_generate, A1, FORM)
+    steps = job.run_job(app.page, app.ctx, A1, FORM)
     while 'data-state="running"' not in str(next(steps).get(app.page.progress)):
         pass
     out = answer(app, job.on_cancel, A1)
@@ -353,10 +355,10 @@ def test_cancel_stops_the_tabs_job_or_its_waiting_press(app, blob):
 
 def test_a_loaded_page_follows_its_browsers_job_and_then_shows_how_it_ended(app, blob):
     _ready(app, blob)
-    form = (True, 0.9, 1024, 12, "opt", 7, False)
+    form = GenerateForm(True, 0.9, 1024, 12, "opt", 7, False)
     app.sup.hold = True
-    answer(app, job.on_generate, A1, *form)
-    steps = job.run_job(app.page, app.ctx, A1, *form)
+    answer(app, job.on_generate, A1, form)
+    steps = job.run_job(app.page, app.ctx, A1, form)
     while 'data-state="running"' not in str(next(steps).get(app.page.progress)):
         pass
     steps.close()                      # the page went away (a reload) ...
@@ -368,7 +370,7 @@ def test_a_loaded_page_follows_its_browsers_job_and_then_shows_how_it_ended(app,
     assert 'data-state="running"' in first["progress"] and 'data-job="job0"' in first["progress"]
     assert _is_update(first["generate"], value="Running…", interactive=False) and _is_update(first["cancel"], interactive=True)
     assert "job0" in first["history"]
-    assert [first[k] for k in ("bake_texture", "simplify", "texture", "views", "mode", "seed", "ply")] == list(form)
+    assert [first[k] for k in ("bake_texture", "simplify", "texture", "views", "mode", "seed", "ply")] == list(astuple(form))[:7]
     app.sup.hold = False
     rest = [_checked(app, job.follow_on_load, u) for u in follow]
     assert rest[-1] == {"progress": gr.skip()}
@@ -396,8 +398,8 @@ def test_a_loaded_page_waits_for_the_pool_and_leaves_a_busy_tab_to_its_own_gener
     assert list(follow) == [{app.page.progress: gr.skip()}]     # no pool: nothing to follow
     # its own Generate shows this tab's job: the page does not follow or fill the form
     _ready(app, blob)
-    answer(app, job.on_generate, A1, *FORM)
-    stream(app, job.run_job, A1, *FORM)
+    answer(app, job.on_generate, A1, FORM)
+    stream(app, job.run_job, A1, FORM)
     answer(app, job.show_outcome, A1)
     assert app.ctx.active.press(A1.session)
     (only,) = stream(app, job.follow_on_load, A1)
@@ -416,9 +418,9 @@ def test_a_waiting_job_exists_shows_its_place_and_a_reload_finds_it(app, blob):
     app.sup.waiting, app.sup.ahead = True, 1
     # the one worker is busy with another client's job that has just started (no time so far)
     app.sup.busy = [JobStatus(id="other", session="x", state="running", started=None)]
-    form = (True, 0.9, 1024, 12, "opt", 7, False)
-    assert "Waiting for a free worker (1 other job waiting)…" in answer(app, job.on_generate, A1, *form)["progress"]
-    steps = job.run_job(app.page, app.ctx, A1, *form)
+    form = GenerateForm(True, 0.9, 1024, 12, "opt", 7, False)
+    assert "Waiting for a free worker (1 other job waiting)…" in answer(app, job.on_generate, A1, form)["progress"]
+    steps = job.run_job(app.page, app.ctx, A1, form)
     bar = ""
     while 'data-state="queued"' not in bar:
         bar = str(next(steps).get(app.page.progress))
@@ -431,7 +433,7 @@ def test_a_waiting_job_exists_shows_its_place_and_a_reload_finds_it(app, blob):
     first = _checked(app, job.follow_on_load, next(follow))
     assert 'data-state="queued"' in first["progress"] and "2nd in line" in first["progress"]
     assert _is_update(first["generate"], value="Running…", interactive=False) and _is_update(first["cancel"], interactive=True)
-    assert [first[k] for k in ("bake_texture", "simplify", "texture", "views", "mode", "seed", "ply")] == list(form)
+    assert [first[k] for k in ("bake_texture", "simplify", "texture", "views", "mode", "seed", "ply")] == list(astuple(form))[:7]
     app.sup.ahead = 0                  # the job ahead got a worker: this one is next
     assert "1st in line, about 10 s" in _checked(app, job.follow_on_load, next(follow))["progress"]
     app.sup.waiting = False
@@ -499,7 +501,7 @@ def test_status_line_history_on_load_and_the_settings_baking_enables(app, blob, 
     out = around.on_status(app.page, app.ctx)
     assert set(out) == {app.page.status} and "CPU only: no model timed on this server yet" in out[app.page.status]
     _ready(app, blob)
-    list(job.run_job(app.page, app.ctx, A1, *FORM))
+    list(job.run_job(app.page, app.ctx, A1, FORM))
     app.ctx.typical_job_s.clear()       # what the last 30 s kept
     assert "a model took about 2 s here lately" in around.on_status(app.page, app.ctx)[app.page.status]
     on, off = around.on_bake_texture(app.page, True), around.on_bake_texture(app.page, False)
@@ -605,10 +607,10 @@ def test_the_download_choices_give_each_format_its_file_with_its_size_for_this_b
     from app.web.server.launch import RequestGuard
 
     _ready(app, blob)
-    form = (True, 0.95, 512, 8, "fast", 0, False, ["stl", "obj", "ply"], "webp", "mm")
-    out = answer(app, job.on_generate, A1, *form)
+    form = GenerateForm(True, 0.95, 512, 8, "fast", 0, False, ["stl", "obj", "ply"], "webp", "mm")
+    out = answer(app, job.on_generate, A1, form)
     assert _is_update(out["more_files"], value=None, visible=False) and out["file_sizes"] == ""
-    stream(app, job.run_job, A1, *form)
+    stream(app, job.run_job, A1, form)
     export = app.sup.export["job0"]
     assert (export.formats, export.texture_format, export.units) == (("glb", "obj", "stl", "ply"), "webp", "mm")
 
@@ -641,7 +643,7 @@ def test_the_download_choices_give_each_format_its_file_with_its_size_for_this_b
         (["obj", "stl", "ply"], "webp", "mm")
     # a bad value is refused naming the box, before a job
     with pytest.raises(gr.Error, match="STL units: 'km' is not allowed"):
-        answer(app, job.on_generate, A1, *form[:-1], "km")
+        answer(app, job.on_generate, A1, replace(form, units="km"))
     # a new image takes the last result's files off the page
     out = answer(app, image.on_upload, A1, png_file(app.tmp, "blob.png", blob[0]))
     assert _is_update(out["more_files"], value=None, visible=False) and out["file_sizes"] == ""

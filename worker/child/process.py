@@ -365,7 +365,7 @@ def _model_job(msg: Run, settings: Settings, backends: Backends, contexts, on_ev
 
     job_dir = Path(msg.dir)
     t_pipe = time.perf_counter()
-    if (job_dir / "inputs" / "bake.json").is_file():
+    if msg.kind == "bake":   # the job's kind is in its record (the store's, sent in Run)
         from worker.jobs.bakejob import bake_folder
 
         result = bake_folder(job_dir, settings, backends, _raster_context(contexts, backends), on_event,

@@ -302,12 +302,9 @@ def _checked_settings(ctx: AppContext, st: uploads.SessionState, values: dict,
     session's image and mask (present, not full, not a speck) on the working copy; with
     ``mask_found`` (mask "auto"), of the image only."""
     try:
-        settings = api_settings(ctx.settings, values)
+        settings = api_settings(ctx.settings, values)   # built once: the job runs with these
         uploads.require_image(st)
-        form.check_job_request(st, ctx.settings, settings.bake.enabled, settings.mesh.simplify_ratio,
-                               settings.bake.texture_size, settings.views.count, settings.bake.mode,
-                               settings.seed, settings.export.gaussians_ply, list(settings.export.formats),
-                               settings.export.texture_format, settings.export.units, mask_found=mask_found)
+        form.check_selection(st, settings, mask_found=mask_found)
     except usertext.UIError as e:
         raise _fail(e) from None
     return settings

@@ -5,6 +5,7 @@ checked by ``kiln.settings``, before any job is queued."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -13,7 +14,42 @@ from app.web.api.photo import api_settings
 from app.web.server.context import AppContext
 
 
-def bake_request(ctx: AppContext, session: str, mesh: str, splat: Optional[str], image: Optional[str],
+@dataclass(frozen=True)
+class FitForm:
+    """"Fit the camera to the photo"'s inputs on the bake tab, each field named as its component
+    in ``app.web.page.layout.BakeTab`` (which lists them in this order)."""
+
+    mesh: Optional[str]
+    splat: Optional[str]
+    photo: Optional[str]
+    mask: Optional[str]
+    reuse: bool
+    source: str
+    camera: Optional[str]
+    focal: Any
+
+
+@dataclass(frozen=True)
+class BakeForm(FitForm):
+    """Bake's inputs on the bake tab: the fit's and the rest, named and ordered as ``FitForm``'s."""
+
+    frame: str = "opengl"
+    fit: bool = False
+    uvs: str = "auto"
+    texture: Any = 1024
+    simplify: Any = 0.0
+    formats: Any = None
+    texture_format: Any = None
+    units: Any = None
+
+    def settings_values(self) -> dict:
+        """The bake's settings as ``bake_request`` takes them; a simplify ratio of 0 is none."""
+        return {"texture_size": self.texture, "simplify_ratio": self.simplify if self.simplify else None,
+                "formats": list(self.formats) if self.formats is not None else None,
+                "texture_format": self.texture_format or None, "units": self.units or None}
+
+
+def bake_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Optional[str], image: Optional[str],
                  mask: Optional[str], camera: Optional[str], focal: Any, principal: Any, camera_frame: Any,
                  fit_camera: Any, source: Any, uvs: Any, session_image: Any, settings_values: dict,
                  camera_fitted: Any = False):

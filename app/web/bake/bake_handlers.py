@@ -11,7 +11,6 @@ until ``app.orphan_grace_s`` passes unfollowed.
 
 from __future__ import annotations
 
-import time
 from typing import Iterator, Optional
 
 import gradio as gr
@@ -21,12 +20,13 @@ from app.web.state import history
 from app.web.state import browser_jobs as jobs
 from app.web.page import status_line as statusview
 from app.web.server import usertext
-from app.web.bake.bake_form import bake_request
+from app.web.bake.bake_form import BakeForm, bake_request
+from app.web.page import job_flow
+from app.web.page.job_flow import JobFlow
 from app.web.server.context import AppContext
-from app.web.photo.generate_handlers import BUSY, kept_refusal
-from app.web.state.job_outcome import Outcome, job_outcome, not_started
+from app.web.state.job_outcome import Outcome, job_outcome
 from app.web.page.layout import BAKE_PROGRESS_ID, FIT_LABEL, Page, Updates
-from app.web.server.requestinfo import Caller, refusal
+from app.web.server.requestinfo import Caller
 
 
 def _progress(st=None, note: str = "") -> str:
@@ -45,67 +45,33 @@ def running_buttons(page: Page) -> Updates:
             t.fit_button: gr.update(interactive=False)}
 
 
-def _request(ctx: AppContext, session: str, mesh, splat, photo, mask, reuse, source, camera, focal, frame,
-             fit, uvs, texture, simplify, formats=None, texture_format=None, units=None):
+def _request(ctx: AppContext, session: str, values: BakeForm):
     """The tab's values as a checked bake (``app.web.bake.bake_form``); a simplify ratio of 0 is none.
     Returns (checked, settings, note): with the tab's fitted camera (``ctx.fits``) and no camera
     given, the bake uses that camera as fitted, no refit, and ``note`` says so; a fit made for
     another photo, mask or model (``fit_key``) is dropped first, and ``note`` says that."""
     from worker.jobs.bakeinputs import fit_key
 
-    values = {"texture_size": texture, "simplify_ratio": simplify if simplify else None,
-              "formats": list(formats) if formats is not None else None,
-              "texture_format": texture_format or None, "units": units or None}
+    v = values
     stored = ctx.fits.get(session)
     note = ""
-    if stored is not None and not camera and not focal:
-        checked, settings = bake_request(ctx, session, mesh, splat, photo, mask, str(stored.camera), None, None,
-                                         frame, False, source, uvs, reuse, values, camera_fitted=True)
+    if stored is not None and not v.camera and not v.focal:
+        checked, settings = bake_request(ctx, session, v.mesh, v.splat, v.photo, v.mask, str(stored.camera), None,
+                                         None, v.frame, False, v.source, v.uvs, v.reuse, v.settings_values(),
+                                         camera_fitted=True)
         if fit_key(checked) == stored.key:
             return checked, settings, fitview.stored_fit_note(stored.report)
         ctx.fits.drop(session)
         note = fitview.DROPPED
-    checked, settings = bake_request(ctx, session, mesh, splat, photo, mask, camera, focal or None, None, frame, fit,
-                                     source, uvs, reuse, values)
+    checked, settings = bake_request(ctx, session, v.mesh, v.splat, v.photo, v.mask, v.camera, v.focal or None,
+                                     None, v.frame, v.fit, v.source, v.uvs, v.reuse, v.settings_values())
     return checked, settings, note
 
 
-def on_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
-            photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
-            focal, frame: str, fit: bool, uvs: str, texture, simplify: float, formats=None, texture_format=None,
-            units=None) -> Updates:
-    """Read and check the files at once (a ``gr.Error`` says what is wrong with which file,
-    and stays on the progress line: ``show_bake_refusal``), before the job is submitted;
-    show what was read and clear the last result."""
-    return kept_refusal(ctx, caller, "bake", _check_bake, page, ctx, caller, mesh, splat, photo, mask, reuse,
-                        source, camera, focal, frame, fit, uvs, texture, simplify, formats, texture_format, units)
-
-
-def show_bake_refusal(page: Page, ctx: AppContext, caller: Caller) -> Updates:
-    """After a refused Bake: why, on the tab's progress line, until the next action."""
-    text = ctx.active.take_refusal(caller.session, "bake")
-    if text is None:
-        return {page.bake_tab.progress: gr.skip()}
-    return {page.bake_tab.progress: statusview.progress_html(note=f"Not started: {text}", note_state="refused",
-                                                            dom_id=BAKE_PROGRESS_ID)}
-
-
-def _check_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
-                photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
-                focal, frame: str, fit: bool, uvs: str, texture, simplify: float, formats=None, texture_format=None,
-                units=None) -> Updates:
-    session = caller.session
-    if ctx.active.busy(session):
-        raise refusal(BUSY)
-    if ctx.sup_error:
-        raise refusal(usertext.public_text(ctx.sup_error))
-    try:
-        checked, _, said = _request(ctx, session, mesh, splat, photo, mask, reuse, source, camera, focal, frame,
-                                    fit, uvs, texture, simplify, formats, texture_format, units)
-    except usertext.UIError as e:
-        raise refusal(usertext.public_text(str(e))) from None
-    if not ctx.active.press(session):
-        raise refusal(BUSY)
+def _check(page: Page, ctx: AppContext, caller: Caller, values: BakeForm) -> Updates:
+    """Bake's own check: the files read and checked at once (a UIError says what is wrong with
+    which file); then what was read shows, and the last result is cleared."""
+    checked, _, said = _request(ctx, caller.session, values)
     t = page.bake_tab
     notes = "\n".join(f"- {usertext.public_text(n)}" for n in ([said] if said else []) + list(checked.notes))
     shown = {t.progress: _progress(note="Starting…"), t.notes: notes, t.model: None,
@@ -116,37 +82,39 @@ def _check_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str]
     return shown
 
 
-def run_bake(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
-             photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
-             focal, frame: str, fit: bool, uvs: str, texture, simplify: float, formats=None, texture_format=None,
-             units=None) -> Iterator[Updates]:
-    """The Bake ``on_bake`` let through: submit the job at once (the supervisor's queue holds
-    it until a worker is free) and stream its progress bar; its end goes to the active-jobs
-    record for ``show_bake_outcome``."""
-    session = caller.session
-    t = page.bake_tab
-    last, note = None, ""
-    pressed = ctx.active.pending_since(session)
-    try:
-        checked, settings, _ = _request(ctx, session, mesh, splat, photo, mask, reuse, source, camera, focal,
-                                        frame, fit, uvs, texture, simplify, formats, texture_format, units)
-        info = history.JobInfo(checked.request.names.get("mesh", "model"))
-        steps = jobs.follow_bake(ctx, session, checked, settings, info=info, pressed_at=pressed)
-        fit_shown = False
-        for note, last, view in jobs.progress_views(ctx, steps, dom_id=BAKE_PROGRESS_ID):
-            picture = None if fit_shown else _fit_picture(page, ctx, session, last)
-            fit_shown = fit_shown or picture is not None
-            yield {t.progress: view, **(picture or {})}
-    except usertext.UIError as e:   # a file changed between the check and the slot
-        note = f"Cannot start: {usertext.public_text(str(e))}"
-    finally:
-        ctx.active.end_pending(session)
-    if last is None:
-        ctx.active.keep_outcome(session, not_started(note, kind="bake"))
-    else:
-        waited = max(0.0, (last.created or 0.0) - (pressed or last.created or time.time()))
-        ctx.active.keep_outcome(session, job_outcome(ctx, session, last, waited))
-    yield {t.progress: gr.skip()}
+def _submit(ctx: AppContext, session: str, values: BakeForm, pressed: Optional[float]) -> Iterator:
+    checked, settings, _ = _request(ctx, session, values)
+    info = history.JobInfo(checked.request.names.get("mesh", "model"))
+    return jobs.follow_bake(ctx, session, checked, settings, info=info, pressed_at=pressed)
+
+
+def _outcome(ctx: AppContext, session: str, last, waited: float, note: str) -> Outcome:
+    return job_outcome(ctx, session, last, waited)
+
+
+def _shown_once(page: Page, ctx: AppContext, session: str, st) -> Optional[Updates]:
+    return _fit_picture(page, ctx, session, st)
+
+
+BAKE = JobFlow(kind="bake", progress=lambda page: page.bake_tab.progress, dom_id=BAKE_PROGRESS_ID,
+               idle=idle_buttons, check=_check, submit=_submit, outcome=_outcome, once=_shown_once)
+
+
+def on_bake(page: Page, ctx: AppContext, caller: Caller, values: BakeForm) -> Updates:
+    """Bake pressed: refused at once with the reason kept on the progress line
+    (``job_flow.press``), else marked pending."""
+    return job_flow.press(BAKE, page, ctx, caller, values)
+
+
+def show_bake_refusal(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """After a refused Bake: why, on the tab's progress line, until the next action."""
+    return job_flow.show_refusal(BAKE, page, ctx, caller)
+
+
+def run_bake(page: Page, ctx: AppContext, caller: Caller, values: BakeForm) -> Iterator[Updates]:
+    """The Bake ``on_bake`` let through (``job_flow.run``): submitted at once, its progress and
+    the fitted silhouette streamed, its ``Outcome`` left for ``show_bake_outcome``."""
+    yield from job_flow.run(BAKE, page, ctx, caller, values)
 
 
 def _fit_picture(page: Page, ctx: AppContext, session: str, st) -> Optional[Updates]:
@@ -230,10 +198,5 @@ def show_followed_bake(page: Page, ctx: AppContext, caller: Caller) -> Updates:
 
 
 def on_bake_cancel(page: Page, ctx: AppContext, caller: Caller) -> Updates:
-    """Cancel the tab's job (its worker is killed and replaced, or it leaves the queue), or
-    its Bake not yet submitted (which ``cancels=`` in the wiring drops)."""
-    st = jobs.cancel_jobs(ctx, caller.session)
-    if st is not None:
-        return {page.bake_tab.progress: _progress(st), **idle_buttons(page)}
-    note = "Cancelled before it started." if ctx.active.take_pending(caller.session) else "Nothing to cancel."
-    return {page.bake_tab.progress: _progress(note=note), **idle_buttons(page)}
+    """Cancel the tab's job (a bake or a fit), or its press not yet submitted (``job_flow.cancel``)."""
+    return job_flow.cancel(BAKE, page, ctx, caller)

@@ -13,7 +13,6 @@ tab like a Bake (one at a time; ``ctx.active``), shown through an ``Outcome`` of
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -23,14 +22,16 @@ from app.web.bake import fit_picture as fitview
 from app.web.state import browser_jobs as jobs
 from app.web.page import status_line as statusview
 from app.web.server import usertext
-from app.web.bake.bake_form import fit_request
+from app.web.bake.bake_form import FitForm, fit_request
+from app.web.page import job_flow
+from app.web.page.job_flow import JobFlow
 from app.web.server.context import AppContext
 from app.web.state.fitted_cameras import StoredFit
 from app.web.bake.bake_handlers import idle_buttons
-from app.web.photo.generate_handlers import BUSY, kept_refusal
-from app.web.state.job_outcome import Outcome, not_started
+from app.web.state.job_outcome import Outcome
 from app.web.page.layout import BAKE_PROGRESS_ID, FIT_LABEL, Page, Updates
 from app.web.server.requestinfo import Caller, refusal
+
 
 def fitting_buttons(page: Page) -> Updates:
     """The tab's Fit, Bake and Cancel while its fit runs."""
@@ -39,78 +40,61 @@ def fitting_buttons(page: Page) -> Updates:
             t.cancel: gr.update(interactive=True)}
 
 
-def on_fit(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
-           photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
-           focal) -> Updates:
-    """Read and check the files at once (a ``gr.Error`` says what is wrong, and stays on the
-    progress line: ``show_fit_refusal``); forget the tab's earlier fit and its picture."""
-    return kept_refusal(ctx, caller, "fit", _check_fit, page, ctx, caller, mesh, splat, photo, mask, reuse,
-                        source, camera, focal)
-
-
-def _check_fit(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
-               photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
-               focal) -> Updates:
-    session = caller.session
-    if ctx.active.busy(session):
-        raise refusal(BUSY)
-    if ctx.sup_error:
-        raise refusal(usertext.public_text(ctx.sup_error))
-    if camera or focal:
+def _check(page: Page, ctx: AppContext, caller: Caller, values: FitForm) -> Updates:
+    """The fit's own check: no camera given, the files read and checked at once; then the
+    tab's earlier fit and its picture are forgotten."""
+    if values.camera or values.focal:
         raise refusal("The photo's camera is given (a camera file or a focal length): remove it to fit one, "
                       "or press Bake to use it.")
-    try:
-        checked, _ = fit_request(ctx, session, mesh, splat, photo, mask, source, reuse)
-    except usertext.UIError as e:
-        raise refusal(usertext.public_text(str(e))) from None
-    if not ctx.active.press(session):
-        raise refusal(BUSY)
-    ctx.fits.drop(session)
+    checked, _ = fit_request(ctx, caller.session, values.mesh, values.splat, values.photo, values.mask,
+                             values.source, values.reuse)
+    ctx.fits.drop(caller.session)
     t = page.bake_tab
     notes = "\n".join(f"- {usertext.public_text(n)}" for n in checked.notes)
     return {t.progress: statusview.progress_html(note="Starting…", dom_id=BAKE_PROGRESS_ID), t.notes: notes,
             t.fit_view: gr.update(value=None, visible=False), t.fit_info: "", **fitting_buttons(page)}
 
 
-def show_fit_refusal(page: Page, ctx: AppContext, caller: Caller) -> Updates:
-    """After a refused Fit: why, on the tab's progress line, until the next action."""
-    text = ctx.active.take_refusal(caller.session, "fit")
-    if text is None:
-        return {page.bake_tab.progress: gr.skip()}
-    return {page.bake_tab.progress: statusview.progress_html(note=f"Not started: {text}", note_state="refused",
-                                                            dom_id=BAKE_PROGRESS_ID)}
-
-
-def run_fit(page: Page, ctx: AppContext, caller: Caller, mesh: Optional[str], splat: Optional[str],
-            photo: Optional[str], mask: Optional[str], reuse: bool, source: str, camera: Optional[str],
-            focal) -> Iterator[Updates]:
-    """The Fit ``on_fit`` let through: submit the fit job at once and stream its progress;
-    when it is done, keep the fit for the tab (what it was fitted to, by ``fit_key``) and
-    leave the outcome for ``show_fit_outcome``."""
+def _submit(ctx: AppContext, session: str, values: FitForm, pressed: Optional[float]) -> Iterator:
     from worker.jobs.bakeinputs import fit_key
 
-    session = caller.session
-    t = page.bake_tab
-    last, note, key = None, "", ""
-    pressed = ctx.active.pending_since(session)
-    try:
-        checked, settings = fit_request(ctx, session, mesh, splat, photo, mask, source, reuse)
-        key = fit_key(checked)
-        steps = jobs.follow_fit(ctx, session, checked, settings, pressed_at=pressed)
-        for note, last, view in jobs.progress_views(ctx, steps, dom_id=BAKE_PROGRESS_ID):
-            yield {t.progress: view}
-    except usertext.UIError as e:   # a file changed between the check and the slot
-        note = f"Cannot start: {usertext.public_text(str(e))}"
-    finally:
-        ctx.active.end_pending(session)
-    if last is None:
-        ctx.active.keep_outcome(session, not_started(note, kind="fit"))
-    else:
-        waited = max(0.0, (last.created or 0.0) - (pressed or last.created or time.time()))
-        kept = _keep(ctx, session, last, key) if last.state == "done" else None
-        said = "camera fitted: press Bake to bake with it" if kept is not None else note
-        ctx.active.keep_outcome(session, Outcome(status=last, note=said, kind="fit", waited_s=waited))
-    yield {t.progress: gr.skip()}
+    checked, settings = fit_request(ctx, session, values.mesh, values.splat, values.photo, values.mask,
+                                    values.source, values.reuse)
+    steps = jobs.follow_fit(ctx, session, checked, settings, pressed_at=pressed)
+    key = fit_key(checked)
+    for note, st in steps:
+        if st is not None and st.state == "done":   # kept for the tab before its outcome is shown
+            _keep(ctx, session, st, key)
+        yield note, st
+
+
+def _outcome(ctx: AppContext, session: str, last, waited: float, note: str) -> Outcome:
+    fit = ctx.fits.get(session)
+    kept = fit is not None and fit.job_id == last.id
+    said = "camera fitted: press Bake to bake with it" if kept else note
+    return Outcome(status=last, note=said, kind="fit", waited_s=waited)
+
+
+FIT = JobFlow(kind="fit", progress=lambda page: page.bake_tab.progress, dom_id=BAKE_PROGRESS_ID,
+              idle=idle_buttons, check=_check, submit=_submit, outcome=_outcome)
+
+
+def on_fit(page: Page, ctx: AppContext, caller: Caller, values: FitForm) -> Updates:
+    """Fit pressed: refused at once with the reason kept on the progress line
+    (``job_flow.press``), else marked pending."""
+    return job_flow.press(FIT, page, ctx, caller, values)
+
+
+def show_fit_refusal(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """After a refused Fit: why, on the tab's progress line, until the next action."""
+    return job_flow.show_refusal(FIT, page, ctx, caller)
+
+
+def run_fit(page: Page, ctx: AppContext, caller: Caller, values: FitForm) -> Iterator[Updates]:
+    """The Fit ``on_fit`` let through (``job_flow.run``): submitted at once, its progress
+    streamed; when it is done the fit is kept for the tab (what it was fitted to, by
+    ``fit_key``) and the outcome left for ``show_fit_outcome``."""
+    yield from job_flow.run(FIT, page, ctx, caller, values)
 
 
 def _keep(ctx: AppContext, session: str, st, key: str) -> Optional[StoredFit]:

@@ -5,7 +5,7 @@ build a page without serving it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -13,6 +13,8 @@ import gradio as gr
 
 from kiln.settings import Settings, allowed_range, allowed_values
 
+from app.web.bake.bake_form import BakeForm, FitForm
+from app.web.photo.form import GenerateForm
 from app.web.state import history
 from app.web.photo import selection
 from app.web.page import status_line as statusview
@@ -31,7 +33,7 @@ FIT_LABEL = "Fit the camera to the photo"
 @dataclass(frozen=True, eq=False)
 class BakeTab:
     """The "Bake a model" tab: a mesh someone made, with what to colour it from.
-    ``form`` lists its inputs in ``app.web.bake.bake_handlers``'s parameter order, ``fit_form``
+    ``form`` lists Bake's inputs as ``app.web.bake.bake_form.BakeForm`` has them, ``fit_form``
     those of "Fit the camera to the photo" (``fit_button``, ``app.web.bake.fit_handlers``), whose
     picture shows in ``fit_view`` and its figures in ``fit_info``."""
 
@@ -65,13 +67,13 @@ class BakeTab:
 
     @property
     def form(self) -> list:
-        return [self.mesh, self.splat, self.photo, self.mask, self.reuse, self.source, self.camera,
-                self.focal, self.frame, self.fit, self.uvs, self.texture, self.simplify,
-                self.formats, self.texture_format, self.units]
+        """Bake's inputs, in ``BakeForm``'s field order (the record the handlers get)."""
+        return [getattr(self, f.name) for f in fields(BakeForm)]
 
     @property
     def fit_form(self) -> list:
-        return [self.mesh, self.splat, self.photo, self.mask, self.reuse, self.source, self.camera, self.focal]
+        """The fit's inputs, in ``FitForm``'s field order."""
+        return [getattr(self, f.name) for f in fields(FitForm)]
 
     @property
     def fit_depends_on(self) -> list:
@@ -82,8 +84,8 @@ class BakeTab:
 
 @dataclass(frozen=True, eq=False)
 class Page:
-    """The page's components. ``form`` lists the settings boxes in ``form.ui_overrides``'
-    order; ``selection_view`` what shows the tab's image and selection; ``examples`` is
+    """The page's components. ``form`` lists the settings boxes as
+    ``app.web.photo.form.GenerateForm`` has them; ``selection_view`` what shows the tab's image and selection; ``examples`` is
     None when the page has none. ``replace`` is a hidden file box: the page's script
     (``pageassets.REPLACE_JS``) hands it a file dropped on, or chosen by clicking, the upload
     box while that holds an image, so the file replaces the image."""
@@ -132,8 +134,8 @@ class Page:
 
     @property
     def form(self) -> list:
-        return [self.bake_texture, self.simplify, self.texture, self.views, self.mode, self.seed, self.ply,
-                self.formats, self.texture_format, self.units]
+        """The settings boxes, in ``GenerateForm``'s field order (the record the handlers get)."""
+        return [getattr(self, f.name) for f in fields(GenerateForm)]
 
     @property
     def selection_view(self) -> list:

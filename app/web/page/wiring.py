@@ -25,6 +25,8 @@ from app.web.photo import image_handlers as image
 from app.web.photo import generate_handlers as job
 from app.web.page import page_handlers as around
 from app.web.server.context import AppContext
+from app.web.bake.bake_form import BakeForm, FitForm
+from app.web.photo.form import GenerateForm
 from app.web.page.layout import Page
 from app.web.page.assets import BOX_JS, RANGE_JS, REPLACE_JS
 from app.web.server.requestinfo import event_fn
@@ -93,12 +95,12 @@ def _wire_job(page: Page, ctx: AppContext) -> None:
         return event_fn(handler, page, ctx)
 
     check = page.generate.click(
-        on(job.on_generate), page.form,
+        event_fn(job.on_generate, page, ctx, form=GenerateForm), page.form,
         [*result_view(page), page.generate, page.cancel, page.views, page.simplify, page.seed],
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
     )
     gen_event = check.success(
-        on(job.run_job), page.form, [page.progress],
+        event_fn(job.run_job, page, ctx, form=GenerateForm), page.form, [page.progress],
         concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden",
     )
     # after the success branch, so the job's event keeps the index right after the click's
@@ -133,13 +135,13 @@ def _wire_bake(page: Page, ctx: AppContext) -> None:
 
     t = page.bake_tab
     check = t.bake_button.click(
-        on(baking.on_bake), t.form,
+        event_fn(baking.on_bake, page, ctx, form=BakeForm), t.form,
         [t.progress, t.notes, t.model, t.download, t.more_files, t.file_sizes, t.fit_view, t.fit_info,
          *bake_buttons(page)],
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
     )
     bake_event = check.success(
-        on(baking.run_bake), t.form, [t.progress, t.fit_view],
+        event_fn(baking.run_bake, page, ctx, form=BakeForm), t.form, [t.progress, t.fit_view],
         concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden",
     )
     check.failure(on(baking.show_bake_refusal), None, [t.progress], queue=False, show_progress="hidden")
@@ -162,10 +164,10 @@ def _wire_fit(page: Page, ctx: AppContext):
         return event_fn(handler, page, ctx)
 
     t = page.bake_tab
-    check = t.fit_button.click(on(fitting.on_fit), t.fit_form,
+    check = t.fit_button.click(event_fn(fitting.on_fit, page, ctx, form=FitForm), t.fit_form,
                                [t.progress, t.notes, t.fit_view, t.fit_info, *bake_buttons(page)],
                                concurrency_id="check", concurrency_limit=None, show_progress="hidden")
-    fit_event = check.success(on(fitting.run_fit), t.fit_form, [t.progress],
+    fit_event = check.success(event_fn(fitting.run_fit, page, ctx, form=FitForm), t.fit_form, [t.progress],
                               concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden")
     check.failure(on(fitting.show_fit_refusal), None, [t.progress], queue=False, show_progress="hidden")
     fit_event.then(on(fitting.show_fit_outcome), None, [t.progress, t.fit_view, t.fit_info, *bake_buttons(page)],

@@ -4,6 +4,7 @@ its field) and the full-size image and mask, refused before any slow work when n
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -17,28 +18,42 @@ from app.web.photo.selection import MIN_MASK_PIXELS, assess_mask
 from app.web.state.uploads import SessionState, require_image
 
 
-def ui_overrides(bake: bool, simplify_ratio: float, texture_size: Any, views: Any, bake_mode: str,
-                 seed: Any, gaussians_ply: bool, formats: Any = None, texture_format: Any = None,
-                 units: Any = None) -> dict:
-    """The web form's values (``kiln.settings.JOB_SETTINGS``, in its order) as dotted setting
-    keys (checked later by kiln.settings). ``formats``: the formats besides the GLB that are
-    ticked (the settings add the GLB); None for these last three keeps the server's."""
-    texture = (texture_size if str(texture_size) == "auto" else int(texture_size)) \
-        if texture_size not in (None, "") else None
-    values = (bool(bake), simplify_ratio, texture, views, bake_mode, seed, bool(gaussians_ply),
-              list(formats) if isinstance(formats, (list, tuple)) else formats, texture_format or None,
-              units or None)
-    return dict(zip(JOB_SETTINGS.values(), values))
+@dataclass(frozen=True)
+class GenerateForm:
+    """The photo tab's settings boxes as one record: each field is named as its component in
+    ``app.web.page.layout.Page`` (which lists them in this order), and maps to the setting
+    ``kiln.settings.JOB_SETTINGS`` names in the same order. ``formats``: the formats besides
+    the GLB that are ticked (the settings add the GLB); None for the last three keeps the
+    server's."""
+
+    bake_texture: bool
+    simplify: Any
+    texture: Any
+    views: Any
+    mode: str
+    seed: Any
+    ply: bool
+    formats: Any = None
+    texture_format: Any = None
+    units: Any = None
+
+    def overrides(self) -> dict:
+        """The values as dotted setting keys (checked later by kiln.settings)."""
+        texture = (self.texture if str(self.texture) == "auto" else int(self.texture)) \
+            if self.texture not in (None, "") else None
+        values = (bool(self.bake_texture), self.simplify, texture, self.views, self.mode, self.seed,
+                  bool(self.ply), list(self.formats) if isinstance(self.formats, (list, tuple)) else self.formats,
+                  self.texture_format or None, self.units or None)
+        return dict(zip(JOB_SETTINGS.values(), values))
 
 
 # job settings a job from before Kiln wrote other formats lacks; their defaults stand in
 _NEWER = ("export.formats", "export.texture_format", "export.units")
 
 
-def form_values(settings: Optional[dict]) -> Optional[tuple]:
-    """The web form's boxes (``ui_overrides``' arguments, in order) showing a job's
-    settings (``Settings.to_dict()``), so a reloaded page shows what its last job used;
-    None when ``settings`` is not such a dict."""
+def form_values(settings: Optional[dict]) -> Optional[GenerateForm]:
+    """The photo tab's boxes showing a job's settings (``Settings.to_dict()``), so a reloaded
+    page shows what its last job used; None when ``settings`` is not such a dict."""
     if not isinstance(settings, dict) or not all(_has(settings, key) for key in JOB_SETTINGS.values()
                                                  if key not in _NEWER):
         return None
@@ -47,8 +62,9 @@ def form_values(settings: Optional[dict]) -> Optional[tuple]:
     except (SettingsError, KeyError, TypeError, ValueError):
         return None
     # the formats box lists only what goes beside the GLB
-    return tuple([f for f in job.export.formats if f != PRIMARY] if key == "export.formats"
-                 else setting_value(job, key) for key in JOB_SETTINGS.values())
+    values: list[Any] = [[f for f in job.export.formats if f != PRIMARY] if key == "export.formats"
+                         else setting_value(job, key) for key in JOB_SETTINGS.values()]
+    return GenerateForm(*values)
 
 
 def _has(data: dict, dotted: str) -> bool:
@@ -162,14 +178,22 @@ def found_object_inputs(state: SessionState, finder, reconstruct,
     return rgb, found.mask, found
 
 
-def check_job_request(state: SessionState, base: Settings, *form, mask_found: bool = False) -> Settings:
-    """What ``job_request`` refuses, checked on the working copy without decoding the
-    full-size image (fast, for the check before a job waits in the queue). ``mask_found``:
-    the object is to be found automatically (``found_object_inputs``), so only the image
-    and the settings are checked here."""
+def check_job_request(state: SessionState, base: Settings, form: GenerateForm) -> Settings:
+    """The settings a Generate press asks for (``base`` with the form's values), after what
+    ``job_request`` would refuse, checked on the working copy (``check_selection``)."""
+    used = job_settings(base, form.overrides())
+    check_selection(state, used)
+    return used
+
+
+def check_selection(state: SessionState, settings: Settings, mask_found: bool = False) -> None:
+    """What ``job_inputs`` refuses, checked on the working copy without decoding the full-size
+    image (fast, for the check before a job waits in the queue), against the job's own
+    ``settings`` (built once by the caller). ``mask_found``: the object is to be found
+    automatically (``found_object_inputs``), so only the image is checked here."""
     img = require_image(state)
     if mask_found:
-        return job_settings(base, ui_overrides(*form))
+        return
     if state.use_alpha and img.work_alpha is not None:
         mask = img.work_alpha >= 128
     elif state.mask is None:
@@ -184,18 +208,14 @@ def check_job_request(state: SessionState, base: Settings, *form, mask_found: bo
     if mc.speck:
         raise UIError(f"the selection is only a speck ({100 * mc.share:.2f} % of the image); "
                       "drag a box around the whole object or click on more of it")
-    used = job_settings(base, ui_overrides(*form))
     try:   # what the reconstruction would refuse (e.g. a selection too thin for its grid)
-        check_reconstructable(img.work, mask, used.reconstruct, "the selection")
+        check_reconstructable(img.work, mask, settings.reconstruct, "the selection")
     except InputProblem as e:
         raise UIError(str(e)) from None
-    return used
 
 
-def job_request(state: SessionState, base: Settings, *form) -> tuple[np.ndarray, np.ndarray, Settings]:
+def job_request(state: SessionState, base: Settings, form: GenerateForm) -> tuple[np.ndarray, np.ndarray, Settings]:
     """(rgb, mask, settings) of the job a Generate press asks for: ``job_inputs`` of the
-    session and ``base`` with the form's values (``ui_overrides``' arguments, in order).
-    UIError when either is not usable."""
+    session and ``base`` with the form's values. UIError when either is not usable."""
     rgb, mask = job_inputs(state)
-    return rgb, mask, job_settings(base, ui_overrides(*form))
-
+    return rgb, mask, job_settings(base, form.overrides())

@@ -14,21 +14,24 @@ the browser's history and follows its running job (``app.web.state.browser_jobs`
 
 from __future__ import annotations
 
+from dataclasses import astuple
 from typing import Iterator, Optional
 
 import gradio as gr
 
+from app.web.page import job_flow
+from app.web.page.job_flow import BUSY, JobFlow
 from app.web.photo import form
+from app.web.photo.form import GenerateForm
 from app.web.state import history
 from app.web.state import browser_jobs as jobs
-from app.web.server import usertext
 from app.web.page import status_line as statusview
 from app.web.server.context import AppContext
-from app.web.state.job_outcome import Outcome, browser_history, job_outcome, not_started
+from app.web.state.job_outcome import Outcome, browser_history, job_outcome
 from app.web.page.layout import Page, Updates
 from app.web.server.requestinfo import Caller, refusal
 
-BUSY = "This page's job is still running; wait for it or press Cancel."
+__all__ = ["BUSY"]   # re-exported: the refusal's words, which tests and the API compare with
 
 
 def idle_buttons(page: Page) -> Updates:
@@ -41,59 +44,18 @@ def running_buttons(page: Page) -> Updates:
     return {page.generate: gr.update(value="Running…", interactive=False), page.cancel: gr.update(interactive=True)}
 
 
-def on_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: float, texture,
-                views, mode: str, seed, ply: bool, formats=None,
-                texture_format=None, units=None) -> Updates:
-    """Refuse at once what cannot run, before the job is submitted (raises a ``gr.Error``
-    the page shows as a pop-up, and keeps why for ``show_refusal``, which leaves it on the
-    progress line), and clear the previous result. Queued in a group of its own so it runs
-    at once: Gradio 6.31 shows no gr.Error raised by a queue=False event. The setting boxes
-    then show the values the job will use (e.g. the seed rounded)."""
-    return kept_refusal(ctx, caller, "image", _check_generate, page, ctx, caller, bake, simplify,
-                        texture, views, mode, seed, ply, formats, texture_format, units)
-
-
-def kept_refusal(ctx: AppContext, caller: Caller, kind: str, check, *args):
-    """``check(*args)``, keeping why it refused (a ``gr.Error``) for the page's progress line;
-    not while the tab's own job runs, whose bar says more than "still running"."""
-    try:
-        return check(*args)
-    except gr.Error as e:
-        if not ctx.active.busy(caller.session):
-            ctx.active.keep_refusal(caller.session, kind, str(e.message))
-        raise
-
-
-def show_refusal(page: Page, ctx: AppContext, caller: Caller) -> Updates:
-    """After a refused Generate: why, on the progress line, where it stays until the next
-    action (the pop-up goes after a few seconds)."""
-    text = ctx.active.take_refusal(caller.session, "image")
-    if text is None:
-        return {page.progress: gr.skip()}
-    return {page.progress: statusview.progress_html(note=f"Not started: {text}", note_state="refused")}
-
-
-def _check_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: float, texture,
-                    views, mode: str, seed, ply: bool, formats=None,
-                    texture_format=None, units=None) -> Updates:
-    session, s = caller.session, ctx.settings
-    st = ctx.sessions.get(session)
+def _check(page: Page, ctx: AppContext, caller: Caller, values: GenerateForm) -> Updates:
+    """Generate's own checks (after ``job_flow.press``'s): an image, the form's values and the
+    selection on the working copy, room in the queue. The setting boxes then show the values
+    the job will use (e.g. the seed rounded)."""
+    s = ctx.settings
+    st = ctx.sessions.get(caller.session)
     if st.image is None:
         raise refusal("Upload an image first.")
-    if ctx.active.busy(session):
-        raise refusal(BUSY)
-    try:
-        used = form.check_job_request(st, s, bake, simplify, texture, views, mode, seed, ply, formats,
-                                      texture_format, units)
-    except usertext.UIError as e:
-        raise refusal(usertext.public_text(str(e))) from None
-    if ctx.sup_error:
-        raise refusal(usertext.public_text(ctx.sup_error))
+    used = form.check_job_request(st, s, values)
     running, waiting = jobs.queue_load(ctx)
     if waiting >= s.worker.max_queue:
         raise refusal(f"The job queue is full ({waiting} waiting); try again in a few minutes.")
-    if not ctx.active.press(session):     # another press of this tab got in first
-        raise refusal(BUSY)
     note = "Starting…"
     if running + waiting >= ctx.workers:
         note = "Waiting for a free worker" + (f" ({waiting} other job{'s' if waiting != 1 else ''} waiting)…"
@@ -104,42 +66,44 @@ def _check_generate(page: Page, ctx: AppContext, caller: Caller, bake: bool, sim
             page.views: used.views.count, page.simplify: used.mesh.simplify_ratio, page.seed: used.seed}
 
 
-def run_job(page: Page, ctx: AppContext, caller: Caller, bake: bool, simplify: float, texture,
-            views, mode: str, seed, ply: bool, formats=None,
-            texture_format=None, units=None) -> Iterator[Updates]:
-    """The Generate ``on_generate`` let through: submit the job at once (the supervisor's
-    queue holds it until a worker is free, so a reload finds it waiting) and stream its
-    progress bar; its end goes to the active-jobs record as an ``Outcome`` for
-    ``show_outcome``."""
-    session = caller.session
-    last, note = None, ""
-    pressed = ctx.active.pending_since(session)
-    try:
-        # pending (for Cancel) until follow_job submits the job, e.g. while the pool starts
-        st_now = ctx.sessions.get(session)
-        info = None
-        if st_now.image is not None:
-            info = history.JobInfo(st_now.image.name, history.thumbnail_uri(st_now.image.work))
-        with ctx.decodes:   # the full-size image is decoded again for the job
-            request_ = form.job_request(st_now, ctx.settings, bake, simplify, texture, views, mode, seed, ply,
-                                        formats, texture_format, units)
-        del st_now
-        # follow_job lets go of the full-size arrays once the job store has them
-        steps = jobs.follow_job(ctx, session, *request_, info=info, pressed_at=pressed)
-        del request_
-        for note, last, view in jobs.progress_views(ctx, steps):
-            yield {page.progress: view}
-    except usertext.UIError as e:
-        note = f"Cannot start: {usertext.public_text(str(e))}"
-    finally:
-        ctx.active.end_pending(session)
-    if last is None:
-        ctx.active.keep_outcome(session, not_started(note))
-    else:
-        # the wait in Gradio's queue before the job was submitted counts in "Done in"
-        waited = max(0.0, (last.created or 0.0) - (pressed or last.created or 0.0))
-        ctx.active.keep_outcome(session, job_outcome(ctx, session, last, waited))
-    yield {page.progress: gr.skip()}
+def _submit(ctx: AppContext, session: str, values: GenerateForm, pressed: Optional[float]) -> Iterator:
+    st_now = ctx.sessions.get(session)
+    info = None
+    if st_now.image is not None:
+        info = history.JobInfo(st_now.image.name, history.thumbnail_uri(st_now.image.work))
+    with ctx.decodes:   # the full-size image is decoded again for the job
+        request_ = form.job_request(st_now, ctx.settings, values)
+    del st_now
+    # follow_job lets go of the full-size arrays once the job store has them
+    steps = jobs.follow_job(ctx, session, *request_, info=info, pressed_at=pressed)
+    del request_
+    return steps
+
+
+def _outcome(ctx: AppContext, session: str, last, waited: float, note: str) -> Outcome:
+    return job_outcome(ctx, session, last, waited)
+
+
+GENERATE = JobFlow(kind="image", progress=lambda page: page.progress, dom_id="kiln-progress", idle=idle_buttons,
+                   check=_check, submit=_submit, outcome=_outcome)
+
+
+def on_generate(page: Page, ctx: AppContext, caller: Caller, values: GenerateForm) -> Updates:
+    """Refuse at once what cannot run, before the job is submitted (``job_flow.press``), and
+    clear the previous result. Queued in a group of its own so it runs at once: Gradio 6.31
+    shows no gr.Error raised by a queue=False event."""
+    return job_flow.press(GENERATE, page, ctx, caller, values)
+
+
+def show_refusal(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """After a refused Generate: why, on the progress line."""
+    return job_flow.show_refusal(GENERATE, page, ctx, caller)
+
+
+def run_job(page: Page, ctx: AppContext, caller: Caller, values: GenerateForm) -> Iterator[Updates]:
+    """The Generate ``on_generate`` let through (``job_flow.run``): submitted at once, its
+    progress streamed, its ``Outcome`` left for ``show_outcome``."""
+    yield from job_flow.run(GENERATE, page, ctx, caller, values)
 
 
 def outcome_view(page: Page, out: Optional[Outcome], idle_when_empty: bool = True) -> Updates:
@@ -173,13 +137,8 @@ def show_followed_outcome(page: Page, ctx: AppContext, caller: Caller) -> Update
 
 
 def on_cancel(page: Page, ctx: AppContext, caller: Caller) -> Updates:
-    """Cancel the tab's job (its worker is killed and replaced, or it leaves the queue), or
-    its Generate not yet submitted (which ``cancels=`` in the wiring drops)."""
-    st = jobs.cancel_jobs(ctx, caller.session)
-    if st is not None:
-        return {page.progress: statusview.progress_html(st), **idle_buttons(page)}
-    note = "Cancelled before it started." if ctx.active.take_pending(caller.session) else "Nothing to cancel."
-    return {page.progress: statusview.progress_html(note=note), **idle_buttons(page)}
+    """Cancel the tab's job, or its Generate not yet submitted (``job_flow.cancel``)."""
+    return job_flow.cancel(GENERATE, page, ctx, caller)
 
 
 def follow_on_load(page: Page, ctx: AppContext, caller: Caller) -> Iterator[Updates]:
@@ -204,7 +163,8 @@ def follow_on_load(page: Page, ctx: AppContext, caller: Caller) -> Iterator[Upda
     shown = {page.history: hist.html, page.history_files: hist.file_list()}
     if newest is not None and idle:
         values = form.form_values(jobs.stored_settings(ctx, newest.id))
-        shown.update(zip(page.form, values or ()))
+        if values is not None:
+            shown.update(zip(page.form, astuple(values)))
     if live is None or not idle:
         if newest is not None and idle:
             ctx.active.keep_outcome(session, job_outcome(ctx, session, newest, _waited(ctx, newest)))

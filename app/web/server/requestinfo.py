@@ -6,6 +6,7 @@ server derived from the request, never anything the client names."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import typing
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ def caller_of(request: gr.Request | None) -> Caller:
 
 
 def event_fn(handler: Callable, *bound: Any,
-             present: Optional[Callable[[Caller, Any], Any]] = None) -> Callable:
+             present: Optional[Callable[[Caller, Any], Any]] = None, form: Optional[type] = None) -> Callable:
     """``handler(*bound, caller, *inputs)`` as a function Gradio calls with the event's
     inputs and its request: the handler gets ``caller_of(request)``. ``present(caller,
     answer)``, when given, turns each answer into what Gradio gets (a value only the
@@ -61,16 +62,28 @@ def event_fn(handler: Callable, *bound: Any,
     carries the handler's own parameters after ``caller``, with their annotations and
     defaults (what a script's client sees), and the request before the first parameter
     with a default. A generator handler gives a generator function. ``fn.handler`` is the
-    handler (the tests read the wiring by it)."""
+    handler (the tests read the wiring by it).
+
+    ``form``: a frozen dataclass (a tab's form, e.g. ``app.web.photo.form.GenerateForm``) whose
+    fields are the event's inputs in order; the handler takes ``(*bound, caller, form_record)``
+    and Gradio sees one parameter per field."""
     sig = inspect.signature(handler)
-    params = list(sig.parameters.values())[len(bound) + 1:]
-    hints = typing.get_type_hints(handler)
+    if form is not None:
+        params = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                    default=inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default)
+                  for f in dataclasses.fields(form)]
+        hints: dict[str, Any] = {}
+    else:
+        params = list(sig.parameters.values())[len(bound) + 1:]
+        hints = typing.get_type_hints(handler)
     at = next((i for i, p in enumerate(params) if p.default is not p.empty), len(params))
     request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
 
     def call(args: tuple) -> tuple[Caller, Any]:
         items = list(args)
         caller = caller_of(items.pop(at))
+        if form is not None:
+            return caller, handler(*bound, caller, form(*items))
         return caller, handler(*bound, caller, *items)
 
     if inspect.isgeneratorfunction(handler):
