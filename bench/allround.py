@@ -54,14 +54,24 @@ from typing import Callable, Optional
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-# ROOT first: bench/ holds a pipeline.py that must not shadow the pipeline package
+# ROOT first: bench/ holds a pipeline.py that must not shadow the pipeline package, so bench/
+# itself never goes on sys.path: its renderer is loaded by its path
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-_BENCH = str(Path(__file__).resolve().parent)
-if _BENCH not in sys.path:
-    sys.path.insert(1, _BENCH)
 
-import glb_render  # noqa: E402
+
+def _bench_module(name: str):
+    import importlib.util
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+glb_render = _bench_module("glb_render")
 
 OUT_DIR = ROOT / "var" / "allround"
 MODELS_DIR = Path.home() / ".cache" / "kiln-bench" / "trimesh-models"
@@ -167,7 +177,13 @@ def surface_grid(position: Callable[[np.ndarray, np.ndarray], np.ndarray], nu: i
     v = np.linspace(0.0, 1.0, nv + 1)
     uu, vv = np.meshgrid(u, v)                                   # (nv+1, nu+1), row = v
     theta, phi = np.pi * (1.0 - vv), 2.0 * np.pi * uu - np.pi
-    verts = np.asarray(position(theta, phi), np.float64).reshape(-1, 3)
+    grid = np.asarray(position(theta, phi), np.float64)          # (nv+1, nu+1, 3)
+    # the seam's two columns and each pole's row are one point each: make them so exactly
+    # (sin(pi) is 1e-16, not 0, and a power < 1 of it is 1e-8), or the welded geometry leaks
+    grid[:, -1] = grid[:, 0]
+    grid[0, :] = grid[0].mean(0)
+    grid[-1, :] = grid[-1].mean(0)
+    verts = grid.reshape(-1, 3)
     uvs = np.stack([uu.ravel(), vv.ravel()], axis=1)
     idx = np.arange((nv + 1) * (nu + 1)).reshape(nv + 1, nu + 1)
     a, b, c, d = idx[:-1, :-1], idx[:-1, 1:], idx[1:, 1:], idx[1:, :-1]
@@ -316,7 +332,8 @@ def camera_json(cam: glb_render.CameraSpec) -> dict:
 def rotation_error_deg(a: np.ndarray, b: np.ndarray) -> float:
     """Angle of the rotation between two world -> camera matrices' rotation parts."""
     R = np.asarray(a, np.float64)[:3, :3] @ np.asarray(b, np.float64)[:3, :3].T
-    return float(np.degrees(np.arccos(np.clip((np.trace(R) - 1) / 2, -1.0, 1.0))))
+    # |R - I|_F = 2 sqrt(2) sin(angle / 2): unlike arccos of the trace, exact near 0 as well
+    return float(np.degrees(2 * np.arcsin(min(1.0, np.linalg.norm(R - np.eye(3)) / (2 * math.sqrt(2))))))
 
 
 # --------------------------------------------------------------------------- metrics
