@@ -66,6 +66,9 @@ def mask_problem(mask: np.ndarray) -> Optional[str]:
 # The most faces any stage takes (cleaning needs ~100 bytes a face; face ids stay exact in
 # float32 render targets below 2^24). A bigger mesh is a mistake or needs simplifying elsewhere.
 MAX_FACES = 10_000_000
+# the fewest faces an exact count (mesh.faces, --faces) may ask for: below this a closed
+# surface is a few flat facets and its outline no longer follows the object's (a cube has 12)
+MIN_EXACT_FACES = 100
 # The smallest texture: below 16 texels a chart cannot hold a gutter.
 MIN_TEXTURE_SIZE = 16
 # The largest mesh or splat file Kiln reads (a 30 MB TRELLIS splat, a scan of a few hundred MB).

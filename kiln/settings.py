@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kiln.formats import FORMATS, PRIMARY, TEXTURE_FORMATS, UNITS
-from kiln.limits import MAX_INPUT_PIXELS
+from kiln.limits import MAX_FACES, MAX_INPUT_PIXELS, MIN_EXACT_FACES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -71,6 +71,9 @@ class ViewSettings:
 @dataclass(frozen=True)
 class MeshSettings:
     simplify_ratio: float = field(default=0.95, metadata=_num(0.0, 0.999))
+    # an exact face count instead of the ratio (0: simplify by the ratio); within 2 %
+    # (pipeline/meshing/mesh_ops.py: simplify_mesh), refused above the mesh's own count
+    faces: int = field(default=0, metadata={**_num(MIN_EXACT_FACES, MAX_FACES), "or_zero": True})
     fill_holes: bool = False
     # simplify the faces over parts of the photo's mask too thin for the simplified mesh on
     # their own, so a stem the reconstruction kept is not folded away (pipeline/meshing/thin_faces.py)
@@ -216,7 +219,7 @@ class Settings:
 JOB_SETTINGS = {"bake": "bake.enabled", "simplify_ratio": "mesh.simplify_ratio",
                 "texture_size": "bake.texture_size", "views": "views.count", "bake_mode": "bake.mode",
                 "seed": "seed", "gaussians_ply": "export.gaussians_ply", "formats": "export.formats",
-                "texture_format": "export.texture_format", "units": "export.units"}
+                "texture_format": "export.texture_format", "units": "export.units", "faces": "mesh.faces"}
 
 
 def setting_value(settings: Settings, dotted: str) -> Any:
@@ -348,10 +351,13 @@ def _check(key: str, f: dataclasses.Field, value: Any) -> None:
     meta = f.metadata
     if meta.get("auto") and value == "auto":
         return
+    if meta.get("or_zero") and value == 0:   # 0: off (e.g. mesh.faces: simplify by the ratio)
+        return
     if "range" in meta:
         lo, hi = meta["range"]
         if not (lo <= value <= hi):
-            raise SettingsError(f"setting '{key}' = {value!r} is out of range; allowed {lo} to {hi}")
+            off = "0 (off) or " if meta.get("or_zero") else ""
+            raise SettingsError(f"setting '{key}' = {value!r} is out of range; allowed {off}{lo} to {hi}")
     if meta.get("power_of_two") and (value & (value - 1)) != 0:
         raise SettingsError(f"setting '{key}' = {value!r} must be a power of two between "
                             f"{meta['range'][0]} and {meta['range'][1]}")

@@ -108,9 +108,10 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
     m = settings.mesh
     mesh = mesh_ops.clean_mesh(recon.mesh, min_component_fraction=m.min_component_fraction,
                                fill_holes=m.fill_holes)
-    keep = thin_part_faces(mesh, recon.source_camera, image.mask, m.simplify_ratio) \
+    ratio = mesh_ops.equivalent_ratio(mesh.num_faces, m.faces, m.simplify_ratio)
+    keep = thin_part_faces(mesh, recon.source_camera, image.mask, ratio) \
         if m.keep_thin_parts and recon.source_camera is not None else None
-    mesh = mesh_ops.simplify_mesh(mesh, ratio=m.simplify_ratio, keep=keep)
+    mesh = mesh_ops.simplify_mesh(mesh, ratio=m.simplify_ratio, keep=keep, faces=m.faces)
     simplified = mesh
     thin_note = ", thin parts simplified apart" if keep is not None and keep.any() else ""
     done("mesh", t0, f"{mesh.num_faces} faces{thin_note}")

@@ -1071,12 +1071,12 @@ def test_a_jobs_settings_come_back_into_the_form_as_they_were_used():
     base = load()
     values = (True, 0.8, 512, 12, "opt", 7, True, ["obj", "stl"], "jpeg", "mm")
     used = form.job_settings(base, form.GenerateForm(*values).overrides())
-    assert form.form_values(used.to_dict()) == form.GenerateForm(*values)
+    assert form.form_values(used.to_dict()) == form.GenerateForm(*values, 0)
     assert form.form_values({"bake": {}}) is None and form.form_values(None) is None
     # a job from before Kiln wrote other formats: its export section lacks them, the defaults stand in
     old = used.to_dict()
     old["export"] = {"gaussians_ply": True}
-    assert form.form_values(old) == form.GenerateForm(*values[:7], [], "png", "m")
+    assert form.form_values(old) == form.GenerateForm(*values[:7], [], "png", "m", 0)
 
 
 def test_small_wordings_a_user_noticed():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kiln import settings as settings_mod
 from kiln.formats import human_bytes
+from kiln.limits import MIN_EXACT_FACES
 from worker.jobs.inputs import InputProblem, Loaded, NoSpace, is_no_space, no_space
 
 from app.cli.cliargs import add_format_flags, settings_from_args
@@ -263,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     rng, dflt = settings_mod.allowed_range, settings_mod.Settings()
     r.add_argument("--simplify-ratio", type=float, help="fraction of faces removed, %g-%g (default %g)"
                    % (*rng("mesh.simplify_ratio"), dflt.mesh.simplify_ratio))
+    r.add_argument("--faces", type=int, metavar="N",
+                   help="simplify to N faces (within 2 %%) instead of by --simplify-ratio; refused above "
+                        "the reconstructed mesh's own count or below %d" % MIN_EXACT_FACES)
     r.add_argument("--texture-size", help="texture size in texels, power of two %d-%d, or auto: "
                    "sized so the photo's detail fits (default %s)"
                    % (*rng("bake.texture_size"), dflt.bake.texture_size))

@@ -105,6 +105,9 @@ def add_parser(sub) -> None:
     how.add_argument("--simplify-ratio", type=float, help="with new UVs: fraction of faces removed, "
                      "%g-%g (default: none, beyond what the unwrap needs to take the mesh: at most "
                      "%d faces)" % (*rng("mesh.simplify_ratio"), dflt.mesh.max_faces_for_uv))
+    how.add_argument("--faces", type=int, metavar="N",
+                     help="with new UVs: simplify to N faces (within 2 %%) instead of by --simplify-ratio; "
+                          "refused above the mesh's own count")
     how.add_argument("--texture-size", help="texture size in texels, power of two %d-%d (default 1024)"
                      % rng("bake.texture_size"))
     how.add_argument("--views", type=int, help="splat views to bake from, %d-%d (default %d)"
@@ -126,7 +129,8 @@ def cmd_bake(args) -> int:
     from worker.jobs.bakeinputs import BakeFiles, bake_settings, check_bake
     from worker.jobs.inputs import InputProblem, check_space, job_bytes, writing_to
 
-    settings = bake_settings(settings_from_args(args), simplify_asked=args.simplify_ratio is not None)
+    asked = args.simplify_ratio is not None or bool(args.faces)   # a ratio or an exact count
+    settings = bake_settings(settings_from_args(args), simplify_asked=asked)
     out = Path(args.output)
     if out.suffix.lower() != ".glb":
         raise CliError(f"-o {out} must end in .glb")
@@ -135,7 +139,7 @@ def cmd_bake(args) -> int:
                       principal=args.principal, camera_frame=args.camera_frame,
                       fit_camera=args.fit_camera, source=args.source, uvs=args.uvs)
     try:
-        bake = check_bake(files, settings, simplify_asked=args.simplify_ratio is not None)
+        bake = check_bake(files, settings, simplify_asked=asked)
     except InputProblem as e:
         raise CliError(str(e)) from None
     for note in bake.notes:

@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from kiln.limits import MAX_FACES
+from kiln.limits import MAX_FACES, MIN_EXACT_FACES
 
 from pipeline.types import Mesh
 from pipeline.validate import StageInputError
@@ -19,6 +19,9 @@ from pipeline.validate import StageInputError
 MERGE_TOLERANCE = 1e-7        # of the bounding-box diagonal: vertices closer than this are one
 MIN_TARGET_FACES = 4
 TARGET_TOLERANCE = 0.05       # simplify_mesh aims to land within 5 % of the target face count
+# ... and within 2 % of an exact count asked for (``faces``): a game engine's or a printer's
+# budget, which people set as a number, not as a share of a mesh they have not seen
+EXACT_TOLERANCE = 0.02
 # Kept faces (thin parts) only take collapses moving them less than this share of their own
 # median edge: a stem keeps its width, a straight run of it still loses its extra vertices.
 # 0.3 kept every stem of tests/test_thin_parts.py whole; 1.0 lost half of the 2 px one.
@@ -145,12 +148,14 @@ def _compact(verts, faces, colors, uvs) -> Mesh:
 
 # --------------------------------------------------------------------------- simplification
 
-def simplify_mesh(mesh: Mesh, ratio: float, keep: Optional[np.ndarray] = None) -> Mesh:
-    """Quadric decimation (pyfqmr) removing ``ratio`` of the faces.
+def simplify_mesh(mesh: Mesh, ratio: float, keep: Optional[np.ndarray] = None, faces: int = 0) -> Mesh:
+    """Quadric decimation (pyfqmr) removing ``ratio`` of the faces, or down to ``faces`` faces.
 
-    The target is round(F * (1 - ratio)) faces; the result lands within 5 % of it
+    The target is round(F * (1 - ratio)) faces and the result lands within 5 % of it
     (fqmr overshoots or stops short now and then, so it is retried with other
     settings and the closest result kept). ratio 0 returns ``mesh`` itself.
+    ``faces`` > 0 asks for that many faces instead of a ratio, within 2 % (``EXACT_TOLERANCE``):
+    more than the mesh has is refused, as many returns ``mesh`` itself.
     Vertex colours are carried over from the nearest original vertex; UVs are
     dropped (unwrap after simplifying).
     mesh: vertices (V, 3) float32, faces (F, 3) int32. Returns a new Mesh.
@@ -159,40 +164,68 @@ def simplify_mesh(mesh: Mesh, ratio: float, keep: Optional[np.ndarray] = None) -
     parts, ``pipeline.meshing.thin_faces``). They are simplified apart from the rest: only
     collapses that move them less than KEEP_TOLERANCE of their median edge, while the rest
     takes what is left of the target; the cut between the two is locked in both and welded
-    back. They take at most KEEP_SHARE of the target (beyond it they are decimated to it).
+    back. They take at most KEEP_SHARE of the target (beyond it they are decimated to it;
+    with ``faces`` given, a count too small to keep them is refused instead).
     """
     _validate(mesh)
-    try:
-        ratio = float(ratio)
-    except (TypeError, ValueError):
-        ratio = float("nan")
-    # the ratio's domain (1 would remove every face), for any caller; mesh.simplify_ratio's
-    # range is checked once, when settings are built (kiln.settings)
-    if not 0.0 <= ratio < 1.0:
-        raise StageInputError(f"simplify ratio must be in [0, 1) (the fraction of faces removed), "
-                              f"got {ratio!r}")
-    if ratio == 0.0:
-        return mesh
-    target = int(round(mesh.num_faces * (1.0 - ratio)))
-    if target < MIN_TARGET_FACES:
-        raise StageInputError(f"simplify ratio {ratio} would leave {target} of the mesh's "
-                              f"{mesh.num_faces} faces; lower mesh.simplify_ratio")
+    tolerance = TARGET_TOLERANCE
+    if faces:
+        target = exact_target(mesh.num_faces, faces)
+        if target == mesh.num_faces:
+            return mesh
+        tolerance = EXACT_TOLERANCE
+    else:
+        try:
+            ratio = float(ratio)
+        except (TypeError, ValueError):
+            ratio = float("nan")
+        # the ratio's domain (1 would remove every face), for any caller; mesh.simplify_ratio's
+        # range is checked once, when settings are built (kiln.settings)
+        if not 0.0 <= ratio < 1.0:
+            raise StageInputError(f"simplify ratio must be in [0, 1) (the fraction of faces removed), "
+                                  f"got {ratio!r}")
+        if ratio == 0.0:
+            return mesh
+        target = int(round(mesh.num_faces * (1.0 - ratio)))
+        if target < MIN_TARGET_FACES:
+            raise StageInputError(f"simplify ratio {ratio} would leave {target} of the mesh's "
+                                  f"{mesh.num_faces} faces; lower mesh.simplify_ratio")
     if keep is not None:
         keep = np.asarray(keep, bool)
         if keep.shape != (mesh.num_faces,):
             raise StageInputError(f"keep must be one flag per face, shape ({mesh.num_faces},), "
                                   f"got {keep.shape}")
     if keep is not None and keep.any() and not keep.all():
-        verts, faces = _decimate_keeping(mesh.vertices, mesh.faces, keep, target)
+        verts, new_faces = _decimate_keeping(mesh.vertices, mesh.faces, keep, target, tolerance,
+                                             refuse_short=bool(faces))
     else:
-        verts, faces = _decimate(mesh.vertices, mesh.faces, target)
+        verts, new_faces = _decimate(mesh.vertices, mesh.faces, target, tolerance=tolerance)
     colors = None
     if mesh.vertex_colors is not None:
         from scipy.spatial import cKDTree
 
         _, nearest = cKDTree(mesh.vertices).query(verts)
         colors = mesh.vertex_colors[nearest]
-    return _compact(verts, faces, colors, None).validate("simplified mesh")
+    return _compact(verts, new_faces, colors, None).validate("simplified mesh")
+
+
+def exact_target(mesh_faces: int, faces: int) -> int:
+    """The face count ``faces`` asked of a mesh of ``mesh_faces`` faces, or a StageInputError
+    saying why it cannot be made: more faces than the mesh has (simplifying only removes),
+    or fewer than a closed surface needs to keep its outline."""
+    if faces > mesh_faces:
+        raise StageInputError(f"{faces} faces asked, but the mesh has only {mesh_faces}: simplifying "
+                              f"removes faces, it cannot add them; ask for {mesh_faces} or fewer")
+    if faces < MIN_EXACT_FACES:
+        raise StageInputError(f"{faces} faces cannot keep the object's shape (its outline needs at least "
+                              f"{MIN_EXACT_FACES}); ask for more")
+    return faces
+
+
+def equivalent_ratio(mesh_faces: int, faces: int, ratio: float) -> float:
+    """The share of faces removed: ``ratio``, or what asking for ``faces`` of ``mesh_faces``
+    removes (for rules sized by the simplified mesh's edges, e.g. thin parts)."""
+    return max(0.0, 1.0 - faces / max(mesh_faces, 1)) if faces else ratio
 
 
 def _fqmr(vertices: np.ndarray, faces: np.ndarray, target: int, aggressiveness: float,
@@ -211,8 +244,9 @@ def _fqmr(vertices: np.ndarray, faces: np.ndarray, target: int, aggressiveness: 
     return np.asarray(v2, np.float64), np.asarray(f2, np.int64)
 
 
-def _decimate(vertices: np.ndarray, faces: np.ndarray, target: int, border_may_move: bool = True):
-    """Run fqmr until within TARGET_TOLERANCE of ``target`` faces; keep the closest try.
+def _decimate(vertices: np.ndarray, faces: np.ndarray, target: int, border_may_move: bool = True,
+              tolerance: float = TARGET_TOLERANCE):
+    """Run fqmr until within ``tolerance`` of ``target`` faces; keep the closest try.
     With ``border_may_move`` False, open borders stay where they are in every try."""
     def miss(f):
         return abs(len(f) - target) / target
@@ -223,29 +257,49 @@ def _decimate(vertices: np.ndarray, faces: np.ndarray, target: int, border_may_m
     attempts = [(9.0, True, 200), (11.0, not border_may_move, 400)] if len(best[1]) > target else \
                [(5.0, True, 200), (3.0, True, 400)]
     for aggressiveness, border, iterations in attempts:
-        if miss(best[1]) <= TARGET_TOLERANCE:
+        if miss(best[1]) <= tolerance:
             break
         start = best if len(best[1]) > target else (vertices, faces)
         trial = _fqmr(start[0], start[1], target, aggressiveness, border, iterations)
         if miss(trial[1]) < miss(best[1]):
             best = trial
+    # still outside a tight tolerance (an exact count): fqmr stops a pass past its target,
+    # so ask again, from the original mesh, for a target moved by what the last try missed
+    ask = target
+    for _ in range(4):
+        if miss(best[1]) <= tolerance:
+            break
+        ask = max(MIN_TARGET_FACES, int(round(ask * target / max(len(best[1]), 1))))
+        trial = _fqmr(vertices, faces, ask, 5.0, border_may_move, 400)
+        if miss(trial[1]) < miss(best[1]):
+            best = trial
     return best
 
 
-def _decimate_keeping(vertices: np.ndarray, faces: np.ndarray, keep: np.ndarray, target: int):
-    """``_decimate`` with the ``keep`` faces simplified apart (see ``simplify_mesh``)."""
+def _decimate_keeping(vertices: np.ndarray, faces: np.ndarray, keep: np.ndarray, target: int,
+                      tolerance: float = TARGET_TOLERANCE, refuse_short: bool = False):
+    """``_decimate`` with the ``keep`` faces simplified apart (see ``simplify_mesh``).
+    ``refuse_short``: a target too small for the kept faces is refused, not met by
+    decimating them (an exact count asked by a person, who can ask for more)."""
     faces = np.asarray(faces, np.int64)
     v = np.asarray(vertices, np.float64)
     kept_v, kept_f = _submesh(v, faces[keep])
     rest_v, rest_f = _submesh(v, faces[~keep])
     edges = np.linalg.norm(kept_v[kept_f[:, [1, 2, 0]]] - kept_v[kept_f], axis=2)
-    tolerance = (KEEP_TOLERANCE * float(np.median(edges.min(axis=1)))) ** 2   # fqmr: a squared distance
-    kept_v, kept_f = _fqmr(kept_v, kept_f, 0, 0.0, True, lossless=tolerance)
+    lossless = (KEEP_TOLERANCE * float(np.median(edges.min(axis=1)))) ** 2   # fqmr: a squared distance
+    kept_v, kept_f = _fqmr(kept_v, kept_f, 0, 0.0, True, lossless=lossless)
     share = max(int(KEEP_SHARE * target), MIN_TARGET_FACES)
+    if len(kept_f) > share and refuse_short:
+        need = int(np.ceil(len(kept_f) / KEEP_SHARE))
+        raise StageInputError(f"{target} faces cannot keep the mask's thin parts: they alone need "
+                              f"{len(kept_f)} faces; ask for at least {need} faces (or set "
+                              "mesh.keep_thin_parts false)")
     if len(kept_f) > share:
         kept_v, kept_f = _decimate(kept_v, kept_f, share, border_may_move=False)
-    rest_v, rest_f = _decimate(rest_v, rest_f, max(target - len(kept_f), MIN_TARGET_FACES),
-                               border_may_move=False)
+    rest_target = max(target - len(kept_f), MIN_TARGET_FACES)
+    # the kept faces' count is exact: the rest's share of the tolerance is the whole of it
+    rest_v, rest_f = _decimate(rest_v, rest_f, rest_target, border_may_move=False,
+                               tolerance=tolerance * target / rest_target)
     # the cut's vertices were locked in both halves, so they come back bit for bit
     cut = np.intersect1d(faces[keep].ravel(), faces[~keep].ravel())
     allv = np.concatenate([rest_v, kept_v])

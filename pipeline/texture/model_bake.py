@@ -236,6 +236,11 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
     else:
         # at least enough simplification for the unwrap to take the mesh
         ratio = max(settings.mesh.simplify_ratio, 1.0 - settings.mesh.max_faces_for_uv / mesh.num_faces)
+        if settings.mesh.faces:
+            if settings.mesh.faces > settings.mesh.max_faces_for_uv:
+                raise StageInputError(f"{settings.mesh.faces} faces asked, but the unwrap takes at most "
+                                      f"{settings.mesh.max_faces_for_uv} (mesh.max_faces_for_uv)")
+            m["faces_asked"] = settings.mesh.faces
         m["simplify_ratio"] = round(ratio, 4)
         mesh = stage("mesh", lambda: _simplified(mesh, settings.mesh, ratio, photo, camera),
                      f"{inputs.model.mesh.num_faces} faces in")
@@ -322,6 +327,7 @@ def _simplified(mesh: Mesh, m: MeshSettings, ratio: float, photo: Optional[Image
 
     clean = mesh_ops.clean_mesh(mesh, min_component_fraction=m.min_component_fraction,
                                 fill_holes=m.fill_holes)
-    keep = thin_part_faces(clean, camera, photo.mask, ratio) \
+    ratio_now = mesh_ops.equivalent_ratio(clean.num_faces, m.faces, ratio)
+    keep = thin_part_faces(clean, camera, photo.mask, ratio_now) \
         if m.keep_thin_parts and photo is not None and camera is not None else None
-    return mesh_ops.simplify_mesh(clean, ratio=ratio, keep=keep)
+    return mesh_ops.simplify_mesh(clean, ratio=ratio, keep=keep, faces=m.faces)

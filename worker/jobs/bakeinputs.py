@@ -121,6 +121,10 @@ def check_bake(files: BakeFiles, settings: "Settings", simplify_asked: bool = Fa
     except StageInputError as e:
         raise InputProblem(str(e)) from None
     notes += list(read.notes)
+    asked = settings.mesh.faces
+    if asked and asked > read.model.mesh.num_faces:   # before any slow work: the count is known now
+        raise InputProblem(f"--faces {asked}: {mesh.name} has only {read.model.mesh.num_faces} faces; "
+                           "simplifying removes faces, it cannot add them")
     if read.splat is None and photo is None and not _has_colour(read.model):
         raise InputProblem(f"nothing to take colour from: {mesh.name} has no colours or texture of its "
                            "own; give a splat (--splat) or the photo it was made from (--image)")

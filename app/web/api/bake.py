@@ -39,7 +39,7 @@ def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None
          simplify_ratio: Optional[float] = None, texture_size: Any = None, views: Optional[int] = None,
          bake_mode: Optional[str] = None, seed: Optional[int] = None, formats: Any = None,
          texture_format: Optional[str] = None, units: Optional[str] = None, camera_fitted: Optional[bool] = None,
-         progress=gr.Progress()) -> Iterator[BakeAnswer]:
+         faces: Optional[int] = None, progress=gr.Progress()) -> Iterator[BakeAnswer]:
     """Bake a textured GLB from a mesh the script has (GLB/glTF, OBJ, PLY, STL), with its splat
     (3DGS PLY), its photo (image + mask, or the session's image and selection with
     session_image) and the photo's camera (camera: a source_camera JSON, or focal [+
@@ -47,12 +47,14 @@ def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None
     kiln, inria, sam3d, trellis); uvs: auto, keep or new. formats, texture_format, units: the
     files to write besides the GLB, as /generate takes them. camera_fitted: camera is the
     camera file /fit_camera answered: used as fitted, not fitted again, the photo gated by the
-    fit's IoU (bake.fit_min_iou). Yields (status, glb, ply, files, camera_fit) as the job
+    fit's IoU (bake.fit_min_iou). faces: simplify to an exact face count (within 2 %) instead
+    of simplify_ratio. Yields (status, glb, ply, files, camera_fit) as the job
     changes; the last has the GLB and the other formats, and the fitted camera's picture
     when the camera was fitted. Bad files are refused before a job is queued."""
     session = caller.session
     values = dict(simplify_ratio=simplify_ratio, texture_size=texture_size, views=views,
-                  bake_mode=bake_mode, seed=seed, formats=formats, texture_format=texture_format, units=units)
+                  bake_mode=bake_mode, seed=seed, formats=formats, texture_format=texture_format, units=units,
+                  faces=faces)
     if ctx.sup_error:
         raise refusal(usertext.public_text(ctx.sup_error))
     try:

@@ -48,6 +48,7 @@ class ApiSlots:
     camera: gr.File
     bake_options: tuple
     export_options: tuple
+    faces: Any
     camera_fitted: Api
     fit_options: tuple
     camera_fit: gr.File
@@ -118,6 +119,8 @@ def api_slots(s: Settings) -> ApiSlots:
             _json_slot(False, {"type": "boolean"}, "session_image"),
         ),
         camera_fit=gr.File(label="camera_fit"),
+        faces=_json_slot(None, {"type": "integer", "description": "an exact face count instead of the "
+                                "simplify ratio (within 2 %; refused above the mesh's own)"}, "faces"),
     )
 
 
@@ -138,10 +141,10 @@ class Endpoint:
 ENDPOINT_TABLE = (
     Endpoint("upload_image", upload_image, ("image", "mask", "use_alpha"), ("info",)),
     Endpoint("select", select, ("points", "box"), ("info",)),
-    Endpoint("generate", generate, ("settings", "generate_mask", "export_options"), JobAnswer._fields,
+    Endpoint("generate", generate, ("settings", "generate_mask", "export_options", "faces"), JobAnswer._fields,
              queue="job"),
     Endpoint("bake", bake, ("mesh", "splat", "image", "mask", "camera", "bake_options", "export_options",
-                            "camera_fitted"), BakeAnswer._fields, queue="job"),
+                            "camera_fitted", "faces"), BakeAnswer._fields, queue="job"),
     Endpoint("fit_camera", fit_camera, ("mesh", "splat", "image", "mask", "fit_options"), FitAnswer._fields,
              queue="job"),
     Endpoint("status", status, (), ("info",), queue="now"),

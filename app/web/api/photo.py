@@ -217,7 +217,7 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
              texture_size: Any = None, views: Optional[int] = None, bake_mode: Optional[str] = None,
              seed: Optional[int] = None, gaussians_ply: Optional[bool] = None, mask: Optional[str] = None,
              formats: Any = None, texture_format: Optional[str] = None, units: Optional[str] = None,
-             progress=gr.Progress()) -> Iterator[JobAnswer]:
+             faces: Optional[int] = None, progress=gr.Progress()) -> Iterator[JobAnswer]:
     """Make a 3D model of the session's image and mask. The parameters are the page's
     settings (kiln.settings names the setting each sets; null keeps the server's), and
     mask: "auto" finds the object automatically in the session's image (as the server's
@@ -225,7 +225,8 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
     model are, else from a plain or smooth background) instead of using the
     session's selection, transparency or mask file; refused with the reason when no single
     object stands out. formats: the files to write besides the GLB (a list, or "obj,stl": obj,
-    stl, ply), texture_format: png, jpeg or webp, units: the STL's, m or mm. Yields (status,
+    stl, ply), texture_format: png, jpeg or webp, units: the STL's, m or mm; faces: an exact
+    face count instead of simplify_ratio (within 2 %). Yields (status,
     glb, ply, files) as the job changes; the last has the GLB (and the .ply with gaussians_ply,
     and the other formats in files), its status each file's size; with mask "auto" each status
     says how the object was found. A failed or cancelled job raises its reason."""
@@ -236,7 +237,7 @@ def generate(ctx: AppContext, caller: Caller, bake: Optional[bool] = None, simpl
     auto = mask == AUTO_MASK
     values = dict(bake=bake, simplify_ratio=simplify_ratio, texture_size=texture_size, views=views,
                   bake_mode=bake_mode, seed=seed, gaussians_ply=gaussians_ply, formats=formats,
-                  texture_format=texture_format, units=units)
+                  texture_format=texture_format, units=units, faces=faces)
     st = ctx.sessions.get(session)
     settings = _checked_settings(ctx, st, values, mask_found=auto)
     if ctx.sup_error:

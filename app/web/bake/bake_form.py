@@ -41,12 +41,14 @@ class BakeForm(FitForm):
     formats: Any = None
     texture_format: Any = None
     units: Any = None
+    faces: Any = None
 
     def settings_values(self) -> dict:
         """The bake's settings as ``bake_request`` takes them; a simplify ratio of 0 is none."""
         return {"texture_size": self.texture, "simplify_ratio": self.simplify if self.simplify else None,
                 "formats": list(self.formats) if self.formats is not None else None,
-                "texture_format": self.texture_format or None, "units": self.units or None}
+                "texture_format": self.texture_format or None, "units": self.units or None,
+                "faces": self.faces or None}
 
 
 def bake_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Optional[str], image: Optional[str],
@@ -63,7 +65,7 @@ def bake_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Opti
 
     if not mesh:
         raise usertext.UIError("mesh: no file was given")
-    simplify_asked = settings_values.get("simplify_ratio") is not None
+    simplify_asked = settings_values.get("simplify_ratio") is not None or bool(settings_values.get("faces"))
     settings = bake_settings(api_settings(ctx.settings, settings_values), simplify_asked)
     try:
         files = BakeFiles(

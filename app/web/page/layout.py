@@ -53,6 +53,7 @@ class BakeTab:
     formats: gr.CheckboxGroup
     texture_format: gr.Radio
     units: gr.Radio
+    faces: gr.Number
     fit_button: gr.Button
     bake_button: gr.Button
     cancel: gr.Button
@@ -114,6 +115,7 @@ class Page:
     mode: gr.Radio
     views: gr.Slider
     simplify: gr.Slider
+    faces: gr.Number
     seed: gr.Number
     formats: gr.CheckboxGroup
     texture_format: gr.Radio
@@ -253,6 +255,8 @@ def _settings(c: dict, s: Settings) -> None:
         c["simplify"] = gr.Slider(label="Simplify ratio (fraction of faces removed)", minimum=ratio_lo,
                                   maximum=ratio_hi, step=0.005, value=s.mesh.simplify_ratio,
                                   elem_id="kiln-simplify")
+        c["faces"] = gr.Number(label="Faces (an exact count instead of the ratio; 0 uses the ratio)",
+                               value=s.mesh.faces, precision=0, elem_id="kiln-faces")
         # no minimum here: Gradio's own refusal would not name the box; form.job_settings does
         c["seed"] = gr.Number(label="Seed", value=s.seed, precision=0, elem_id="kiln-seed")
         format_widgets(c, s, "kiln")
@@ -318,6 +322,8 @@ def _bake_tab(s: Settings) -> BakeTab:
             ratio_lo, ratio_hi = allowed_range("mesh.simplify_ratio")
             c["simplify"] = gr.Slider(label="Simplify ratio (new UVs; 0 keeps every face)", minimum=ratio_lo,
                                       maximum=ratio_hi, step=0.005, value=0.0, elem_id="kiln-bake-simplify")
+            c["faces"] = gr.Number(label="Faces (new UVs: an exact count instead of the ratio; 0 uses the ratio)",
+                                   value=0, precision=0, elem_id="kiln-bake-faces")
             format_widgets(c, s, "kiln-bake")
             with gr.Row():
                 # the step before baking: the photo's camera alone (app.web.bake.fit_handlers)

@@ -36,6 +36,7 @@ class GenerateForm:
     formats: Any = None
     texture_format: Any = None
     units: Any = None
+    faces: Any = None
 
     def overrides(self) -> dict:
         """The values as dotted setting keys (checked later by kiln.settings)."""
@@ -43,12 +44,13 @@ class GenerateForm:
             if self.texture not in (None, "") else None
         values = (bool(self.bake_texture), self.simplify, texture, self.views, self.mode, self.seed,
                   bool(self.ply), list(self.formats) if isinstance(self.formats, (list, tuple)) else self.formats,
-                  self.texture_format or None, self.units or None)
+                  self.texture_format or None, self.units or None,
+                  self.faces if self.faces not in (None, "") else None)
         return dict(zip(JOB_SETTINGS.values(), values))
 
 
 # job settings a job from before Kiln wrote other formats lacks; their defaults stand in
-_NEWER = ("export.formats", "export.texture_format", "export.units")
+_NEWER = ("export.formats", "export.texture_format", "export.units", "mesh.faces")
 
 
 def form_values(settings: Optional[dict]) -> Optional[GenerateForm]:
@@ -80,7 +82,7 @@ FIELD_LABELS = {"bake.enabled": "Bake texture", "mesh.simplify_ratio": "Simplify
                 "bake.texture_size": "Texture size", "views.count": "Bake views",
                 "bake.mode": "Bake mode", "seed": "Seed", "export.gaussians_ply": "Also export Gaussians",
                 "export.formats": "Also download as", "export.texture_format": "Texture file",
-                "export.units": "STL units"}
+                "export.units": "STL units", "mesh.faces": "Faces"}
 SETTING_RE = re.compile(r"setting '([\w.]+)'(?: = |: )?")
 
 
