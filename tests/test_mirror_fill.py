@@ -214,3 +214,15 @@ def _mean_hue(rgb: np.ndarray) -> float:
 def _hue_gap(a: float, b: float) -> float:
     d = abs(a - b) % 1.0
     return min(d, 1.0 - d)
+
+
+def test_kiln_bake_takes_mirror_fill_and_the_report_carries_the_mirror():
+    from app.cli.cli import build_parser
+    from app.cli.cliargs import settings_from_args
+    from kiln.records import BakeStats
+
+    args = build_parser().parse_args(["bake", "--mesh", "m.glb", "-o", "o.glb", "--mirror-fill", "off"])
+    assert settings_from_args(args).bake.mirror_fill == "off"
+    stats = BakeStats(mode="fast", texels_seen_fraction=1.0, texels_chart_fraction=0.5,
+                      mirror={"used": True, "plane": {"normal": [0, 0, 1], "offset": 0.0, "score": 0.99}})
+    assert BakeStats.from_dict(stats.to_dict()) == stats

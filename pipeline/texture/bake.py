@@ -181,7 +181,9 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
     report(0.9, "filling unseen texels along the surface and dilating the gutter")
     _fill_on_surface(image, seen, tex, mesh, None if seen_photo is None else
                      np.where(photo_weight > 0, seen_photo.trust, 1.0))
-    final = fill_texture(image, seen, tex.chart)
+    # every chart texel has a colour now: fill_texture only dilates the gutter (``seen`` stays
+    # what the sources saw, for Texture.seen)
+    final = fill_texture(image, seen | tex.chart, tex.chart)
     timings["fill"] = time.perf_counter() - t0
     stats["texels_from"] = _texel_sources(photo_weight, seen_views, from_fallback, from_mirror)
     if fit is not None:
@@ -201,7 +203,7 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
         photo_projection=use_photo, photo_texels_fraction=stats.get("photo_texels_fraction"),
         photo_pixels_per_texel=stats.get("photo_pixels_per_texel"),
         texture_size_suggested=stats.get("texture_size_suggested"),
-        warnings=tuple(stats.get("warnings", ())), texels_from=stats["texels_from"])
+        warnings=tuple(stats.get("warnings", ())), texels_from=stats["texels_from"], mirror=stats.get("mirror"))
     head = f"baked, PSNR {out.psnr_db:.1f} dB" if out.psnr_db is not None else "baked"
     report(1.0, "; ".join((head,) + out.warnings))
     return Texture(image=final, seen=seen), out
@@ -376,8 +378,8 @@ def _blend_mirror(image: np.ndarray, seen: np.ndarray, tex: "_Texels", mesh: Mes
 def _fill_on_surface(image: np.ndarray, seen: np.ndarray, tex: "_Texels", mesh: Mesh,
                      trust: Optional[np.ndarray]) -> None:
     """Chart texels no source coloured take a fill along the surface (across UV seams, never
-    from another chart's texture neighbours), in place; ``trust`` (N,) says how far each known
-    colour may be spread (None: all the way)."""
+    from another chart's texture neighbours), in ``image`` in place (``seen`` is left as the
+    sources' own); ``trust`` (N,) says how far each known colour may be spread (None: all the way)."""
     known = seen[tex.chart]
     if known.all() or not known.any():
         return
@@ -386,7 +388,6 @@ def _fill_on_surface(image: np.ndarray, seen: np.ndarray, tex: "_Texels", mesh: 
     area = 0.5 * float(np.linalg.norm(np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]]), axis=1).sum())
     image[tex.chart] = unseen_side.fill_on_surface(tex.positions, tex.normals, image[tex.chart], known, trust,
                                               len(tex.face_ids), area)
-    seen[tex.chart] = True
 
 
 def render_textured(mesh: Mesh, texture: Texture, cameras: Cameras, raster_ctx: "RasterContext"

@@ -142,8 +142,8 @@ def _cells(pos: np.ndarray, nrm: np.ndarray, lo: np.ndarray, voxel: float) -> tu
     c = len(keys)
     cnt = np.bincount(cell_of, minlength=c).astype(np.float64)
     centroid = np.stack([np.bincount(cell_of, weights=pos[:, d], minlength=c) for d in range(3)], 1) / cnt[:, None]
-    normal = np.stack([np.bincount(cell_of, weights=nrm[:, d], minlength=c) for d in range(3)], 1)
-    normal /= np.maximum(np.linalg.norm(normal, axis=1, keepdims=True), 1e-12)
+    normal = np.stack([np.bincount(cell_of, weights=nrm[:, d], minlength=c) for d in range(3)], 1).astype(np.float64)
+    normal = normal / np.maximum(np.linalg.norm(normal, axis=1, keepdims=True), 1e-12)
     vox = keys // 6
     voxel_ijk = np.stack([vox // (dims[1] * dims[2]), (vox // dims[2]) % dims[1], vox % dims[2]], 1)
     return cell_of, _Cells(keys, centroid, normal, voxel_ijk, dims)
