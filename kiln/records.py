@@ -188,8 +188,11 @@ class BakeStats:
     photo_projection: whether the photo was blended in; then photo_texels_fraction (chart
     texels with photo weight > 0.5) and photo_pixels_per_texel (median over those), and when
     the photo holds clearly more detail than the texture, texture_size_suggested and a warning.
-    texels_from: share of chart texels each source coloured ("photo", "views", "fallback": the
-    mesh's own colours, "fill": neighbours).
+    texels_from: share of chart texels each source coloured ("photo", "mirror": the mirror image
+    of a point a photo sees, "views", "fallback": the mesh's own colours, "fill": along the surface).
+    mirror: the mirror side's report (``pipeline.texture.mirror_fill.MirrorFill.report``: used,
+    the plane with its score, the pairs seen on both sides and their agreement, the share of
+    texels it filled, why not), or None when it was not tried (no photo, bake.mirror_fill off).
     """
 
     mode: str
@@ -207,6 +210,7 @@ class BakeStats:
     texture_size_suggested: Optional[int] = None
     warnings: tuple[str, ...] = ()
     texels_from: Mapping[str, float] = field(default_factory=dict)
+    mirror: Optional[Mapping[str, Any]] = None
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, under the keys the pipeline's stats always had (``bake_*`` and the rest)."""
@@ -219,7 +223,8 @@ class BakeStats:
             "photo_texels_fraction": self.photo_texels_fraction,
             "photo_pixels_per_texel": self.photo_pixels_per_texel,
             "texture_size_suggested": self.texture_size_suggested,
-            "warnings": list(self.warnings) or None, "texels_from": dict(self.texels_from) or None})
+            "warnings": list(self.warnings) or None, "texels_from": dict(self.texels_from) or None,
+            "mirror": dict(self.mirror) if self.mirror is not None else None})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BakeStats:
@@ -235,7 +240,8 @@ class BakeStats:
                    photo_pixels_per_texel=_opt_float(data.get("photo_pixels_per_texel")),
                    texture_size_suggested=_opt_int(data.get("texture_size_suggested")),
                    warnings=tuple(str(w) for w in data.get("warnings") or ()),
-                   texels_from=_float_map(data.get("texels_from")))
+                   texels_from=_float_map(data.get("texels_from")),
+                   mirror=dict(data["mirror"]) if isinstance(data.get("mirror"), Mapping) else None)
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,9 @@ class BakeSettings:
     # ... and a camera fitted to the mask (kiln bake --fit-camera) when its silhouette IoU is at
     # least this (an occluded object's right camera puts part of the mesh outside the mask)
     fit_min_iou: float = field(default=0.6, metadata=_num(0.0, 1.0))
+    # texels no photo sees take the colour of their mirror image where a photo sees it: auto
+    # when the mesh is mirror-symmetric and the photos confirm the picture is too; off never
+    mirror_fill: str = field(default="auto", metadata=_choice("auto", "off"))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ _FLAG_NAME = {"gaussians_ply": "ply", "formats": "format"}
 # flag (argparse dest) -> setting; a flag's value None means "not given". The job's own
 # settings under their one name, and the worker's device.
 FLAG_SETTINGS = {**{_FLAG_NAME.get(name, name): key for name, key in settings_mod.JOB_SETTINGS.items()},
-                 "device": "worker.device"}
+                 "device": "worker.device", "mirror_fill": "bake.mirror_fill"}
 _SETTING_RE = re.compile(r"setting '([\w.]+)'(?: = |: )?")
 
 

@@ -115,6 +115,11 @@ def add_parser(sub) -> None:
     how.add_argument("--bake-mode", choices=list(settings_mod.allowed_values("bake.mode")),
                      help="texture bake mode (default %s)" % dflt.bake.mode)
     how.add_argument("--seed", type=int, help="random seed (default %d)" % dflt.seed)
+    how.add_argument("--mirror-fill", choices=list(settings_mod.allowed_values("bake.mirror_fill")),
+                     help="auto: texels the photo does not see take the colour of their mirror image "
+                          "where the photo sees it, when the mesh is mirror-symmetric and the photo "
+                          "confirms its picture is too (the report gives the plane, its score and the "
+                          "share filled); off: never (default %s)" % dflt.bake.mirror_fill)
     how.add_argument("--device", choices=["auto", "cpu", "cuda"], help="worker device (default auto)")
     how.add_argument("--config", help="settings YAML (default: configs/default.yaml)")
     how.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -198,4 +203,12 @@ def summary_lines(p) -> list[str]:
                          f"{s['coverage']:.0%} of it, IoU {s['iou']:.2f}")
     if p.bake is not None and p.bake.texels_from:
         lines.append("texels from: " + ", ".join(f"{k} {v:.0%}" for k, v in p.bake.texels_from.items()))
+    if p.bake is not None and p.bake.mirror is not None:
+        mr = p.bake.mirror
+        plane = mr.get("plane") or {}
+        lines.append(f"mirror: {'used' if mr.get('used') else 'not used'}"
+                     + (f", plane {plane.get('normal')} . x = {plane.get('offset')}, score {plane.get('score')}"
+                        if plane else "")
+                     + (f", {mr.get('texels_fraction', 0):.0%} of texels" if mr.get("used") else
+                        f" ({mr.get('why_not', '')})"))
     return [textwrap.shorten(line, 200) for line in lines]

@@ -42,6 +42,7 @@ from pipeline.camera.cameras import camera_centers
 from pipeline.geometry import vertex_normals
 from pipeline.types import Cameras, ImageInput, Mesh, Raster, SourceCamera, Texture, Views
 from pipeline.validate import StageInputError, check_array, is_tensor
+from pipeline.texture import unseen as unseen_side
 from pipeline.texture.visibility import depth_tolerance
 
 if TYPE_CHECKING:
@@ -153,6 +154,18 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
         seen[tex.chart] = seen_views | from_fallback
         timings["fallback"] = time.perf_counter() - t0
 
+    # the mirror side (pipeline.texture.unseen): under the photo, over the views and the fallback
+    seen_photo, from_mirror = None, np.zeros(len(tex.face_ids), bool)
+    if proj is not None:
+        assert photo is not None and source_camera is not None
+        t0 = time.perf_counter()
+        seen_photo = unseen_side.photo_seen(mesh, tex.positions, proj.colors, proj.weight, photo, source_camera,
+                                       raster_ctx, mask_hides=not photo_beyond_mask)
+        if settings.mirror_fill == "auto":
+            report(0.87, "looking for the mirror side")
+            from_mirror = _blend_mirror(image, seen, tex, mesh, seen_photo, stats)
+        timings["mirror"] = time.perf_counter() - t0
+
     photo_weight = np.zeros(len(tex.face_ids), np.float32)
     if proj is not None:
         stats.update(_blend_photo(image, seen, tex.chart, proj, size, have_views=views is not None))
@@ -165,10 +178,14 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
                               "colour of the mesh's own saw the surface")
 
     t0 = time.perf_counter()
-    report(0.9, "inpainting unseen texels and dilating the gutter")
-    final = fill_texture(image, seen, tex.chart)
+    report(0.9, "filling unseen texels along the surface and dilating the gutter")
+    _fill_on_surface(image, seen, tex, mesh, None if seen_photo is None else
+                     np.where(photo_weight > 0, seen_photo.trust, 1.0))
+    # every chart texel has a colour now: fill_texture only dilates the gutter (``seen`` stays
+    # what the sources saw, for Texture.seen)
+    final = fill_texture(image, seen | tex.chart, tex.chart)
     timings["fill"] = time.perf_counter() - t0
-    stats["texels_from"] = _texel_sources(photo_weight, seen_views, from_fallback)
+    stats["texels_from"] = _texel_sources(photo_weight, seen_views, from_fallback, from_mirror)
     if fit is not None:
         t0 = time.perf_counter()
         stats.update(fit.measure(final, dev))
@@ -186,7 +203,7 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
         photo_projection=use_photo, photo_texels_fraction=stats.get("photo_texels_fraction"),
         photo_pixels_per_texel=stats.get("photo_pixels_per_texel"),
         texture_size_suggested=stats.get("texture_size_suggested"),
-        warnings=tuple(stats.get("warnings", ())), texels_from=stats["texels_from"])
+        warnings=tuple(stats.get("warnings", ())), texels_from=stats["texels_from"], mirror=stats.get("mirror"))
     head = f"baked, PSNR {out.psnr_db:.1f} dB" if out.psnr_db is not None else "baked"
     report(1.0, "; ".join((head,) + out.warnings))
     return Texture(image=final, seen=seen), out
@@ -322,16 +339,55 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
     return _ViewFit(pixel_uv, target, sample_chunk)
 
 
-def _texel_sources(photo_weight: np.ndarray, seen_views: np.ndarray, from_fallback: np.ndarray) -> dict:
+def _texel_sources(photo_weight: np.ndarray, seen_views: np.ndarray, from_fallback: np.ndarray,
+                   from_mirror: np.ndarray) -> dict:
     """Share of chart texels each source coloured: the photo where its weight is over half, or
-    any where no view saw the texel (then nothing else lies under the photo)."""
+    any where no view saw the texel (then nothing else lies under the photo); the mirror where
+    its weight is over half under that."""
     n = max(1, len(photo_weight))
-    photo = (photo_weight > 0.5) | ((photo_weight > 0) & ~seen_views)
-    views = seen_views & ~photo
-    fallback = from_fallback & ~photo & ~views
-    fill = ~(photo | views | fallback)
+    photo = (photo_weight > 0.5) | ((photo_weight > 0) & ~seen_views & ~from_mirror)
+    mirror = from_mirror & ~photo
+    views = seen_views & ~photo & ~mirror
+    fallback = from_fallback & ~photo & ~views & ~mirror
+    fill = ~(photo | views | fallback | mirror)
     return {k: round(float(v.sum()) / n, 4) for k, v in
-            (("photo", photo), ("views", views), ("fallback", fallback), ("fill", fill))}
+            (("photo", photo), ("mirror", mirror), ("views", views), ("fallback", fallback), ("fill", fill))}
+
+
+# --------------------------------------------------------------------------- the unseen side
+# (the logic lives in pipeline.texture.unseen, mirror_fill, surface_fill and symmetry; these two
+# only read and write the bake's image)
+
+def _blend_mirror(image: np.ndarray, seen: np.ndarray, tex: "_Texels", mesh: Mesh, seen_photo, stats: dict
+                  ) -> np.ndarray:
+    """Blend the mirror's colours over what lies in ``image`` (S, S, 3) at the chart texels,
+    by the mirror's weight (feathered), in place; updates ``seen``, adds ``stats["mirror"]``.
+    Returns (N,) bool: the chart texels the mirror coloured (weight over half)."""
+    mirror = unseen_side.mirror_for(mesh, tex.positions, tex.normals, seen_photo)
+    stats["mirror"] = mirror.report()
+    if not mirror.used:
+        return np.zeros(len(tex.face_ids), bool)
+    chart_image, chart_seen = image[tex.chart], seen[tex.chart]
+    w = mirror.weight[:, None]
+    base = np.where(chart_seen[:, None], chart_image, mirror.colors)
+    image[tex.chart] = base * (1.0 - w) + mirror.colors * w
+    seen[tex.chart] = chart_seen | (mirror.weight > 0)
+    return mirror.weight > 0.5
+
+
+def _fill_on_surface(image: np.ndarray, seen: np.ndarray, tex: "_Texels", mesh: Mesh,
+                     trust: Optional[np.ndarray]) -> None:
+    """Chart texels no source coloured take a fill along the surface (across UV seams, never
+    from another chart's texture neighbours), in ``image`` in place (``seen`` is left as the
+    sources' own); ``trust`` (N,) says how far each known colour may be spread (None: all the way)."""
+    known = seen[tex.chart]
+    if known.all() or not known.any():
+        return
+    v = mesh.vertices.astype(np.float64)
+    f = mesh.faces
+    area = 0.5 * float(np.linalg.norm(np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]]), axis=1).sum())
+    image[tex.chart] = unseen_side.fill_on_surface(tex.positions, tex.normals, image[tex.chart], known, trust,
+                                              len(tex.face_ids), area)
 
 
 def render_textured(mesh: Mesh, texture: Texture, cameras: Cameras, raster_ctx: "RasterContext"
