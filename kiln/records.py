@@ -190,6 +190,9 @@ class BakeStats:
     the photo holds clearly more detail than the texture, texture_size_suggested and a warning.
     texels_from: share of chart texels each source coloured ("photo", "views", "fallback": the
     mesh's own colours, "fill": neighbours).
+    photos: with several photos, one entry per photo projected, in order: {"texels": its share
+    of the chart texels (weight over half, as "photo" counts), "levelling": {"gain": [r, g, b],
+    "offset": [r, g, b]}, the colour correction that levelled it with the others}.
     """
 
     mode: str
@@ -207,6 +210,7 @@ class BakeStats:
     texture_size_suggested: Optional[int] = None
     warnings: tuple[str, ...] = ()
     texels_from: Mapping[str, float] = field(default_factory=dict)
+    photos: tuple[Mapping[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, under the keys the pipeline's stats always had (``bake_*`` and the rest)."""
@@ -219,7 +223,8 @@ class BakeStats:
             "photo_texels_fraction": self.photo_texels_fraction,
             "photo_pixels_per_texel": self.photo_pixels_per_texel,
             "texture_size_suggested": self.texture_size_suggested,
-            "warnings": list(self.warnings) or None, "texels_from": dict(self.texels_from) or None})
+            "warnings": list(self.warnings) or None, "texels_from": dict(self.texels_from) or None,
+            "bake_photos": [dict(p) for p in self.photos] or None})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BakeStats:
@@ -235,7 +240,49 @@ class BakeStats:
                    photo_pixels_per_texel=_opt_float(data.get("photo_pixels_per_texel")),
                    texture_size_suggested=_opt_int(data.get("texture_size_suggested")),
                    warnings=tuple(str(w) for w in data.get("warnings") or ()),
-                   texels_from=_float_map(data.get("texels_from")))
+                   texels_from=_float_map(data.get("texels_from")),
+                   photos=tuple(dict(p) for p in data.get("bake_photos") or ()))
+
+
+@dataclass(frozen=True)
+class PhotoStats:
+    """One photo of a model bake (``kiln bake --image A --image B``), as the report gives it.
+
+    name: the photo as the person named it; camera: how its camera was found ("file" | "focal"
+    | "fitted" | "fitted before"); source_camera: that camera (``SourceCamera.to_dict``);
+    silhouette: the mesh's silhouette from it against its mask ({"inside", "coverage", "iou"});
+    camera_fit: the fit's figures when it was fitted; projected: whether its pixels were used;
+    skipped: why not; texels: its share of the chart texels; levelling: the colour correction
+    that levelled it with the other photos ({"gain": [r, g, b], "offset": [r, g, b]})."""
+
+    name: str
+    camera: Optional[str] = None
+    source_camera: Optional[Mapping[str, Any]] = None
+    silhouette: Optional[Mapping[str, float]] = None
+    camera_fit: Optional[Mapping[str, Any]] = None
+    projected: bool = False
+    skipped: Optional[str] = None
+    texels: Optional[float] = None
+    levelling: Optional[Mapping[str, Any]] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _without_none({
+            "name": self.name, "camera": self.camera,
+            "source_camera": None if self.source_camera is None else dict(self.source_camera),
+            "silhouette": None if self.silhouette is None else dict(self.silhouette),
+            "camera_fit": None if self.camera_fit is None else dict(self.camera_fit),
+            "projected": self.projected, "skipped": self.skipped, "texels": self.texels,
+            "levelling": None if self.levelling is None else dict(self.levelling)})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PhotoStats:
+        sil, fit, cam, lev = (data.get(k) for k in ("silhouette", "camera_fit", "source_camera", "levelling"))
+        return cls(name=str(data.get("name", "")), camera=_opt_str(data.get("camera")),
+                   source_camera=dict(cam) if cam is not None else None,
+                   silhouette=_float_map(sil) if sil is not None else None,
+                   camera_fit=dict(fit) if fit is not None else None,
+                   projected=bool(data.get("projected", False)), skipped=_opt_str(data.get("skipped")),
+                   texels=_opt_float(data.get("texels")), levelling=dict(lev) if lev is not None else None)
 
 
 @dataclass(frozen=True)
@@ -253,6 +300,8 @@ class ModelStats:
     uvs: "kept" (the file's own layout) | "new"; uv_mirrored_fraction / uv_overlap_fraction:
     the kept layout's faults. simplify_ratio: the share of faces removed (new UVs only).
     warnings: what the person should hear (a photo that was not projected, and why).
+    photos: every photo given (``PhotoStats``), in order, with its camera and how it was used;
+    camera, silhouette and camera_fit above are the first photo's, as with one photo.
     """
 
     mesh_format: str = ""
@@ -269,9 +318,11 @@ class ModelStats:
     uv_overlap_fraction: Optional[float] = None
     simplify_ratio: Optional[float] = None
     warnings: tuple[str, ...] = ()
+    photos: tuple[PhotoStats, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return _without_none({
+            "photos": [p.to_dict() for p in self.photos] or None,
             "mesh_format": self.mesh_format, "faces_in": self.faces_in,
             "mesh_notes": list(self.mesh_notes), "frame": self.frame,
             "frame_surface_distance": self.frame_surface_distance,
@@ -297,7 +348,8 @@ class ModelStats:
                    uv_mirrored_fraction=_opt_float(data.get("uv_mirrored_fraction")),
                    uv_overlap_fraction=_opt_float(data.get("uv_overlap_fraction")),
                    simplify_ratio=_opt_float(data.get("simplify_ratio")),
-                   warnings=tuple(str(w) for w in data.get("warnings") or ()))
+                   warnings=tuple(str(w) for w in data.get("warnings") or ()),
+                   photos=tuple(PhotoStats.from_dict(p) for p in data.get("photos") or ()))
 
 
 @dataclass(frozen=True)
