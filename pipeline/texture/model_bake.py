@@ -299,7 +299,9 @@ def _with_shares(reports: "list[PhotoStats]", used: list[PlacedPhoto], bake_stat
     (``BakeStats.photos``, in the order of the photos used)."""
     from dataclasses import replace
 
-    figures = iter(bake_stats.photos)
+    # one photo projected: the bake took the single-photo path, whose share is the photo's
+    single = [{"texels": bake_stats.texels_from.get("photo")}] if len(used) == 1 else []
+    figures = iter(bake_stats.photos or single)
     out = []
     for r in reports:
         got = next(figures, None) if r.projected else None

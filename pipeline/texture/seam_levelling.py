@@ -11,8 +11,10 @@ photo and per channel:
     corrected_i = gain_i * colour_i + offset_i
 
 chosen so that, wherever two photos see the same surface point well, their corrected colours
-agree; regularised towards gain 1, offset 0, which fixes the common level (a uniform change
-of all photos leaves every seam as it is) at the photos' own average. A gain is what an
+agree. The photos' mean gain is held at 1 (a constraint, not a prior: the differences alone
+would shrink every gain towards 0, which levels everything to black), so the common level is
+the photos' own average; a weak prior towards gain 1, offset 0 settles what the seams leave
+open. A gain is what an
 exposure or a white balance changes (a power-law tone curve keeps a gain a gain); the offset,
 regularised harder, takes a flare or black-level difference. The residual is weighted
 robustly (iteratively reweighted, Huber), so a highlight that one photo sees and the other
@@ -37,7 +39,8 @@ OVERLAP_WEIGHT = 0.25        # both photos' weights at least this: a texel both 
 MIN_PAIR_TEXELS = 50         # fewer shared texels than this do not level a pair
 MAX_PAIR_TEXELS = 20_000     # texels per pair used (evenly spaced): the unknowns are few
 ADJACENT_FRACTION = 0.01     # neighbours across a handover with no overlap, as a share of the object's size
-GAIN_PRIOR = 0.05            # regularisation towards gain 1 (per unit of mean squared colour difference)
+GAIN_PRIOR = 0.01            # regularisation towards gain 1 (per unit of mean squared colour difference)
+MEAN_GAIN_WEIGHT = 100.0     # the constraint "mean gain = 1" as a row this heavy: held to ~1e-4
 OFFSET_PRIOR = 0.2           # towards offset 0: harder, so a gain explains what a gain can
 HUBER = 0.02                 # colour difference (0-1) beyond which a pair counts as an outlier
 IRLS_ROUNDS = 4
@@ -166,6 +169,10 @@ def _solve_channel(p: int, rows) -> tuple[np.ndarray, np.ndarray]:
     prior[:p, :p] = np.eye(p) * GAIN_PRIOR
     prior[p:, p:] = np.eye(p) * OFFSET_PRIOR
     target = np.concatenate([np.ones(p) * GAIN_PRIOR, np.zeros(p)])
+    mean_gain = np.zeros((1, 2 * p))
+    mean_gain[0, :p] = MEAN_GAIN_WEIGHT / p
+    prior = np.concatenate([prior, mean_gain])
+    target = np.concatenate([target, [MEAN_GAIN_WEIGHT]])
     robust = np.ones(len(w0))
     x = np.concatenate([np.ones(p), np.zeros(p)])
     for _ in range(IRLS_ROUNDS):
