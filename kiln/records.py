@@ -191,7 +191,7 @@ class BakeStats:
     texels_from: share of chart texels each source coloured ("photo", "views", "fallback": the
     mesh's own colours, "fill": neighbours).
     photos: with several photos, one entry per photo projected, in order: {"texels": its share
-    of the chart texels (weight over half, as "photo" counts), "levelling": {"gain": [r, g, b],
+    of the chart texels (those some photo sees where its share is the largest), "levelling": {"gain": [r, g, b],
     "offset": [r, g, b]}, the colour correction that levelled it with the others}.
     """
 

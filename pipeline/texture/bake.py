@@ -532,12 +532,14 @@ def _project_photos(tex: "_Texels", mesh: Mesh, photos: Sequence[tuple[ImageInpu
                     raster_ctx, dev, beyond_mask: bool, level: bool, stats: dict):
     """Several photos as one projection (``pipeline.texture.multi_photo``); their figures go
     into ``stats["photos"]``."""
-    from functools import partial
-
     from pipeline.texture.multi_photo import project_photos
+    from pipeline.texture.photo_projection import project_photo
 
-    one = partial(_project_photo, tex, mesh, size=size, raster_ctx=raster_ctx, dev=dev, beyond_mask=beyond_mask)
-    proj, stats["photos"] = project_photos(photos, tex.positions, tex.normals, one, level=level)
+    def some(photo: ImageInput, camera: SourceCamera, idx: np.ndarray):   # the texels idx only
+        return project_photo(mesh, tex.face_ids[idx], tex.bary[idx], tex.positions[idx], tex.normals[idx], photo,
+                             camera, size, raster_ctx, str(dev), beyond_mask=beyond_mask)
+
+    proj, stats["photos"] = project_photos(photos, tex.positions, tex.normals, some, level=level)
     return proj
 
 

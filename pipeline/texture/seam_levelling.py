@@ -38,6 +38,7 @@ from pipeline.validate import StageInputError, check_array
 OVERLAP_WEIGHT = 0.25        # both photos' weights at least this: a texel both see, not at a grazing edge
 MIN_PAIR_TEXELS = 50         # fewer shared texels than this do not level a pair
 MAX_PAIR_TEXELS = 20_000     # texels per pair used (evenly spaced): the unknowns are few
+RAMP_TOP = 0.999            # a weight below this is on its photo's hand-over ramp
 ADJACENT_FRACTION = 0.01     # neighbours across a handover with no overlap, as a share of the object's size
 GAIN_PRIOR = 0.01            # regularisation towards gain 1 (per unit of mean squared colour difference)
 MEAN_GAIN_WEIGHT = 100.0     # the constraint "mean gain = 1" as a row this heavy: held to ~1e-4
@@ -126,9 +127,11 @@ def _pair_samples(i: int, j: int, colors, weights, chosen: np.ndarray, positions
         return colors[i][both].astype(np.float64), colors[j][both].astype(np.float64), w, "overlap"
     from scipy.spatial import cKDTree
 
-    # no shared texels: the texels each photo colours, a short step apart across the handover
-    a = np.flatnonzero((chosen == i) & (weights[i] >= OVERLAP_WEIGHT))
-    b = np.flatnonzero((chosen == j) & (weights[j] >= OVERLAP_WEIGHT))
+    # no shared texels: the texels each photo colours, a short step apart across the handover.
+    # Without overlap a region ends where its photo's weight ramps down (a grazing angle, an
+    # occlusion or the mask's edge), so only its ramp (weight < 1) can lie next to the other's
+    a = np.flatnonzero((chosen == i) & (weights[i] >= OVERLAP_WEIGHT) & (weights[i] < RAMP_TOP))
+    b = np.flatnonzero((chosen == j) & (weights[j] >= OVERLAP_WEIGHT) & (weights[j] < RAMP_TOP))
     if len(a) < MIN_PAIR_TEXELS or len(b) < MIN_PAIR_TEXELS:
         return None
     dist, idx = cKDTree(positions[b]).query(positions[a], distance_upper_bound=ADJACENT_FRACTION * size,
