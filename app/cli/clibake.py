@@ -192,7 +192,7 @@ def cmd_bake(args) -> int:
                       mask=_path(first.mask), camera=_path(first.camera), focal=first.focal,
                       principal=first.principal, camera_frame=first.camera_frame,
                       fit_camera=first.fit_camera, source=args.source, uvs=args.uvs,
-                      more_photos=tuple(PhotoFiles(image=Path(p.image), mask=_path(p.mask), camera=_path(p.camera),
+                      more_photos=tuple(PhotoFiles(image=Path(p.image or ""), mask=_path(p.mask), camera=_path(p.camera),
                                                    focal=p.focal, principal=p.principal,
                                                    camera_frame=p.camera_frame, fit_camera=p.fit_camera)
                                         for p in photos[1:]))

@@ -90,11 +90,10 @@ def project_photos(photos: Sequence[tuple[ImageInput, SourceCamera]], positions:
     figures = []
     for i in range(len(projs)):
         mine = seen & (best == i)
-        figures.append({"texels": round(float(mine.sum()) / n, 4), "levelling": levelling.report(i)})
-    if len(projs) > 1:
-        for f in figures:
-            f["levelling"]["seam_step_before"] = levelling.before
-            f["levelling"]["seam_step_after"] = levelling.after
+        lev = levelling.report(i)
+        if len(projs) > 1:   # the median step over the pairs' texels, 0-255, before and after
+            lev.update(seam_step_before=levelling.before, seam_step_after=levelling.after)
+        figures.append({"texels": round(float(mine.sum()) / n, 4), "levelling": lev})
     return PhotoProjection(colors.astype(np.float32), weight, density), figures
 
 
