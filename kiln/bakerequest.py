@@ -4,7 +4,10 @@ the typed record a front end writes into the job's folder and the worker reads b
 Files are named relative to the job's ``inputs/`` folder, where the front end copied them
 (with the companions a mesh file refers to: an OBJ's MTL and textures, a glTF's buffers);
 the photo and its mask, when there is one, are ``inputs/image.png`` and ``inputs/mask.png``
-as for any job. Values are checked where they enter (``worker.jobs.bakeinputs``), then trusted.
+as for any job. Further photos (``kiln bake --image A ... --image B ...``) are ``PhotoRequest``s
+in ``more_photos``: copies of the person's files under ``inputs/photos/<n>/``, read again in the
+worker by ``kiln.maskfile``'s rule (the same rule the front end checked them by). A job folder
+written before there were several photos has no ``more_photos`` and reads as one photo. Values are checked where they enter (``worker.jobs.bakeinputs``), then trusted.
 
 Standard library only: the app process and the worker both read it.
 """
@@ -23,6 +26,46 @@ UV_MODES = ("auto", "keep", "new")
 
 
 @dataclass(frozen=True)
+class PhotoRequest:
+    """One more photo of a bake (the second and later ``--image``), with what belongs to it.
+
+    image: the photo file's name under ``inputs/``; mask: its mask file's name, or None (the
+    photo's own transparency); camera, focal, principal, camera_frame, fit_camera,
+    camera_fitted: as ``BakeRequest``'s, for this photo; name: the photo as the person named it."""
+
+    image: str
+    mask: Optional[str] = None
+    camera: Optional[str] = None
+    focal: Optional[float] = None
+    principal: Optional[tuple[float, float]] = None
+    camera_frame: str = "opengl"
+    fit_camera: bool = False
+    camera_fitted: bool = False
+    name: str = ""
+
+    @property
+    def camera_given(self) -> bool:
+        return self.camera is not None or self.focal is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"image": self.image, "mask": self.mask, "camera": self.camera, "focal": self.focal,
+                "principal": list(self.principal) if self.principal else None,
+                "camera_frame": self.camera_frame, "fit_camera": self.fit_camera,
+                "camera_fitted": self.camera_fitted, "name": self.name}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PhotoRequest:
+        pp = data.get("principal")
+        return cls(image=str(data["image"]), mask=None if data.get("mask") is None else str(data["mask"]),
+                   camera=None if data.get("camera") is None else str(data["camera"]),
+                   focal=None if data.get("focal") is None else float(data["focal"]),
+                   principal=(float(pp[0]), float(pp[1])) if pp else None,
+                   camera_frame=str(data.get("camera_frame", "opengl")),
+                   fit_camera=bool(data.get("fit_camera", False)),
+                   camera_fitted=bool(data.get("camera_fitted", False)), name=str(data.get("name", "")))
+
+
+@dataclass(frozen=True)
 class BakeRequest:
     """mesh: the mesh file's name; splat: the splat PLY's name, or None.
     photo: whether the job has a photo and its mask (``inputs/image.png``, ``inputs/mask.png``).
@@ -35,7 +78,9 @@ class BakeRequest:
     without fitting again, and gates the photo by the fit's IoU (``bake.fit_min_iou``) as it
     does a camera fitted during the bake.
     source: the splat's source frame, or "auto" to find it. uvs: "keep" | "new" | "auto".
-    names: the files' names as the person gave them (for messages and history)."""
+    names: the files' names as the person gave them (for messages and history).
+    more_photos: the photos after the first (``PhotoRequest``), each with its own mask and
+    camera; the first photo is the one above (``photo``, ``camera``, ...)."""
 
     mesh: str
     splat: Optional[str] = None
@@ -49,6 +94,7 @@ class BakeRequest:
     source: str = "auto"
     uvs: str = "auto"
     names: Mapping[str, str] = field(default_factory=dict)
+    more_photos: tuple[PhotoRequest, ...] = ()
 
     @property
     def camera_given(self) -> bool:
@@ -64,7 +110,8 @@ class BakeRequest:
                 "focal": self.focal, "principal": list(self.principal) if self.principal else None,
                 "camera_frame": self.camera_frame, "fit_camera": self.fit_camera,
                 "camera_fitted": self.camera_fitted,
-                "source": self.source, "uvs": self.uvs, "names": dict(self.names)}
+                "source": self.source, "uvs": self.uvs, "names": dict(self.names),
+                "more_photos": [p.to_dict() for p in self.more_photos]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BakeRequest:
@@ -77,4 +124,5 @@ class BakeRequest:
                    fit_camera=bool(data.get("fit_camera", False)),
                    camera_fitted=bool(data.get("camera_fitted", False)), source=str(data.get("source", "auto")),
                    uvs=str(data.get("uvs", "auto")),
-                   names={str(k): str(v) for k, v in (data.get("names") or {}).items()})
+                   names={str(k): str(v) for k, v in (data.get("names") or {}).items()},
+                   more_photos=tuple(PhotoRequest.from_dict(p) for p in data.get("more_photos") or ()))

@@ -193,6 +193,9 @@ class BakeStats:
     mirror: the mirror side's report (``pipeline.texture.mirror_fill.MirrorFill.report``: used,
     the plane with its score, the pairs seen on both sides and their agreement, the share of
     texels it filled, why not), or None when it was not tried (no photo, bake.mirror_fill off).
+    photos: with several photos, one entry per photo projected, in order: {"texels": its share
+    of the chart texels (those some photo sees where its share is the largest), "levelling": {"gain": [r, g, b],
+    "offset": [r, g, b]}, the colour correction that levelled it with the others}.
     """
 
     mode: str
@@ -211,6 +214,7 @@ class BakeStats:
     warnings: tuple[str, ...] = ()
     texels_from: Mapping[str, float] = field(default_factory=dict)
     mirror: Optional[Mapping[str, Any]] = None
+    photos: tuple[Mapping[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, under the keys the pipeline's stats always had (``bake_*`` and the rest)."""
@@ -224,7 +228,8 @@ class BakeStats:
             "photo_pixels_per_texel": self.photo_pixels_per_texel,
             "texture_size_suggested": self.texture_size_suggested,
             "warnings": list(self.warnings) or None, "texels_from": dict(self.texels_from) or None,
-            "mirror": dict(self.mirror) if self.mirror is not None else None})
+            "mirror": dict(self.mirror) if self.mirror is not None else None,
+            "bake_photos": [dict(p) for p in self.photos] or None})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BakeStats:
@@ -241,7 +246,49 @@ class BakeStats:
                    texture_size_suggested=_opt_int(data.get("texture_size_suggested")),
                    warnings=tuple(str(w) for w in data.get("warnings") or ()),
                    texels_from=_float_map(data.get("texels_from")),
-                   mirror=dict(data["mirror"]) if isinstance(data.get("mirror"), Mapping) else None)
+                   mirror=dict(data["mirror"]) if isinstance(data.get("mirror"), Mapping) else None,
+                   photos=tuple(dict(p) for p in data.get("bake_photos") or ()))
+
+
+@dataclass(frozen=True)
+class PhotoStats:
+    """One photo of a model bake (``kiln bake --image A --image B``), as the report gives it.
+
+    name: the photo as the person named it; camera: how its camera was found ("file" | "focal"
+    | "fitted" | "fitted before"); source_camera: that camera (``SourceCamera.to_dict``);
+    silhouette: the mesh's silhouette from it against its mask ({"inside", "coverage", "iou"});
+    camera_fit: the fit's figures when it was fitted; projected: whether its pixels were used;
+    skipped: why not; texels: its share of the chart texels; levelling: the colour correction
+    that levelled it with the other photos ({"gain": [r, g, b], "offset": [r, g, b]})."""
+
+    name: str
+    camera: Optional[str] = None
+    source_camera: Optional[Mapping[str, Any]] = None
+    silhouette: Optional[Mapping[str, float]] = None
+    camera_fit: Optional[Mapping[str, Any]] = None
+    projected: bool = False
+    skipped: Optional[str] = None
+    texels: Optional[float] = None
+    levelling: Optional[Mapping[str, Any]] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _without_none({
+            "name": self.name, "camera": self.camera,
+            "source_camera": None if self.source_camera is None else dict(self.source_camera),
+            "silhouette": None if self.silhouette is None else dict(self.silhouette),
+            "camera_fit": None if self.camera_fit is None else dict(self.camera_fit),
+            "projected": self.projected, "skipped": self.skipped, "texels": self.texels,
+            "levelling": None if self.levelling is None else dict(self.levelling)})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PhotoStats:
+        sil, fit, cam, lev = (data.get(k) for k in ("silhouette", "camera_fit", "source_camera", "levelling"))
+        return cls(name=str(data.get("name", "")), camera=_opt_str(data.get("camera")),
+                   source_camera=dict(cam) if cam is not None else None,
+                   silhouette=_float_map(sil) if sil is not None else None,
+                   camera_fit=dict(fit) if fit is not None else None,
+                   projected=bool(data.get("projected", False)), skipped=_opt_str(data.get("skipped")),
+                   texels=_opt_float(data.get("texels")), levelling=dict(lev) if lev is not None else None)
 
 
 @dataclass(frozen=True)
@@ -259,6 +306,8 @@ class ModelStats:
     uvs: "kept" (the file's own layout) | "new"; uv_mirrored_fraction / uv_overlap_fraction:
     the kept layout's faults. simplify_ratio: the share of faces removed (new UVs only).
     warnings: what the person should hear (a photo that was not projected, and why).
+    photos: every photo given (``PhotoStats``), in order, with its camera and how it was used;
+    camera, silhouette and camera_fit above are the first photo's, as with one photo.
     """
 
     mesh_format: str = ""
@@ -275,9 +324,11 @@ class ModelStats:
     uv_overlap_fraction: Optional[float] = None
     simplify_ratio: Optional[float] = None
     warnings: tuple[str, ...] = ()
+    photos: tuple[PhotoStats, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return _without_none({
+            "photos": [p.to_dict() for p in self.photos] or None,
             "mesh_format": self.mesh_format, "faces_in": self.faces_in,
             "mesh_notes": list(self.mesh_notes), "frame": self.frame,
             "frame_surface_distance": self.frame_surface_distance,
@@ -303,7 +354,8 @@ class ModelStats:
                    uv_mirrored_fraction=_opt_float(data.get("uv_mirrored_fraction")),
                    uv_overlap_fraction=_opt_float(data.get("uv_overlap_fraction")),
                    simplify_ratio=_opt_float(data.get("simplify_ratio")),
-                   warnings=tuple(str(w) for w in data.get("warnings") or ()))
+                   warnings=tuple(str(w) for w in data.get("warnings") or ()),
+                   photos=tuple(PhotoStats.from_dict(p) for p in data.get("photos") or ()))
 
 
 @dataclass(frozen=True)

@@ -235,7 +235,7 @@ def test_the_mask_of_another_object_fits_badly_and_the_photo_is_not_projected():
 
     from kiln.settings import load
     from pipeline.io.mesh_file import MeshFile
-    from pipeline.texture.model_bake import ModelInputs, _gated_photo
+    from pipeline.texture.model_bake import ModelInputs, _gated_photos
     from pipeline.types import ImageInput
 
     mesh = _asymmetric()
@@ -248,7 +248,7 @@ def test_the_mask_of_another_object_fits_badly_and_the_photo_is_not_projected():
     stats: dict = {"warnings": []}
     inputs = ModelInputs(MeshFile(mesh, None, "ply"), photo=ImageInput(np.zeros(mask.shape + (3,), np.uint8), mask),
                          camera=fit.camera, camera_fit=fit)
-    assert _gated_photo(inputs, settings, gl_context(), stats) == (None, None)
+    assert _gated_photos(inputs, settings, gl_context(), stats) == []
     assert "the photo was not projected: the fitted camera's silhouette IoU" in stats["warnings"][0]
 
 

@@ -8,7 +8,9 @@ import argparse
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from kiln import settings as settings_mod
 from kiln.bakerequest import CAMERA_FRAMES, SOURCES
@@ -46,6 +48,56 @@ space left); 2 a usage or input problem, found before any worker starts; 130 int
 Ctrl-C (the job is cancelled and its worker stopped)."""
 
 
+class PhotoOption(argparse.Action):
+    """Keeps the photo options in the order given (``args.photo_options``: (flag, value)
+    pairs), so that ``photo_groups`` can give each --mask and camera option to the --image
+    before it: argparse alone keeps each flag's values apart and loses their order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        got = list(getattr(namespace, "photo_options", None) or [])
+        got.append((option_string, True if self.nargs == 0 else values))
+        namespace.photo_options = got
+
+
+@dataclass(frozen=True)
+class PhotoArgs:
+    """One --image and the options after it, before the next --image."""
+
+    image: Optional[str] = None
+    mask: Optional[str] = None
+    camera: Optional[str] = None
+    focal: Optional[float] = None
+    principal: Optional[tuple[float, float]] = None
+    camera_frame: str = "opengl"
+    fit_camera: bool = False
+
+
+# the flag -> PhotoArgs field each photo option sets
+_PHOTO_FIELDS = {"--mask": "mask", "--camera": "camera", "--focal": "focal", "--principal": "principal",
+                 "--camera-frame": "camera_frame", "--fit-camera": "fit_camera"}
+
+
+def photo_groups(options: list) -> list[PhotoArgs]:
+    """The photos of ``kiln bake``, each --image with the options that follow it up to the
+    next --image. ``options``: (flag, value) pairs in the order given. CliError for an option
+    before any --image, or given twice for one photo."""
+    groups: list[dict] = []
+    for flag, value in options:
+        if flag == "--image":
+            groups.append({"image": value, "flags": set()})
+            continue
+        if not groups:
+            raise CliError(f"{flag} belongs to the --image before it, and no --image comes before it: "
+                           f"give the photo too (--image P {flag} ...)")
+        group = groups[-1]
+        if flag in group["flags"]:
+            raise CliError(f"{flag} is given twice for --image {group['image']}: each photo takes one "
+                           "(a --mask or camera option belongs to the --image before it)")
+        group["flags"].add(flag)
+        group[_PHOTO_FIELDS[flag]] = value
+    return [PhotoArgs(**{k: v for k, v in g.items() if k != "flags"}) for g in groups]
+
+
 def _principal(text: str) -> tuple[float, float]:
     try:
         cx, cy = (float(v) for v in text.split(","))
@@ -66,30 +118,34 @@ def add_parser(sub) -> None:
                             "vertex colours, a texture")
     files.add_argument("--splat", metavar="S", help="its Gaussian splat: a 3DGS PLY (INRIA layout, "
                                                     "SH degree 0-3), as 3DGS, SAM 3D, TRELLIS and Kiln write")
-    files.add_argument("--image", metavar="P", help="the photo the model was made from, projected "
-                                                    "onto the surface its camera sees")
-    files.add_argument("--mask", metavar="K", help="the object's mask in the photo (white = object; "
-                                                   "default: the photo's transparency); a texel outside "
-                                                   "it never takes the photo's colour")
+    files.add_argument("--image", metavar="P", action=PhotoOption,
+                       help="a photo of the object, projected onto the surface its camera sees; repeat "
+                            "for several photos (--image A [--mask MA] [--camera CA] --image B ...): each "
+                            "texel takes the photo that sees it best, their colours levelled where one "
+                            "hands over to the next. --mask and the camera options belong to the --image "
+                            "before them")
+    files.add_argument("--mask", metavar="K", action=PhotoOption,
+                       help="the object's mask in the photo before it (white = object; default: the "
+                            "photo's transparency); a texel outside it never takes the photo's colour")
     files.add_argument("-o", "--output", required=True, metavar="OUT.glb",
                        help="the GLB to write; --format's other files go beside it (OUT.obj.zip, OUT.stl, "
                             "OUT.mesh.ply)")
     files.add_argument("--report", metavar="R.json",
                        help="write timings and stats (camera used, frame, surface distance, "
                             "silhouette, texel sources, peak memory) to this JSON file")
-    cam = b.add_argument_group("the photo's camera (without one, it is fitted to the mask)")
-    cam.add_argument("--camera", metavar="C.json",
+    cam = b.add_argument_group("each photo's camera (after its --image; without one, it is fitted to the mask)")
+    cam.add_argument("--camera", metavar="C.json", action=PhotoOption,
                      help="a camera JSON: the source_camera that `kiln run --report` writes (K in "
                           "pixels, OpenCV world-to-camera matrix in the mesh's frame, width, height), "
                           "or such a report")
-    cam.add_argument("--focal", type=float, metavar="F",
+    cam.add_argument("--focal", type=float, metavar="F", action=PhotoOption,
                      help="focal length in pixels of the photo, for a mesh placed in the camera's frame")
-    cam.add_argument("--principal", type=_principal, metavar="CX,CY",
+    cam.add_argument("--principal", type=_principal, metavar="CX,CY", action=PhotoOption,
                      help="principal point in pixels (default: the image centre)")
-    cam.add_argument("--camera-frame", choices=CAMERA_FRAMES, default="opengl",
+    cam.add_argument("--camera-frame", choices=CAMERA_FRAMES, action=PhotoOption,
                      help="with --focal: the mesh's camera frame, opengl (looking down -z, y up: "
                           "SAM 3D) or opencv (looking down +z, y down) (default opengl)")
-    cam.add_argument("--fit-camera", action="store_true",
+    cam.add_argument("--fit-camera", nargs=0, action=PhotoOption,
                      help="fit the camera to the mask (the default when a photo comes without a camera)")
     how = b.add_argument_group("how")
     how.add_argument("--source", choices=SOURCES, default="auto",
@@ -127,11 +183,11 @@ def add_parser(sub) -> None:
     add_format_flags(b.add_argument_group("files to write (beside the GLB)"))
     how.add_argument("--in-process", action="store_true",
                      help="run the stages in this process instead of a crash-isolated worker (debugging)")
-    b.set_defaults(func=cmd_bake, uvs="auto")
+    b.set_defaults(func=cmd_bake, uvs="auto", photo_options=None)
 
 
 def cmd_bake(args) -> int:
-    from worker.jobs.bakeinputs import BakeFiles, bake_settings, check_bake
+    from worker.jobs.bakeinputs import BakeFiles, PhotoFiles, bake_settings, check_bake
     from worker.jobs.inputs import InputProblem, check_space, job_bytes, writing_to
 
     asked = args.simplify_ratio is not None or bool(args.faces)   # a ratio or an exact count
@@ -139,10 +195,16 @@ def cmd_bake(args) -> int:
     out = Path(args.output)
     if out.suffix.lower() != ".glb":
         raise CliError(f"-o {out} must end in .glb")
-    files = BakeFiles(mesh=Path(args.mesh), splat=_path(args.splat), image=_path(args.image),
-                      mask=_path(args.mask), camera=_path(args.camera), focal=args.focal,
-                      principal=args.principal, camera_frame=args.camera_frame,
-                      fit_camera=args.fit_camera, source=args.source, uvs=args.uvs)
+    photos = photo_groups(args.photo_options or [])
+    first = photos[0] if photos else PhotoArgs()
+    files = BakeFiles(mesh=Path(args.mesh), splat=_path(args.splat), image=_path(first.image),
+                      mask=_path(first.mask), camera=_path(first.camera), focal=first.focal,
+                      principal=first.principal, camera_frame=first.camera_frame,
+                      fit_camera=first.fit_camera, source=args.source, uvs=args.uvs,
+                      more_photos=tuple(PhotoFiles(image=Path(p.image or ""), mask=_path(p.mask), camera=_path(p.camera),
+                                                   focal=p.focal, principal=p.principal,
+                                                   camera_frame=p.camera_frame, fit_camera=p.fit_camera)
+                                        for p in photos[1:]))
     try:
         bake = check_bake(files, settings, simplify_asked=asked)
     except InputProblem as e:
@@ -201,6 +263,8 @@ def summary_lines(p) -> list[str]:
             s = m.silhouette
             lines.append(f"camera ({m.camera}): silhouette {s['inside']:.0%} inside the mask, covers "
                          f"{s['coverage']:.0%} of it, IoU {s['iou']:.2f}")
+        if m.photos and len(m.photos) > 1:
+            lines += [_photo_line(n, photo) for n, photo in enumerate(m.photos, start=1)]
     if p.bake is not None and p.bake.texels_from:
         lines.append("texels from: " + ", ".join(f"{k} {v:.0%}" for k, v in p.bake.texels_from.items()))
     if p.bake is not None and p.bake.mirror is not None:
@@ -212,3 +276,21 @@ def summary_lines(p) -> list[str]:
                      + (f", {mr.get('texels_fraction', 0):.0%} of texels" if mr.get("used") else
                         f" ({mr.get('why_not', '')})"))
     return [textwrap.shorten(line, 200) for line in lines]
+
+
+def _photo_line(n: int, photo) -> str:
+    """One photo of several (``kiln.records.PhotoStats``): its camera, how well it fits, its
+    share of the texels and its levelling, or why it was skipped."""
+    head = f"photo {n} ({photo.name}): camera {photo.camera or 'none'}"
+    if photo.camera_fit:
+        head += f" (fit IoU {photo.camera_fit.get('silhouette_iou', 0.0):.2f})"
+    if photo.silhouette:
+        head += f", silhouette {photo.silhouette['inside']:.0%} inside its mask, covers {photo.silhouette['coverage']:.0%}"
+    if not photo.projected:
+        return f"{head}; skipped: {photo.skipped}"
+    head += f"; {photo.texels or 0.0:.0%} of texels"
+    lev = photo.levelling or {}
+    if lev.get("linked"):
+        head += ", levelled by gain " + "/".join(f"{g:.2f}" for g in lev.get("gain", ()))
+    return head
+

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -80,7 +80,9 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
                  chunk_scale: float = 1.0, photo: Optional[ImageInput] = None,
                  source_camera: Optional[SourceCamera] = None,
                  fallback: Optional[FallbackColours] = None,
-                 photo_beyond_mask: bool = True) -> tuple[Texture, BakeStats]:
+                 photo_beyond_mask: bool = True,
+                 more_photos: Sequence[tuple[ImageInput, SourceCamera]] = (),
+                 level_photos: bool = True) -> tuple[Texture, BakeStats]:
     """Bake ``views`` (and the photo, and a fallback) onto ``mesh``'s UV layout.
 
     Per texel, in order: the photo where its camera sees the surface; the views (multi-view
@@ -102,6 +104,9 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
     fallback: colours for texels neither the views nor the photo saw (``FallbackColours``)
     photo_beyond_mask: False: texels whose projection falls outside the photo's mask never
            take the photo's colour (the mask may leave out what stands in front of the object)
+    more_photos: further (photo, camera) pairs of the same object: each texel takes the photo
+           that sees it best, the photos' colours levelled where they hand over
+           (``pipeline.texture.multi_photo``; ``level_photos`` False skips the levelling)
     Returns (Texture, BakeStats). Texture.image (S, S, 3) uint8 with S =
     settings.texture_size, Texture.seen (S, S) bool. ``kiln.records.BakeStats`` says what each
     stat means: the masked PSNR (with views only) counts pixels the mesh covers with view
@@ -137,7 +142,11 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
         assert photo is not None and source_camera is not None
         t0 = time.perf_counter()
         report(0.85, "projecting the photo")
-        proj = _project_photo(tex, mesh, photo, source_camera, size, raster_ctx, dev, photo_beyond_mask)
+        if more_photos:
+            proj = _project_photos(tex, mesh, [(photo, source_camera), *more_photos], size, raster_ctx,
+                                   dev, photo_beyond_mask, level_photos, stats)
+        else:
+            proj = _project_photo(tex, mesh, photo, source_camera, size, raster_ctx, dev, photo_beyond_mask)
         timings["photo"] = time.perf_counter() - t0
 
     # the fallback colours what neither the views nor the photo see
@@ -203,7 +212,8 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
         photo_projection=use_photo, photo_texels_fraction=stats.get("photo_texels_fraction"),
         photo_pixels_per_texel=stats.get("photo_pixels_per_texel"),
         texture_size_suggested=stats.get("texture_size_suggested"),
-        warnings=tuple(stats.get("warnings", ())), texels_from=stats["texels_from"], mirror=stats.get("mirror"))
+        warnings=tuple(stats.get("warnings", ())), texels_from=stats["texels_from"], mirror=stats.get("mirror"),
+        photos=tuple(stats.get("photos", ())))
     head = f"baked, PSNR {out.psnr_db:.1f} dB" if out.psnr_db is not None else "baked"
     report(1.0, "; ".join((head,) + out.warnings))
     return Texture(image=final, seen=seen), out
@@ -572,6 +582,21 @@ def _project_photo(tex: "_Texels", mesh: Mesh, photo: ImageInput, camera: Source
 
     return project_photo(mesh, tex.face_ids, tex.bary, tex.positions, tex.normals, photo, camera, size,
                          raster_ctx, str(dev), beyond_mask=beyond_mask)
+
+
+def _project_photos(tex: "_Texels", mesh: Mesh, photos: Sequence[tuple[ImageInput, SourceCamera]], size: int,
+                    raster_ctx, dev, beyond_mask: bool, level: bool, stats: dict):
+    """Several photos as one projection (``pipeline.texture.multi_photo``); their figures go
+    into ``stats["photos"]``."""
+    from pipeline.texture.multi_photo import project_photos
+    from pipeline.texture.photo_projection import project_photo
+
+    def some(photo: ImageInput, camera: SourceCamera, idx: np.ndarray):   # the texels idx only
+        return project_photo(mesh, tex.face_ids[idx], tex.bary[idx], tex.positions[idx], tex.normals[idx], photo,
+                             camera, size, raster_ctx, str(dev), beyond_mask=beyond_mask)
+
+    proj, stats["photos"] = project_photos(photos, tex.positions, tex.normals, some, level=level)
+    return proj
 
 
 def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, proj, size: int,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
-from kiln.records import ModelStats, PipelineStats
+from kiln.records import ModelStats, PhotoStats, PipelineStats
 from kiln.settings import MeshSettings, Settings
 
 from pipeline.io.frames import FrameFit
@@ -38,6 +38,20 @@ if TYPE_CHECKING:
 EventFn = Callable[[str, float, str], None]
 # UVs may sit this far outside [0, 1] (float round-off in exporters) and still count as inside
 UV_SLACK = 1e-3
+
+
+@dataclass(frozen=True)
+class PlacedPhoto:
+    """One photo of a bake with its camera, placed: name (as the person gave it, for the
+    report), photo (rgb + mask), camera (in the mesh's frame at the photo's size, or None),
+    camera_fit (how well a fitted camera fits), camera_how ("file" | "focal" | "fitted" |
+    "fitted before")."""
+
+    name: str
+    photo: ImageInput
+    camera: Optional[SourceCamera]
+    camera_fit: Optional["CameraFit"] = None
+    camera_how: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,16 @@ class ModelInputs:
     keep_uvs: bool = False
     camera_how: Optional[str] = None
     warnings: tuple[str, ...] = ()
+    more_photos: tuple[PlacedPhoto, ...] = ()
+    photo_name: str = "photo 1"
+
+    @property
+    def photos(self) -> tuple[PlacedPhoto, ...]:
+        """Every photo, the first one first (none without a photo)."""
+        first = () if self.photo is None else (PlacedPhoto(name=self.photo_name, photo=self.photo, camera=self.camera,
+                                                           camera_fit=self.camera_fit,
+                                                           camera_how=self.camera_how),)
+        return first + self.more_photos
 
 
 @dataclass(frozen=True)
@@ -222,7 +246,10 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
         emit(stage_name, 1.0, message)
         return out
 
-    photo, camera = _gated_photo(inputs, settings, raster_ctx, m)
+    used = _gated_photos(inputs, settings, raster_ctx, m)
+    # the first photo that fits leads: the splat's views start from its side, and its thin
+    # parts are kept apart when simplifying, as with one photo
+    photo, camera = (used[0].photo, used[0].camera) if used else (None, None)
     if photo is None and inputs.splat is None and not has_own_colours(inputs.model):
         why = "; ".join(m["warnings"]) or "no photo, no splat"
         raise StageInputError(f"nothing to take colour from: {why}, and the mesh has no colours or "
@@ -253,7 +280,8 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
     def bake() -> "tuple[Texture, BakeStats]":
         return bake_texture(mesh, views, settings.bake, raster_ctx, device=backends.device, seed=settings.seed,
                             progress=partial(emit, "bake"), chunk_scale=backends.chunk_scale,
-                            photo=photo, source_camera=camera, fallback=fallback, photo_beyond_mask=False)
+                            photo=photo, source_camera=camera, fallback=fallback, photo_beyond_mask=False,
+                            more_photos=[(p.photo, p.camera) for p in used[1:] if p.camera is not None])
 
     texture, bake_stats = stage("bake", bake)
     out = Path(out_dir)
@@ -261,6 +289,7 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
     files = stage("export", lambda: write_outputs(mesh, texture, out, name, settings.export))
     glb = out / files[0].name
     m["warnings"] = tuple(m["warnings"])
+    m["photos"] = _with_shares(m["photos"], used, bake_stats)
     stats = PipelineStats(backends=backends, faces=mesh.num_faces, vertices=mesh.num_vertices, bake=bake_stats,
                           glb_bytes=glb.stat().st_size,
                           source_camera=camera.to_dict() if camera is not None else None,
@@ -269,37 +298,75 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
                            extra={f.key: out / f.name for f in files[1:]})
 
 
+def _with_shares(reports: "list[PhotoStats]", used: list[PlacedPhoto], bake_stats: "BakeStats"
+                 ) -> "tuple[PhotoStats, ...]":
+    """Each projected photo's report with its share of the surface's texels and its levelling
+    (``BakeStats.photos``, in the order of the photos used)."""
+    from dataclasses import replace
+
+    # one photo projected: the bake took the single-photo path, whose share is the photo's
+    single = [{"texels": bake_stats.texels_from.get("photo")}] if len(used) == 1 else []
+    figures = iter(bake_stats.photos or single)
+    out = []
+    for r in reports:
+        got = next(figures, None) if r.projected else None
+        if got is not None:
+            r = replace(r, texels=got.get("texels"), levelling=got.get("levelling"))
+        out.append(r)
+    return tuple(out)
+
+
 def _quiet(stage: str, fraction: float, message: str) -> None:
     pass
 
 
-def _gated_photo(inputs: ModelInputs, settings: Settings, raster_ctx, stats: dict):
-    # stats: the ModelStats fields so far; this adds "silhouette", "camera_fit" and warnings
-    """(photo, camera) when the photo may be projected: the mesh's silhouette from the camera
-    lies inside the mask by at least ``bake.photo_min_inside``; else (None, None), saying why."""
-    if inputs.photo is None or inputs.camera is None:
-        return None, None
-    fit = silhouette_fit(raster_ctx, inputs.model.mesh, inputs.camera, inputs.photo.mask)
-    stats["silhouette"] = {"inside": round(fit.inside, 4), "coverage": round(fit.coverage, 4),
-                           "iou": round(fit.iou, 4)}
-    if inputs.camera_fit is not None:
+def _gated_photos(inputs: ModelInputs, settings: Settings, raster_ctx, stats: dict) -> list[PlacedPhoto]:
+    # stats: the ModelStats fields so far; this adds "silhouette", "camera_fit" (the first
+    # photo's, as with one photo), "photos" (each photo's) and warnings
+    """The photos that may be projected, in order: each one's mesh silhouette from its camera
+    lies inside its mask by at least ``bake.photo_min_inside``, or its fitted camera's IoU is at
+    least ``bake.fit_min_iou``; the others are skipped, saying why."""
+    photos = inputs.photos
+    used, reports = [], []
+    for i, placed in enumerate(photos):
+        label = "the photo" if len(photos) == 1 else f"photo {i + 1} ({placed.name})"
+        report, why = _gate(inputs.model.mesh, placed, settings, raster_ctx, label)
+        if i == 0:
+            stats.update({k: report[k] for k in ("silhouette", "camera_fit") if report.get(k) is not None})
+        if why is None:
+            used.append(placed)
+        else:
+            stats["warnings"].append(why)
+        reports.append(PhotoStats(name=placed.name, camera=placed.camera_how,
+                                  source_camera=placed.camera.to_dict() if placed.camera is not None else None,
+                                  silhouette=report.get("silhouette"), camera_fit=report.get("camera_fit"),
+                                  projected=why is None, skipped=why))
+    stats["photos"] = reports
+    return used
+
+
+def _gate(mesh: Mesh, placed: PlacedPhoto, settings: Settings, raster_ctx, label: str
+          ) -> tuple[dict, Optional[str]]:
+    """({"silhouette", "camera_fit"} figures, why ``placed`` is not projected or None)."""
+    if placed.camera is None:
+        return {}, f"{label} was not projected: it has no camera"
+    fit = silhouette_fit(raster_ctx, mesh, placed.camera, placed.photo.mask)
+    report: dict = {"silhouette": {"inside": round(fit.inside, 4), "coverage": round(fit.coverage, 4),
+                                   "iou": round(fit.iou, 4)}}
+    if placed.camera_fit is not None:
         # a fitted camera: its IoU says how well it fits (the mesh may reach behind occluders)
-        stats["camera_fit"] = {k: v for k, v in inputs.camera_fit.report().items() if k != "source_camera"}
+        report["camera_fit"] = {k: v for k, v in placed.camera_fit.report().items() if k != "source_camera"}
         need = settings.bake.fit_min_iou
-        if inputs.camera_fit.iou < need:
-            stats["warnings"].append(
-                f"the photo was not projected: the fitted camera's silhouette IoU is {inputs.camera_fit.iou:.2f} "
-                f"(at least {need:.2f} is needed, bake.fit_min_iou)")
-            return None, None
-        return inputs.photo, inputs.camera
+        if placed.camera_fit.iou < need:
+            return report, (f"{label} was not projected: the fitted camera's silhouette IoU is "
+                            f"{placed.camera_fit.iou:.2f} (at least {need:.2f} is needed, bake.fit_min_iou)")
+        return report, None
     need = settings.bake.photo_min_inside
     if fit.inside < need:
-        stats["warnings"].append(
-            f"the photo was not projected: only {100 * fit.inside:.0f} % of the mesh's silhouette from "
-            f"the camera lies inside the mask (at least {100 * need:.0f} % is needed, "
-            "bake.photo_min_inside); the camera does not fit the photo")
-        return None, None
-    return inputs.photo, inputs.camera
+        return report, (f"{label} was not projected: only {100 * fit.inside:.0f} % of the mesh's silhouette "
+                        f"from the camera lies inside the mask (at least {100 * need:.0f} % is needed, "
+                        "bake.photo_min_inside); the camera does not fit the photo")
+    return report, None
 
 
 def _splat_views(inputs: ModelInputs, settings: Settings, backends: "Backends",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from kiln.bakerequest import CAMERA_FRAMES, SOURCES, UV_MODES, BakeRequest
+from kiln.bakerequest import CAMERA_FRAMES, SOURCES, UV_MODES, BakeRequest, PhotoRequest
 
 from worker.jobs.inputs import InputProblem, read_photo
 
@@ -28,6 +28,22 @@ if TYPE_CHECKING:
 MESH_DIR = "mesh"          # inputs/mesh/<file> and the files it refers to
 SPLAT_NAME = "splat.ply"
 CAMERA_NAME = "camera.json"
+MORE_PHOTOS_DIR = "photos"  # inputs/photos/<n>/: the n-th photo's image, mask and camera (n >= 2)
+
+
+@dataclass(frozen=True)
+class PhotoFiles:
+    """A photo after the first, as a person gives it, with what belongs to it (``kiln bake
+    --image A ... --image B --mask MB --camera CB``): as ``BakeFiles``' fields of the same names."""
+
+    image: Path
+    mask: Optional[Path] = None
+    camera: Optional[Path] = None
+    focal: Optional[float] = None
+    principal: Optional[tuple[float, float]] = None
+    camera_frame: str = "opengl"
+    fit_camera: bool = False
+    camera_fitted: bool = False
 
 
 @dataclass(frozen=True)
@@ -47,6 +63,7 @@ class BakeFiles:
     source: str = "auto"
     uvs: str = "auto"
     camera_fitted: bool = False
+    more_photos: tuple[PhotoFiles, ...] = ()
 
 
 @dataclass
@@ -94,6 +111,8 @@ def check_bake(files: BakeFiles, settings: "Settings", simplify_asked: bool = Fa
         raise InputProblem("give the camera as a file (--camera) or as a focal length (--focal), not both")
     if files.camera_fitted and files.camera is None:
         raise InputProblem("camera_fitted says the camera file is a fitted one: give that file (camera)")
+    for n, more in enumerate(files.more_photos, start=2):
+        _check_more(n, more)
     mesh = Path(files.mesh)
     try:
         mesh_format(mesh)
@@ -115,9 +134,17 @@ def check_bake(files: BakeFiles, settings: "Settings", simplify_asked: bool = Fa
                        camera=str(Path(files.camera).resolve()) if files.camera else None,
                        focal=files.focal, principal=files.principal, camera_frame=files.camera_frame,
                        fit_camera=files.fit_camera, camera_fitted=files.camera_fitted, source=files.source,
-                       uvs=files.uvs)
+                       uvs=files.uvs, more_photos=tuple(_photo_request(more, *(_resolved(p) for p in (more.image, more.mask, more.camera)))
+                                                        for more in files.more_photos))
+    more_read = []
+    for n, more in enumerate(files.more_photos, start=2):
+        got = read_photo(Path(more.image), more.mask, settings.app.max_pixels, flag=f"--mask (photo {n})")
+        more_read.append(ImageInput(rgb=got.rgb, mask=got.mask))
+        notes += [f"photo {n}: {note}" for note in got.notes]
+    if files.more_photos and photo is None:
+        raise InputProblem("more photos were given without the first one")
     try:
-        read = read_model(here, Path("/"), photo, simplify_asked=simplify_asked)
+        read = read_model(here, Path("/"), photo, simplify_asked=simplify_asked, more_photos=more_read)
     except StageInputError as e:
         raise InputProblem(str(e)) from None
     notes += list(read.notes)
@@ -142,16 +169,52 @@ def check_bake(files: BakeFiles, settings: "Settings", simplify_asked: bool = Fa
         names["camera"] = Path(files.camera).name
     if files.image:
         names["image"] = Path(files.image).name
+    more_requests = []
+    for n, more in enumerate(files.more_photos, start=2):
+        folder = f"{MORE_PHOTOS_DIR}/{n}"
+        named = {}
+        for key, path in (("image", more.image), ("mask", more.mask), ("camera", more.camera)):
+            if path is not None:
+                # the copy keeps its suffix: the image is read again by its type in the worker
+                named[key] = f"{folder}/{key}{Path(path).suffix.lower()}"
+                copies[named[key]] = Path(path)
+        more_requests.append(_photo_request(more, named["image"], named.get("mask"), named.get("camera")))
     request = BakeRequest(mesh=f"{MESH_DIR}/{mesh.name}", splat=SPLAT_NAME if files.splat else None,
                           photo=photo is not None, camera=CAMERA_NAME if files.camera else None,
                           focal=files.focal, principal=files.principal, camera_frame=files.camera_frame,
                           fit_camera=files.fit_camera, camera_fitted=files.camera_fitted, source=files.source,
-                          uvs="keep" if read.keep_uvs else "new", names=names)
+                          uvs="keep" if read.keep_uvs else "new", names=names, more_photos=tuple(more_requests))
     size = sum(p.stat().st_size for p in copies.values())
     if photo is not None:
         size += 4 * photo.mask.size
     return CheckedBake(request=request, copies=copies, rgb=photo.rgb if photo else None,
                        mask=photo.mask if photo else None, notes=notes, input_bytes=size)
+
+
+def _check_more(n: int, more: PhotoFiles) -> None:
+    """A further photo's own options go together (as the first photo's do in ``check_bake``)."""
+    _choice(f"--camera-frame (photo {n})", more.camera_frame, CAMERA_FRAMES)
+    for flag, path in (("--image", more.image), ("--mask", more.mask), ("--camera", more.camera)):
+        if path is not None and not Path(path).is_file():
+            raise InputProblem(f"{flag} {path} (photo {n}): no such file")
+    if more.principal is not None and more.focal is None:
+        raise InputProblem(f"--principal goes with --focal (photo {n}, {Path(more.image).name})")
+    if more.camera is not None and more.focal is not None:
+        raise InputProblem(f"photo {n} ({Path(more.image).name}): give the camera as a file (--camera) or as a "
+                           "focal length (--focal), not both")
+    if more.camera_fitted and more.camera is None:
+        raise InputProblem(f"photo {n}: camera_fitted says the camera file is a fitted one: give that file")
+
+
+def _resolved(path: Optional[Path]) -> Optional[Path]:
+    return None if path is None else Path(path).resolve()
+
+
+def _photo_request(more: PhotoFiles, image, mask, camera) -> PhotoRequest:
+    return PhotoRequest(image=str(image), mask=None if mask is None else str(mask),
+                        camera=None if camera is None else str(camera), focal=more.focal,
+                        principal=more.principal, camera_frame=more.camera_frame, fit_camera=more.fit_camera,
+                        camera_fitted=more.camera_fitted, name=Path(more.image).name)
 
 
 def check_fit(files: BakeFiles, settings: "Settings",
