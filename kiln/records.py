@@ -271,6 +271,23 @@ class PhotoStats:
     texels: Optional[float] = None
     levelling: Optional[Mapping[str, Any]] = None
 
+    def describe(self, n: int) -> str:
+        """One line for a person (``kiln bake``'s summary, the bake tab's notes): photo ``n``'s
+        camera, how well it fits, its share of the texels and its levelling, or why it was skipped."""
+        head = f"photo {n} ({self.name}): camera {self.camera or 'none'}"
+        if self.camera_fit:
+            head += f" (fit IoU {float(self.camera_fit.get('silhouette_iou', 0.0)):.2f})"
+        if self.silhouette:
+            head += (f", silhouette {self.silhouette['inside']:.0%} inside its mask, "
+                     f"covers {self.silhouette['coverage']:.0%}")
+        if not self.projected:
+            return f"{head}; skipped: {self.skipped}"
+        head += f"; {self.texels or 0.0:.0%} of texels"
+        lev = self.levelling or {}
+        if lev.get("linked"):
+            head += ", levelled by gain " + "/".join(f"{g:.2f}" for g in lev.get("gain", ()))
+        return head
+
     def to_dict(self) -> dict[str, Any]:
         return _without_none({
             "name": self.name, "camera": self.camera,

@@ -72,7 +72,8 @@ def _is_update(update, **props) -> bool:
 
 def form(mesh, splat=None, photo=None, mask=None, reuse=False, source="auto", camera=None, focal=0,
          frame="opengl", fit=False, uvs="auto", texture=1024, simplify=0.0) -> BakeForm:
-    return BakeForm(mesh, splat, photo, mask, reuse, source, camera, focal, frame, fit, uvs, texture, simplify)
+    return BakeForm(mesh, splat, photo, mask, reuse, source, camera, focal, frame=frame, fit=fit, uvs=uvs,
+                    texture=texture, simplify=simplify)
 
 
 def _ball(path: Path) -> str:
@@ -242,3 +243,37 @@ def test_a_bake_s_download_choices_give_each_format_its_file_and_size(app):
     assert stl.name == "ball-1.stl" and _is_update(out["more_files"], visible=True)
     assert app.ctx.publisher.owner(str(stl)) == A1.session
     assert "`ball-1.glb`" in out["file_sizes"] and "`ball-1.stl`" in out["file_sizes"]
+
+
+def test_a_bake_takes_more_photos_each_with_its_own_mask(app):
+    """The tab's "More photos of the object": photo 2 with its mask reaches the job's request
+    as a photo of its own (fitted in the worker, having no camera); a mask without its photo
+    is refused with the photo's number."""
+    rgb, mask = make_object_image(160, "blob", seed=3)
+    first, second = png_file(app.tmp, "front.png", rgb), png_file(app.tmp, "side.png", rgb[:, ::-1].copy())
+    white = (mask * 255).astype(np.uint8)
+    first_mask = png_file(app.tmp, "front_mask.png", white)
+    second_mask = png_file(app.tmp, "side_mask.png", white[:, ::-1].copy())
+    ball = _ball(app.tmp / "ball.ply")
+    values = replace(form(ball, photo=first, mask=first_mask), photo_2=second, mask_2=second_mask)
+    out = answer(app, baking.on_bake, values)
+    assert "Starting…" in out["progress"]
+    stream(app, baking.run_bake, values)
+    (_, checked), = app.sup.bakes.items()
+    more = checked.request.more_photos
+    assert len(more) == 1 and more[0].mask is not None and more[0].camera is None
+    assert _refused(app, replace(form(ball, photo=first, mask=first_mask), mask_3=second_mask)) == \
+        "photo 3: a mask or camera was given without its photo"
+
+
+def test_the_api_pairs_more_photos_by_position_and_says_what_does_not_pair():
+    from app.web.bake.bake_form import listed_photos
+    from app.web.server.usertext import UIError
+
+    assert listed_photos(["b.png", "c.png"], ["b_mask.png"], None) == \
+        (("b.png", "b_mask.png", None), ("c.png", None, None))
+    assert listed_photos(None) == () and listed_photos("b.png") == (("b.png", None, None),)
+    with pytest.raises(UIError, match="more_masks: 2 given for 1 more_images"):
+        listed_photos(["b.png"], ["m1.png", "m2.png"])
+    with pytest.raises(UIError, match="more_images: a list of files"):
+        listed_photos(7)

@@ -100,3 +100,40 @@ def test_fit_the_camera_first_then_bake_with_it(server, browser, tmp_path):
         page.wait_for_selector("#kiln-bake-fit-view img", state="hidden")
     finally:
         ctx.close()
+
+
+def test_two_photos_fit_side_by_side_and_bake_with_a_line_each(server, browser, tmp_path):
+    """Issue 34 on the page: a second photo (with its mask) under "More photos of the object":
+    the fit shows both silhouettes over their photos side by side, and the bake's notes give
+    each photo's camera and share of the texels."""
+    from fit_helpers import fit_scene
+
+    front = fit_scene(tmp_path / "front")
+    side = fit_scene(tmp_path / "side", yaw=-70.0, pitch=20.0)
+    ctx, page = open_page(browser, server)
+    try:
+        page.get_by_role("tab", name="Bake a model").click()
+        page.wait_for_selector("#kiln-bake-mesh input[type=file]", state="attached")
+        page.locator("#kiln-bake-more").get_by_text("More photos of the object").click()
+        page.wait_for_selector("#kiln-bake-photo-2 input[type=file]", state="attached")
+        for box, path in (("mesh", front.mesh), ("photo", front.photo), ("mask", front.mask),
+                          ("photo-2", side.photo), ("mask-2", side.mask)):
+            page.set_input_files(f"#kiln-bake-{box} input[type=file]", str(path))
+            page.wait_for_function("(a) => document.querySelector(a[0]).innerText.includes(a[1])",
+                                   arg=[f"#kiln-bake-{box}", path.stem])
+        page.click("#kiln-bake-fit-button")
+        _wait_bake_state(page, "done")
+        # one picture: two 320 px silhouettes over their photos, 8 px apart
+        page.wait_for_function("() => { const i = document.querySelector('#kiln-bake-fit-view img');"
+                               " return i && i.complete && i.naturalWidth === 648; }")
+        page.screenshot(path=str(ARTIFACTS / "f4_two_photos_fitted.png"), full_page=True)
+        page.click("#kiln-bake-button")
+        _wait_bake_state(page, "done")
+        page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText.includes('photo 2 (')")
+        notes = _text(page, "#kiln-bake-notes")
+        assert "photo 1 (photo.png): camera" in notes and "photo 2 (photo.png): camera fitted" in notes, notes
+        assert "of texels" in notes
+        page.wait_for_selector("#kiln-bake-dl", state="visible")
+        page.screenshot(path=str(ARTIFACTS / "f5_two_photos_baked.png"), full_page=True)
+    finally:
+        ctx.close()

@@ -279,18 +279,6 @@ def summary_lines(p) -> list[str]:
 
 
 def _photo_line(n: int, photo) -> str:
-    """One photo of several (``kiln.records.PhotoStats``): its camera, how well it fits, its
-    share of the texels and its levelling, or why it was skipped."""
-    head = f"photo {n} ({photo.name}): camera {photo.camera or 'none'}"
-    if photo.camera_fit:
-        head += f" (fit IoU {photo.camera_fit.get('silhouette_iou', 0.0):.2f})"
-    if photo.silhouette:
-        head += f", silhouette {photo.silhouette['inside']:.0%} inside its mask, covers {photo.silhouette['coverage']:.0%}"
-    if not photo.projected:
-        return f"{head}; skipped: {photo.skipped}"
-    head += f"; {photo.texels or 0.0:.0%} of texels"
-    lev = photo.levelling or {}
-    if lev.get("linked"):
-        head += ", levelled by gain " + "/".join(f"{g:.2f}" for g in lev.get("gain", ()))
-    return head
+    """One photo of several (``kiln.records.PhotoStats``), as ``PhotoStats.describe`` words it."""
+    return str(photo.describe(n))
 

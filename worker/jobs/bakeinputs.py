@@ -229,8 +229,11 @@ def check_fit(files: BakeFiles, settings: "Settings",
     if files.camera is not None or files.focal is not None:
         raise InputProblem("the photo's camera is given already (a camera file or a focal length); "
                            "leave it out to fit one")
+    if any(more.camera is not None or more.focal is not None for more in files.more_photos):
+        raise InputProblem("a later photo's camera is given already; leave it out to fit one")
+    # every photo is fitted (each of the later ones on its own, all round)
     plain = BakeFiles(mesh=files.mesh, splat=files.splat, image=files.image, mask=files.mask, fit_camera=True,
-                      source=files.source, uvs="new")
+                      source=files.source, uvs="new", more_photos=files.more_photos)
     return check_bake(plain, settings, photo_pixels=photo_pixels)
 
 

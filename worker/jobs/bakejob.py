@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from kiln.records import Backends, CameraFitReport
     from kiln.settings import Settings
     from pipeline.texture.model_bake import ModelBakeResult
@@ -95,6 +97,10 @@ def fit_folder(job_dir: Path, backends: "Backends", raster_ctx: "RasterContext",
 
 
 def _write_fit(inputs, raster_ctx: "RasterContext", out_dir: Path) -> None:
+    """The fitted cameras and their picture: ``FIT_CAMERA`` for the first photo, ``camera.<n>.json``
+    for photo n after it when it was fitted too; ``FIT_IMAGE`` shows every fitted photo's
+    silhouette over that photo, side by side in the photos' order (one picture, so the page
+    and the API show one thing whether one photo was given or four)."""
     import json
 
     from kiln.atomic import atomic_write
@@ -102,11 +108,37 @@ def _write_fit(inputs, raster_ctx: "RasterContext", out_dir: Path) -> None:
     from pipeline.camera.fit_overlay import fit_overlay
 
     assert inputs.camera_fit is not None and inputs.photo is not None
-    fit = inputs.camera_fit
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(out_dir / FIT_CAMERA, json.dumps(fit.report(), indent=1).encode())
-    picture = fit_overlay(raster_ctx, inputs.model.mesh, inputs.photo.rgb, inputs.photo.mask, fit.camera)
-    save_png(out_dir / FIT_IMAGE, picture)
+    pictures = []
+    for n, placed in enumerate(inputs.photos, start=1):
+        fit = placed.camera_fit
+        if fit is None:
+            continue
+        name = FIT_CAMERA if n == 1 else more_fit_camera(n)
+        atomic_write(out_dir / name, json.dumps(fit.report(), indent=1).encode())
+        pictures.append(fit_overlay(raster_ctx, inputs.model.mesh, placed.photo.rgb, placed.photo.mask, fit.camera))
+    save_png(out_dir / FIT_IMAGE, side_by_side(pictures))
+
+
+def more_fit_camera(n: int) -> str:
+    """The fitted camera file of photo ``n`` (2, 3, ...) of a bake or fit job."""
+    return f"camera.{n}.json"
+
+
+def side_by_side(pictures: list) -> "np.ndarray":
+    """(H, W, 3) uint8 pictures in one row at the first one's height, 8 white pixels apart."""
+    import cv2
+    import numpy as np
+
+    h = pictures[0].shape[0]
+    row = []
+    for i, pic in enumerate(pictures):
+        if pic.shape[0] != h:
+            pic = cv2.resize(pic, (max(1, round(pic.shape[1] * h / pic.shape[0])), h), interpolation=cv2.INTER_AREA)
+        if i:
+            row.append(np.full((h, 8, 3), 255, np.uint8))
+        row.append(pic)
+    return np.concatenate(row, axis=1)
 
 
 def copy_fit_files(outputs: Path, out: Path) -> list[Path]:
@@ -116,7 +148,8 @@ def copy_fit_files(outputs: Path, out: Path) -> list[Path]:
     from kiln.atomic import atomic_copy
 
     written = []
-    for name in (FIT_IMAGE, FIT_CAMERA):
+    more = sorted(p.name for p in Path(outputs).glob("camera.*.json"))   # photos 2, 3, ... fitted too
+    for name in (FIT_IMAGE, FIT_CAMERA, *more):
         src = Path(outputs) / name
         if src.is_file():
             written.append(atomic_copy(src, Path(out).with_name(f"{Path(out).stem}.{name}")))

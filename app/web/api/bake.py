@@ -15,7 +15,7 @@ from app.web.state import history
 from app.web.state import browser_jobs as jobs
 from app.web.server import usertext
 from app.web.api.photo import JobAnswer, stream_job
-from app.web.bake.bake_form import bake_request
+from app.web.bake.bake_form import bake_request, listed_photos
 from app.web.server.context import AppContext
 from app.web.server.requestinfo import Caller, refusal
 
@@ -39,7 +39,8 @@ def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None
          simplify_ratio: Optional[float] = None, texture_size: Any = None, views: Optional[int] = None,
          bake_mode: Optional[str] = None, seed: Optional[int] = None, formats: Any = None,
          texture_format: Optional[str] = None, units: Optional[str] = None, camera_fitted: Optional[bool] = None,
-         faces: Optional[int] = None, progress=gr.Progress()) -> Iterator[BakeAnswer]:
+         faces: Optional[int] = None, more_images: Any = None, more_masks: Any = None, more_cameras: Any = None,
+         progress=gr.Progress()) -> Iterator[BakeAnswer]:
     """Bake a textured GLB from a mesh the script has (GLB/glTF, OBJ, PLY, STL), with its splat
     (3DGS PLY), its photo (image + mask, or the session's image and selection with
     session_image) and the photo's camera (camera: a source_camera JSON, or focal [+
@@ -48,7 +49,9 @@ def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None
     files to write besides the GLB, as /generate takes them. camera_fitted: camera is the
     camera file /fit_camera answered: used as fitted, not fitted again, the photo gated by the
     fit's IoU (bake.fit_min_iou). faces: simplify to an exact face count (within 2 %) instead
-    of simplify_ratio. Yields (status, glb, ply, files, camera_fit) as the job
+    of simplify_ratio. more_images, more_masks, more_cameras: photos after the first (lists, the
+    n-th mask and camera belonging to the n-th image; a missing or null mask: the image's
+    transparency, camera: fitted). Yields (status, glb, ply, files, camera_fit) as the job
     changes; the last has the GLB and the other formats, and the fitted camera's picture
     when the camera was fitted. Bad files are refused before a job is queued."""
     session = caller.session
@@ -60,7 +63,8 @@ def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None
     try:
         checked, settings = bake_request(ctx, session, mesh, splat, image, mask, camera, focal, principal,
                                          camera_frame, fit_camera, source, uvs, session_image, values,
-                                         camera_fitted=camera_fitted)
+                                         camera_fitted=camera_fitted,
+                                         more_photos=listed_photos(more_images, more_masks, more_cameras))
     except usertext.UIError as e:
         raise refusal(usertext.public_text(str(e))) from None
     if not ctx.active.press(session):
@@ -82,3 +86,4 @@ def _picture(ctx: AppContext, session: str, answer: JobAnswer) -> Optional[str]:
         return None
     st = next((j for j in jobs.browser_jobs(ctx, session) if j.id == answer.info["job"]), None)
     return published_fit(ctx, session, st, Path(answer.glb).stem)[1] if st is not None else None
+

@@ -49,6 +49,8 @@ class ApiSlots:
     bake_options: tuple
     export_options: tuple
     faces: Any
+    more_photos: tuple
+    more_fit_photos: tuple
     camera_fitted: Api
     fit_options: tuple
     camera_fit: gr.File
@@ -119,6 +121,11 @@ def api_slots(s: Settings) -> ApiSlots:
             _json_slot(False, {"type": "boolean"}, "session_image"),
         ),
         camera_fit=gr.File(label="camera_fit"),
+        more_photos=(gr.File(label="more_images", file_count="multiple", type="filepath"),
+                     gr.File(label="more_masks", file_count="multiple", type="filepath"),
+                     gr.File(label="more_cameras", file_count="multiple", type="filepath")),
+        more_fit_photos=(gr.File(label="more_images", file_count="multiple", type="filepath"),
+                         gr.File(label="more_masks", file_count="multiple", type="filepath")),
         faces=_json_slot(None, {"type": "integer", "description": "an exact face count instead of the "
                                 "simplify ratio (within 2 %; refused above the mesh's own)"}, "faces"),
     )
@@ -144,8 +151,9 @@ ENDPOINT_TABLE = (
     Endpoint("generate", generate, ("settings", "generate_mask", "export_options", "faces"), JobAnswer._fields,
              queue="job"),
     Endpoint("bake", bake, ("mesh", "splat", "image", "mask", "camera", "bake_options", "export_options",
-                            "camera_fitted", "faces"), BakeAnswer._fields, queue="job"),
-    Endpoint("fit_camera", fit_camera, ("mesh", "splat", "image", "mask", "fit_options"), FitAnswer._fields,
+                            "camera_fitted", "faces", "more_photos"), BakeAnswer._fields, queue="job"),
+    Endpoint("fit_camera", fit_camera, ("mesh", "splat", "image", "mask", "fit_options", "more_fit_photos"),
+             FitAnswer._fields,
              queue="job"),
     Endpoint("status", status, (), ("info",), queue="now"),
     Endpoint("result", result, ("job",), JobAnswer._fields),

@@ -8,7 +8,7 @@ figures and its picture (the model's silhouette over the photo), each only for t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import gradio as gr
 
@@ -16,7 +16,7 @@ from app.web.bake import fit_picture as fitview
 from app.web.state import browser_jobs as jobs
 from app.web.server import usertext
 from app.web.api.photo import describe_job
-from app.web.bake.bake_form import fit_request
+from app.web.bake.bake_form import fit_request, listed_photos
 from app.web.server.context import AppContext
 from app.web.server.requestinfo import Caller, refusal
 
@@ -43,19 +43,22 @@ def projection_said(iou: float, min_iou: float) -> dict:
 
 def fit_camera(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None, image: Optional[str] = None,
                mask: Optional[str] = None, source: Optional[str] = None, session_image: Optional[bool] = None,
-               progress=gr.Progress()) -> Iterator[FitAnswer]:
+               more_images: Any = None, more_masks: Any = None, progress=gr.Progress()) -> Iterator[FitAnswer]:
     """Fit the camera of the photo (image + mask, or the session's image and selection with
     session_image) to a mesh the script has (GLB/glTF, OBJ, PLY, STL), without baking; the
     splat (3DGS PLY, from the tool source names) lends its colours to tell front from back.
     Yields (status, camera, camera_fit) as the job changes; the last has the camera file
     (JSON: source_camera and the fit's figures, what /bake's camera takes with camera_fitted)
     and the fitted silhouette over the photo (PNG), and its status the figures
-    (camera_fit) and whether a bake will project the photo (photo_projection)."""
+    (camera_fit) and whether a bake will project the photo (photo_projection). more_images,
+    more_masks: photos after the first, each fitted too (their silhouettes beside the first's in
+    the picture)."""
     session = caller.session
     if ctx.sup_error:
         raise refusal(usertext.public_text(ctx.sup_error))
     try:
-        checked, settings = fit_request(ctx, session, mesh, splat, image, mask, source, session_image)
+        checked, settings = fit_request(ctx, session, mesh, splat, image, mask, source, session_image,
+                                        listed_photos(more_images, more_masks))
     except usertext.UIError as e:
         raise refusal(usertext.public_text(str(e))) from None
     if not ctx.active.press(session):

@@ -7,11 +7,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from app.web.server import usertext
 from app.web.api.photo import api_settings
 from app.web.server.context import AppContext
+
+
+# a photo after the first as the page and the API hand it over: (image, mask, camera) files
+MorePhoto = tuple[Optional[str], Optional[str], Optional[str]]
+# the page's slots for photos after the first (the API takes any number)
+MORE_PHOTOS = 3
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,21 @@ class FitForm:
     source: str
     camera: Optional[str]
     focal: Any
+    # the photos after the first ("More photos of the object"), each with its mask and camera
+    photo_2: Optional[str] = None
+    mask_2: Optional[str] = None
+    camera_2: Optional[str] = None
+    photo_3: Optional[str] = None
+    mask_3: Optional[str] = None
+    camera_3: Optional[str] = None
+    photo_4: Optional[str] = None
+    mask_4: Optional[str] = None
+    camera_4: Optional[str] = None
+
+    def more_photos(self) -> tuple[MorePhoto, ...]:
+        """Photos 2-4 as (image, mask, camera), in order."""
+        return tuple((getattr(self, f"photo_{n}"), getattr(self, f"mask_{n}"), getattr(self, f"camera_{n}"))
+                     for n in range(2, 2 + MORE_PHOTOS))
 
 
 @dataclass(frozen=True)
@@ -54,12 +75,13 @@ class BakeForm(FitForm):
 def bake_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Optional[str], image: Optional[str],
                  mask: Optional[str], camera: Optional[str], focal: Any, principal: Any, camera_frame: Any,
                  fit_camera: Any, source: Any, uvs: Any, session_image: Any, settings_values: dict,
-                 camera_fitted: Any = False):
+                 camera_fitted: Any = False, more_photos: Sequence[MorePhoto] = ()):
     """(``worker.jobs.bakeinputs.CheckedBake``, its settings) from a bake's parameters, checked;
     UIError naming the parameter or file that is wrong. ``session_image``: the session's
     image and selection are the photo (the page's first tab, or ``/upload_image``).
     ``camera_fitted``: ``camera`` is a fit's camera.json (the tab's fit, ``/fit_camera``),
-    used as fitted."""
+    used as fitted. ``more_photos``: the photos after the first, each (image, mask, camera) as
+    files (mask and camera may be None: its transparency, a fitted camera)."""
     from worker.jobs.bakeinputs import BakeFiles, bake_settings, check_bake
     from worker.jobs.inputs import InputProblem
 
@@ -73,7 +95,8 @@ def bake_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Opti
             focal=float(focal) if focal not in (None, "", 0) else None,
             principal=(float(principal[0]), float(principal[1])) if principal else None,
             camera_frame=str(camera_frame or "opengl"), fit_camera=bool(fit_camera),
-            source=str(source or "auto"), uvs=str(uvs or "auto"), camera_fitted=bool(camera_fitted))
+            source=str(source or "auto"), uvs=str(uvs or "auto"), camera_fitted=bool(camera_fitted),
+            more_photos=photo_files(more_photos))
     except (TypeError, ValueError, IndexError, KeyError, OverflowError):
         # any JSON may arrive: {"a": 1} as principal (KeyError), 10**400 as focal (OverflowError)
         raise usertext.UIError("focal is a number of pixels and principal [cx, cy]") from None
@@ -85,18 +108,19 @@ def bake_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Opti
 
 
 def fit_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Optional[str], image: Optional[str],
-                mask: Optional[str], source: Any, session_image: Any):
+                mask: Optional[str], source: Any, session_image: Any, more_photos: Sequence[MorePhoto] = ()):
     """(``worker.jobs.bakeinputs.CheckedBake`` of a fit job, its settings) from the fit's
     parameters (the bake's, less the camera and what only a bake uses), checked as a bake's
     are; UIError naming what is wrong."""
     from worker.jobs.bakeinputs import BakeFiles, bake_settings, check_fit
+
     from worker.jobs.inputs import InputProblem
 
     if not mesh:
         raise usertext.UIError("mesh: no file was given")
     settings = bake_settings(ctx.settings, False)
     files = BakeFiles(mesh=Path(mesh), splat=_path(splat), image=_path(image), mask=_path(mask),
-                      source=str(source or "auto"))
+                      source=str(source or "auto"), more_photos=photo_files(more_photos))
     if image is None and not session_image:
         raise usertext.UIError("fitting the camera needs the photo and its mask: give the photo (image) "
                                "or use the session's image and selection")
@@ -114,6 +138,44 @@ def _session_photo(ctx: AppContext, session: str):
     st = ctx.sessions.get(session)
     with ctx.decodes:
         return form.job_inputs(st)
+
+
+def photo_files(more: Sequence[MorePhoto]) -> tuple:
+    """The photos after the first as ``worker.jobs.bakeinputs.PhotoFiles``, numbered from 2 in
+    what the person reads: an entry with no photo is left out, a mask or camera without its
+    photo is refused (UIError) rather than dropped silently."""
+    from worker.jobs.bakeinputs import PhotoFiles
+
+    out = []
+    for n, (image, mask, camera) in enumerate(more, start=2):
+        if not image:
+            if mask or camera:
+                raise usertext.UIError(f"photo {n}: a mask or camera was given without its photo")
+            continue
+        out.append(PhotoFiles(image=Path(image), mask=_path(mask), camera=_path(camera)))
+    return tuple(out)
+
+
+def listed_photos(images: Any, masks: Any = None, cameras: Any = None) -> tuple:
+    """The photos after the first as /bake and /fit_camera take them: three lists paired by
+    position ((image, mask, camera) each); UIError when they are not lists of files or a mask
+    or camera has no image."""
+    def files(value: Any, name: str) -> list:
+        if value in (None, "", []):
+            return []
+        if isinstance(value, (str, dict)):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise usertext.UIError(f"{name}: a list of files, one per photo after the first")
+        return [None if v in (None, "") else str(v.get("path") if isinstance(v, dict) else v) for v in value]
+
+    imgs, msks, cams = files(images, "more_images"), files(masks, "more_masks"), files(cameras, "more_cameras")
+    for name, got in (("more_masks", msks), ("more_cameras", cams)):
+        if len(got) > len(imgs):
+            raise usertext.UIError(f"{name}: {len(got)} given for {len(imgs)} more_images; the n-th belongs "
+                                   "to the n-th image")
+    pad = len(imgs)
+    return tuple(zip(imgs, msks + [None] * (pad - len(msks)), cams + [None] * (pad - len(cams))))
 
 
 def _path(value) -> Optional[Path]:

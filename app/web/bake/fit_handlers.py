@@ -47,7 +47,7 @@ def _check(page: Page, ctx: AppContext, caller: Caller, values: FitForm) -> Upda
         raise refusal("The photo's camera is given (a camera file or a focal length): remove it to fit one, "
                       "or press Bake to use it.")
     checked, _ = fit_request(ctx, caller.session, values.mesh, values.splat, values.photo, values.mask,
-                             values.source, values.reuse)
+                             values.source, values.reuse, values.more_photos())
     ctx.fits.drop(caller.session)
     t = page.bake_tab
     notes = "\n".join(f"- {usertext.public_text(n)}" for n in checked.notes)
@@ -59,7 +59,7 @@ def _submit(ctx: AppContext, session: str, values: FitForm, pressed: Optional[fl
     from worker.jobs.bakeinputs import fit_key
 
     checked, settings = fit_request(ctx, session, values.mesh, values.splat, values.photo, values.mask,
-                                    values.source, values.reuse)
+                                    values.source, values.reuse, values.more_photos())
     steps = jobs.follow_fit(ctx, session, checked, settings, pressed_at=pressed)
     key = fit_key(checked)
     for note, st in steps:

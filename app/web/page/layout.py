@@ -13,7 +13,7 @@ import gradio as gr
 
 from kiln.settings import Settings, allowed_range, allowed_values
 
-from app.web.bake.bake_form import BakeForm, FitForm
+from app.web.bake.bake_form import MORE_PHOTOS, BakeForm, FitForm
 from app.web.photo.form import GenerateForm
 from app.web.state import history
 from app.web.photo import selection
@@ -45,6 +45,15 @@ class BakeTab:
     source: gr.Dropdown
     camera: gr.File
     focal: gr.Number
+    photo_2: gr.File
+    mask_2: gr.File
+    camera_2: gr.File
+    photo_3: gr.File
+    mask_3: gr.File
+    camera_3: gr.File
+    photo_4: gr.File
+    mask_4: gr.File
+    camera_4: gr.File
     frame: gr.Radio
     fit: gr.Checkbox
     uvs: gr.Radio
@@ -80,7 +89,8 @@ class BakeTab:
     def fit_depends_on(self) -> list:
         """What a fitted camera holds for: changing any of these drops it."""
         return [self.mesh, self.splat, self.photo, self.mask, self.reuse, self.source, self.camera, self.focal,
-                self.frame]
+                self.frame, *(getattr(self, f"{what}_{n}") for n in range(2, 2 + MORE_PHOTOS)
+                              for what in ("photo", "mask", "camera"))]
 
 
 @dataclass(frozen=True, eq=False)
@@ -313,6 +323,21 @@ def _bake_tab(s: Settings) -> BakeTab:
                                        info=f"its silhouette over the photo shows as soon as it is fitted, "
                                             f"before the texture is baked: cancel if it is wrong. "
                                             f"Or fit it first ({FIT_LABEL}): Bake then uses that camera")
+            with gr.Accordion("More photos of the object (optional)", open=False, elem_id="kiln-bake-more"):
+                gr.Markdown("Each texel takes the photo that sees it best; exposure differences are levelled. "
+                            "A photo without a camera gets one fitted.")
+                for n in range(2, 2 + MORE_PHOTOS):
+                    with gr.Row():
+                        c[f"photo_{n}"] = gr.File(label=f"Photo {n}", file_count="single", type="filepath",
+                                                  file_types=["image"], elem_id=f"kiln-bake-photo-{n}",
+                                                  elem_classes=["kiln-drop"], height=90)
+                        c[f"mask_{n}"] = gr.File(label="its mask", file_count="single", type="filepath",
+                                                 file_types=["image"], elem_id=f"kiln-bake-mask-{n}",
+                                                 elem_classes=["kiln-drop"], height=90)
+                        c[f"camera_{n}"] = gr.File(label="its camera (JSON)", file_count="single",
+                                                   type="filepath", file_types=[".json"],
+                                                   elem_id=f"kiln-bake-camera-{n}", elem_classes=["kiln-drop"],
+                                                   height=90)
         with gr.Column(scale=1):
             with gr.Row():
                 c["uvs"] = gr.Radio(label="UVs", choices=["auto", "keep", "new"], value="auto",
