@@ -223,3 +223,86 @@ def test_a_supervisor_whose_workers_cannot_start_is_unhealthy(tmp_path):
         sup.start()
     h = sup.health()
     assert not h.ok and "no worker could start" in h.reasons[0] and "no processes left" in h.reasons[0]
+
+
+# --------------------------------------------------------------------------- the web side
+
+def _call(mw, path: str, client: str, headers=()):
+    """One request through an ASGI app, in process: (status, body)."""
+    import asyncio
+
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(msg):
+        sent.append(msg)
+
+    scope = {"type": "http", "method": "GET", "path": path, "client": (client, 5000),
+             "headers": [(k.encode(), v.encode()) for k, v in headers]}
+    asyncio.run(mw(scope, receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_healthz_and_metrics_answer_loopback_and_configured_networks_only():
+    from app.web.server.ops import OpsRoutes
+    from app.web.server.proxies import TrustedProxies
+
+    async def gradio(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"page"})
+
+    state = {"code": 200}
+    mw = OpsRoutes(gradio, health=lambda: (state["code"], {"status": "x"}),
+                   metrics=lambda: (200, b"kiln_queue_length 0\n"), networks=["10.1.0.0/16"],
+                   proxies=TrustedProxies(["127.0.0.1"]))
+    assert _call(mw, "/healthz", "127.0.0.1") == (200, b'{"status": "x"}')
+    state["code"] = 503
+    assert _call(mw, "/healthz", "::1")[0] == 503
+    assert _call(mw, "/metrics", "10.1.2.3") == (200, b"kiln_queue_length 0\n")
+    assert _call(mw, "/metrics", "192.168.1.9")[0] == 404
+    # a reverse proxy on this machine forwarding the world does not make the world loopback
+    assert _call(mw, "/metrics", "127.0.0.1", [("x-forwarded-for", "203.0.113.7")])[0] == 404
+    assert _call(mw, "/", "192.168.1.9") == (200, b"page")
+
+
+def test_a_history_entry_of_a_removed_job_says_when_and_why_and_offers_no_download(tmp_path):
+    from app.web.server.results import ResultPublisher
+    from app.web.state.history import history_files, history_html
+
+    store = JobStore(tmp_path / "jobs")
+    kept = _job(store, DONE, NOW - 60, 1, session="web-b1-t1")
+    gone = _job(store, DONE, NOW - 120, 1, session="web-b1-t1")
+    hk_store_status = store.read_status(gone.id)
+    from worker.upkeep.budget import remove_job_files
+
+    removed = remove_job_files(store.job_dir(gone.id), hk_store_status, NOW,
+                               "older than app.keep_jobs_days (14 days)")
+    statuses = [store.read_status(kept.id), removed]
+    text = history_html(statuses)
+    day = time.strftime("%Y-%m-%d %H:%M", time.localtime(NOW))
+    assert f"done; its files were removed on {day}: older than app.keep_jobs_days (14 days)" in text
+    assert text.count(".glb</code>") == 1 and "kiln-removed" in text
+    files = history_files("web-b1-t1", statuses, ResultPublisher(tmp_path / "results"))
+    assert len(files) == 1
+
+
+def test_a_real_job_counts_in_the_metrics_and_the_log_and_health_is_ok(tmp_path):
+    """The dispatcher's hooks, end to end: one small job on a real worker."""
+    from worker.pool.supervisor import Supervisor
+    from worker_helpers import image, small_settings
+
+    settings = small_settings(**{"worker__count": 1, "worker__device": "cpu", "bake__enabled": False})
+    with Supervisor(settings, tmp_path / "jobs", tmp_path / "cache") as sup:
+        st = sup.run(*image(), settings, session="web-abc-tab")
+        assert st.state == DONE
+        assert sup.health().ok
+        fams = {f.name: f for f in text_string_to_metric_families(sup.telemetry.render().decode())}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
+    assert samples[("kiln_jobs_total", (("kind", "image"), ("outcome", "done")))] == 1
+    stages = {dict(k[1])["stage"] for k in samples if k[0] == "kiln_stage_seconds_count"}
+    assert {"reconstruct", "export"} <= stages
+    lines = [json.loads(ln) for ln in (tmp_path / "logs" / "jobs.jsonl").read_text().splitlines()]
+    assert lines[0]["event"] == "queued" and lines[-1]["event"] == "ended" and lines[-1]["outcome"] == "done"
+    assert all(ln["job"] == st.id for ln in lines)
