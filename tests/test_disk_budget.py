@@ -306,3 +306,15 @@ def test_a_real_job_counts_in_the_metrics_and_the_log_and_health_is_ok(tmp_path)
     lines = [json.loads(ln) for ln in (tmp_path / "logs" / "jobs.jsonl").read_text().splitlines()]
     assert lines[0]["event"] == "queued" and lines[-1]["event"] == "ended" and lines[-1]["outcome"] == "done"
     assert all(ln["job"] == st.id for ln in lines)
+
+
+def test_a_job_seen_running_is_measured_again_once_it_ended(house):
+    """Its outputs come at the end: the size a pass saw while it ran must not stick."""
+    st = _job(house.store, RUNNING, None, 1)
+    _records(house)
+    assert house.run_once().jobs == []
+    rec = house.dispatcher.jobs[st.id].status
+    (house.store.job_dir(st.id) / "outputs" / "model.glb").write_bytes(b"\0" * (2 * MB))
+    rec.state, rec.finished = DONE, NOW - 60
+    report = house.run_once()
+    assert [r.id for r in report.jobs] == [st.id] and report.jobs[0].bytes > 2 * MB

@@ -188,13 +188,18 @@ def prune(store: JobStore, cache_dir: Optional[Path], budgets: Budgets, now: flo
     result a page started showing meanwhile stays. ``sizes`` (job id -> bytes) is used and
     filled in: an ended job's size does not change, so a long-running caller keeps it.
     ``on_removed(removal, new status or None when forgotten)`` runs after each job."""
-    sizes = {} if sizes is None else sizes
+    kept = {} if sizes is None else sizes        # ended jobs' sizes, kept across passes
+    sizes = {}
     for st in jobs:
-        if st.id not in sizes or not st.terminal:
-            try:
-                sizes[st.id] = tree_bytes(store.job_dir(st.id))
-            except KeyError:
-                sizes[st.id] = 0
+        if st.terminal and st.id in kept:
+            sizes[st.id] = kept[st.id]
+            continue
+        try:
+            sizes[st.id] = tree_bytes(store.job_dir(st.id))
+        except KeyError:
+            sizes[st.id] = 0
+        if st.terminal:     # a queued or running job still grows: measured again next pass
+            kept[st.id] = sizes[st.id]
     other = sum(tree_bytes(Path(d)) for d in other_dirs)
     report = PruneReport(dry_run=dry_run, other_bytes=other)
     by_id = {st.id: st for st in jobs}
@@ -212,10 +217,11 @@ def prune(store: JobStore, cache_dir: Optional[Path], budgets: Budgets, now: flo
             shutil.rmtree(d, ignore_errors=True)
             store.forget(r.id)
             sizes.pop(r.id, None)
+            kept.pop(r.id, None)
             new = None
         else:
             new = remove_job_files(d, by_id[r.id], now, r.why)
-            sizes[r.id] = tree_bytes(d)
+            sizes[r.id] = kept[r.id] = tree_bytes(d)
         report.jobs.append(r)
         if on_removed is not None:
             on_removed(r, new)
