@@ -100,7 +100,7 @@ def tree_bytes(root: Path) -> int:
 
 
 def cache_entries(cache_dir: Optional[Path]) -> list[CacheEntry]:
-    out = []
+    out: list[CacheEntry] = []
     if cache_dir is None or not Path(cache_dir).is_dir():
         return out
     for pattern in CACHE_PATTERNS:
@@ -149,7 +149,7 @@ def plan_cache(entries: Sequence[CacheEntry], budget_bytes: int, in_use_since: O
     """The least recently used entries that take the cache over ``budget_bytes``; none used
     at or after ``in_use_since`` (the oldest running job's start: it may be using them)."""
     total = sum(e.bytes for e in entries)
-    out = []
+    out: list[CacheEntry] = []
     for e in sorted(entries, key=lambda e: (e.used, e.path.name)):
         if total <= budget_bytes:
             break
