@@ -176,6 +176,17 @@ class AppSettings:
     orphan_grace_s: float = field(default=120.0, metadata=_num(1, 86400))
     # reverse proxies whose X-Forwarded-For names the client (app/web/server/proxies.py); () = none
     trusted_proxies: tuple[str, ...] = field(default=(), metadata=_networks())
+    # disk budgets (worker/upkeep/budget.py): the reconstruction cache, least recently used first;
+    # finished jobs, oldest first, by size (with tabs' photos and Gradio's files counted) and by age
+    cache_max_mb: float = field(default=2048.0, metadata=_num(1, 10_000_000))
+    jobs_max_mb: float = field(default=2048.0, metadata=_num(1, 10_000_000))
+    keep_jobs_days: float = field(default=14.0, metadata=_num(0.001, 3650))
+    # who may read /healthz and /metrics besides this machine (app/web/server/ops.py); () = loopback only
+    ops_networks: tuple[str, ...] = field(default=(), metadata=_networks())
+    # one JSON line per job event (worker/upkeep/joblog.py), rotated; "" = none
+    job_log: str = ""    # "" = <the job store's parent>/logs/jobs.jsonl; "off" = none
+    job_log_mb: float = field(default=16.0, metadata=_num(1, 10_000))
+    job_log_files: int = field(default=5, metadata=_num(1, 100))
 
 
 @dataclass(frozen=True)

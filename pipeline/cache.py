@@ -181,6 +181,10 @@ def load_reconstruction(cache_dir: Path, key: str) -> Reconstruction | None:
         log.warning("dropping unreadable reconstruction cache entry %s: %s", path.name, e)
         path.unlink(missing_ok=True)
         return None
+    try:
+        os.utime(path)      # recently used: the disk budget (worker.upkeep) removes the oldest first
+    except OSError:
+        pass                # removed meanwhile: what was read is whole all the same
     return Reconstruction(mesh=mesh, gaussians=gauss, meta=meta, source_camera=source)
 
 

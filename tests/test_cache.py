@@ -167,3 +167,16 @@ def test_unwritable_cache_does_not_fail_the_job(tmp_path):
                        cache_dir=blocked)
     assert res.glb_path.is_file() and not res.reconstruction_cached
     assert res.stats.reconstruction_cache_error
+
+
+def test_an_entry_served_counts_as_recently_used(tmp_path):
+    """The disk budget (worker.upkeep.budget) removes the least recently used entries first:
+    one a re-bake is served from is touched, so it is the last to go."""
+    import os
+    import time
+
+    key = cache.reconstruction_key(_input(), small_settings())
+    path = cache.save_reconstruction(tmp_path, key, _recon())
+    os.utime(path, (1, 1))
+    assert cache.load_reconstruction(tmp_path, key) is not None
+    assert path.stat().st_mtime > time.time() - 60

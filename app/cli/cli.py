@@ -19,6 +19,7 @@ from worker.jobs.inputs import InputProblem, Loaded, NoSpace, is_no_space, no_sp
 from app.cli.cliargs import add_format_flags, settings_from_args
 from app.cli.clibake import add_parser as add_bake_parser
 from app.cli.climodels import add_parser as add_models_parser
+from app.cli.clijobs import add_parser as add_jobs_parser
 from app.cli.clirunner import Cancelled, CliError, InProcessRunner, CliJobFailed, WorkerRunner, write_report
 from app.cli.cliview import BatchLine, ItemResult, ProgressLine, summary_table, timing_table, written_files
 
@@ -300,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_doctor)
 
     add_models_parser(sub)
+    add_jobs_parser(sub)
 
     st = sub.add_parser("settings", help="list every setting with its default and allowed values")
     st.set_defaults(func=cmd_settings)

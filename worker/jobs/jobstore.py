@@ -83,6 +83,9 @@ class JobStatus:
     created / started / finished: Unix times.
     kind: a ``JobKind``: "image" (a photo reconstructed), "bake" (a model file textured) or
         "fit" (that model's camera fitted to its photo; outputs 'camera' and 'camera_fit').
+    removed / removed_why: when (Unix time) and why the disk budget removed an ended job's
+        files (``worker.upkeep.budget``); only this status and the page's note stay, so its
+        history entry can say so instead of offering a broken download. None: its files are there.
     """
 
     id: str
@@ -104,6 +107,8 @@ class JobStatus:
     created: float = 0.0
     started: Optional[float] = None
     finished: Optional[float] = None
+    removed: Optional[float] = None
+    removed_why: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -246,6 +251,10 @@ class JobStore:
                 self._dirs[job_id] = cand
                 return cand
         raise KeyError(f"no such job: {job_id!r}")
+
+    def forget(self, job_id: str) -> None:
+        """Drop the remembered folder of a job that was deleted (``worker.upkeep.budget``)."""
+        self._dirs.pop(job_id, None)
 
     # -- status, log ---------------------------------------------------------
     def read_status(self, job_id: str) -> JobStatus:

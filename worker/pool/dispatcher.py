@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from types import EllipsisType
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from kiln.glb import GLBError, check_glb_light
 from kiln.records import JobStats, JobTimes
@@ -35,6 +35,7 @@ from worker.pool.retry import CANCELLED_BY_USER, CRASH_KINDS, Decision, FailureK
 from worker.pool.slots import WorkerSlot
 from worker.child.workerconfig import WorkerConfig
 from worker.errors import WorkerStartError
+from worker.upkeep.telemetry import JobEvents
 
 if TYPE_CHECKING:
     from worker.engines.base import Engine
@@ -65,6 +66,9 @@ class Dispatcher:
         self.crashes = CrashCounts(store.root / ".crash_counts.json")
         self._heartbeat_limit = max(10.0, 10 * settings.worker.heartbeat_s)
         self.metrics: dict = {"last_ready": None}   # wall time a worker last became ready
+        # told of every job and worker change: metrics and the JSON job log (worker.upkeep.telemetry)
+        self.events_out: JobEvents = JobEvents()
+        self.on_ended: Callable[[], None] = lambda: None   # a job ended (the disk budgets' pass)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, slots: list[WorkerSlot]) -> None:
@@ -151,6 +155,7 @@ class Dispatcher:
         self.queue.append(job)
         queued = f"queued ({ahead} ahead)" if ahead else "queued"
         self._emit(job, state=QUEUED, message=f"{note}; {queued}" if note else queued, force_write=bool(note))
+        self.events_out.queued(job.status, note)
         self._wake.set()
 
     def status(self, job_id: str) -> JobStatus:
@@ -315,6 +320,7 @@ class Dispatcher:
             if attempt > 1:
                 what += f" (attempt {attempt})"
             self._emit(job, state=RUNNING, stage=None, message=what, force_write=True)
+            self.events_out.started(st, attempt, s.index)
 
     def _on_exit(self, s: WorkerSlot) -> None:
         code, desc = s.exit_code(), s.exit_description()
@@ -329,6 +335,8 @@ class Dispatcher:
         tail = s.log_tail(60, job.log_marker) if job is not None else ""
         s.discard()
         s.restarts += 1
+        if reason != "shutdown":
+            self.events_out.worker_restarted("cuda" if was == "stopping" else reason or "crash")
         if job is None:
             if reason not in ("cancel", "shutdown") and was != "stopping":
                 log.warning("worker %d %s while idle (%s)", s.index, desc, reason or "no job")
@@ -354,6 +362,7 @@ class Dispatcher:
 
     def _start_failed(self, s: WorkerSlot, what: str) -> None:
         s.count_start_failure(what)
+        self.events_out.worker_restarted("start_failed")
         log.error("worker %d %s (%d in a row; see %s)", s.index, what, s.failures, s.log_path)
         if s.broken:
             self._fail_if_no_workers()
@@ -477,6 +486,7 @@ class Dispatcher:
         append_log(job.dir, d.log or d.message)
         self.queue.appendleft(job)
         self._emit(job, state=QUEUED, message=d.message, force_write=True)
+        self.events_out.retried(job.status, why)
         self._wake.set()
 
     def _finish(self, job: JobRecord, state: JobState, message: str,
@@ -495,6 +505,8 @@ class Dispatcher:
         if state in (FAILED, CANCELLED):
             append_log(job.dir, f"{state}: {message}")
         self._emit(job, state=state, message=message, progress=progress, force_write=True)
+        self.events_out.ended(st)
+        self.on_ended()
         # a long-running server keeps every job's record; only recent events of finished ones
         del job.events[:-EVENTS_KEPT_FINISHED]
 
@@ -507,7 +519,10 @@ class Dispatcher:
         if state is not None and state != st.state:
             st.state, changed = state, True
         if stage is not ... and stage != st.stage:
+            previous = st.stage
             st.stage, st.stage_progress, changed = stage, 0.0, True
+            if stage is not None:
+                self.events_out.stage(st, previous)
         if stage_progress is not None:
             st.stage_progress = float(stage_progress)
         if progress is not None:

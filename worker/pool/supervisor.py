@@ -54,6 +54,10 @@ from worker.jobs.jobstore import QUEUED, RUNNING, Event, JobStatus, JobStore, ap
 from worker.jobs.jobstore import load_inputs as load_job_inputs
 from worker.jobs.jobstore import load_settings as load_job_settings
 from worker.engines import Engine, make_engine
+from worker.upkeep.budget import Budgets
+from worker.upkeep.health import HEALTH_JOB_PIXELS, Health, judge
+from worker.upkeep.housekeeper import Housekeeper
+from worker.upkeep.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from worker.jobs.bakeinputs import CheckedBake
@@ -87,6 +91,17 @@ class Supervisor:
         self.engine = engine if engine is not None else make_engine(self.settings)
         self._dispatcher = Dispatcher(self.settings, self.store, self.cache_dir, self.var_dir,
                                       self.faults, poll_s, self.engine)
+        # metrics and the JSON job log (worker.upkeep.telemetry); the disk budgets' thread
+        app = self.settings.app
+        job_log = (None if app.job_log == "off" else
+                   Path(app.job_log) if app.job_log else self.var_dir / "logs" / "jobs.jsonl")
+        self.telemetry = Telemetry(job_log, int(app.job_log_mb * 2**20), app.job_log_files)
+        self.telemetry.bind(self.queue_length, lambda: self.load()[0],
+                            lambda: sum(1 for w in self.workers() if w["state"] in ("idle", "busy")))
+        self._dispatcher.events_out = self.telemetry
+        self.upkeep = Housekeeper(self._dispatcher, self.store, self.cache_dir, Budgets.from_settings(app),
+                                  self.telemetry)
+        self._dispatcher.on_ended = self.upkeep.poke
         self._started = False
 
     @property
@@ -125,6 +140,7 @@ class Supervisor:
             d.start(slots)
             for st in left:   # after d.start: the crash counts are loaded, the slots exist
                 self._resume_or_settle(st)
+        self.upkeep.start()
         if wait:
             try:
                 self.wait_ready(timeout)
@@ -186,7 +202,9 @@ class Supervisor:
             if not self._started or d.stopping:
                 return
             d.stopping = True
+        self.upkeep.stop()
         d.stop(timeout)
+        self.telemetry.close()
 
     def __enter__(self) -> "Supervisor":
         return self.start()
@@ -329,6 +347,21 @@ class Supervisor:
         d = self._dispatcher
         with d.lock:
             return [s.info(now, s.job.status.id if s.job else None) for s in d.slots]
+
+    def health(self) -> Health:
+        """Whether this server can take a job now (``worker.upkeep.health``): a worker ready,
+        room on the job store's and the cache's disks; with the figures."""
+        from worker.jobs.inputs import job_bytes
+
+        running, queued = self.load()
+        places = [self.jobs_dir] + ([self.cache_dir] if self.cache_dir is not None else [])
+        last, b = self.upkeep.last, self.upkeep.budgets
+        disk = {} if last is None else {
+            "cache_mb": round(last.cache_bytes / 2**20, 1), "cache_budget_mb": round(b.cache_bytes / 2**20, 1),
+            "jobs_mb": round((last.jobs_bytes + last.other_bytes) / 2**20, 1),
+            "jobs_budget_mb": round(b.jobs_bytes / 2**20, 1)}
+        return judge(self.workers(), places, job_bytes(HEALTH_JOB_PIXELS, self.settings.bake.texture_size),
+                     queued, running, disk)
 
     def queue_length(self) -> int:
         d = self._dispatcher

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 # array made from it took ~540 MB at the peak of one 40 MP decode (app.max_pixels), so they
 # take turns; a 12 MP photo decodes in a fraction of a second.
 DECODES_AT_ONCE = 1
+# A result published to a page within this long counts as on show: the page's own copy stays
+# viewable anyway (Gradio's folder, cleaned daily), the job's files stay for its downloads.
+SHOWN_S = 3600.0
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,7 @@ class AppContext:
         ``rembg_loader``: returns a ``RembgChoice`` (default: rembg if its model is in the
         models folder and it loads)."""
         self.settings = settings
+        self.files_dir = Path(files_dir)
         self.workers = expected_workers(settings)
         self.publisher = ResultPublisher(Path(files_dir) / "results")
         # uploads and canvas images, each served only to its browser
@@ -109,6 +113,12 @@ class AppContext:
     def _start_supervisor(self) -> None:
         try:
             sup = self._supervisor_factory()
+            upkeep = getattr(sup, "upkeep", None)   # a test's stand-in supervisor may have none
+            if upkeep is not None:
+                # the disk budgets spare what pages show, and count the tabs' photos and
+                # Gradio's files with the job store
+                upkeep.protected = self.on_show
+                upkeep.also_count = [self.sessions.root, self.files_dir]
             sup.start()
             self.sup = sup
             log.info("workers ready: %s", sup.capabilities())
@@ -139,6 +149,10 @@ class AppContext:
                              else f"without rembg ({got.reason})")
         finally:
             self.seg_ready.set()
+
+    def on_show(self) -> set[str]:
+        """Job ids a page shows now or is about to (``worker.upkeep.budget`` never removes them)."""
+        return self.active.on_show() | self.publisher.shown_within(SHOWN_S)
 
     # -- accessors -------------------------------------------------------------
     @property

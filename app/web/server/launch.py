@@ -10,7 +10,8 @@ on Gradio's block list, so no URL reaches another session's job files.
 serves a result, an upload or a canvas image only to the browser it belongs to, caps
 request bodies, and names each request's client (behind ``app.trusted_proxies``, the one
 they forward).
-Behind it, ``app.web.page.viewer_light.NeutralViewerLight`` serves the 3D viewer's light without
+In front of it, ``app.web.server.ops.OpsRoutes`` answers ``/healthz`` and ``/metrics`` (to this
+machine, or ``app.ops_networks``). Behind it, ``app.web.page.viewer_light.NeutralViewerLight`` serves the 3D viewer's light without
 its tint.
 """
 
@@ -561,11 +562,16 @@ def launch(settings, host: Optional[str] = None, port: Optional[int] = None, sha
                        max_upload_bytes=max_upload + UPLOAD_OVERHEAD_BYTES,
                        upload_bytes_per_hour=int(settings.app.upload_mb_per_client_hour * 1024 * 1024))
     from app.web.page.viewer_light import NeutralViewerLight
+    from app.web.server.ops import OpsRoutes, context_health, context_metrics
+
+    # /healthz and /metrics, before the guard: no login, no cookie; loopback or app.ops_networks only
+    ops = Middleware(OpsRoutes, health=lambda: context_health(ctx), metrics=lambda: context_metrics(ctx),
+                     networks=settings.app.ops_networks, proxies=TrustedProxies(settings.app.trusted_proxies))
 
     _, url, _ = demo.launch(
         server_name=host, server_port=port, auth=auth, share=False, inbrowser=False,
-        # the guard first; then the 3D viewer's light, neutral (app.web.page.viewer_light)
-        max_file_size=max_upload, app_kwargs={"middleware": [guard, Middleware(NeutralViewerLight)]},
+        # health and metrics, then the guard; then the 3D viewer's light, neutral (app.web.page.viewer_light)
+        max_file_size=max_upload, app_kwargs={"middleware": [ops, guard, Middleware(NeutralViewerLight)]},
         # show_error off: an unexpected exception's text (paths, internals) never reaches the
         # page; what a person should read is raised as gr.Error, which is shown regardless
         allowed_paths=[], blocked_paths=blocked, show_error=False, quiet=True,

@@ -43,6 +43,8 @@ class ResultPublisher:
         self._done: dict[tuple[str, str, str], dict[str, Path]] = {}
         # (folder name, file name) -> (job id, session of the job)
         self._owners: dict[tuple[str, str], tuple[str, str]] = {}
+        # job id -> when (monotonic) a page last had its outputs published: it is on show
+        self._shown: dict[str, float] = {}
 
     def _prune(self, age_s: float) -> None:
         """Drop folders older than ``age_s``: folders do not outlive a server (the next one
@@ -101,7 +103,18 @@ class ResultPublisher:
             out[kind] = target
         with self._lock:
             self._done[key] = dict(out)
+            self._shown[st.id] = time.monotonic()
         return out
+
+    def shown_within(self, seconds: float) -> set[str]:
+        """Jobs whose outputs a page was given in the last ``seconds``: results a page may be
+        showing now (the disk budgets keep them). Older marks are dropped here, so the
+        record stays as small as the recent past."""
+        cutoff = time.monotonic() - seconds
+        with self._lock:
+            for job_id in [j for j, t in self._shown.items() if t < cutoff]:
+                del self._shown[job_id]
+            return set(self._shown)
 
     def owner(self, path: str) -> Optional[str]:
         """The session whose job a published file (a served path ending

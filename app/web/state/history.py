@@ -120,6 +120,17 @@ def _why(st: Any, info: Optional[JobInfo] = None) -> str:
     return f"failed: {reason or 'unknown reason'}"
 
 
+def removed_text(st: Any) -> str:
+    """What a job whose files the disk budget removed says in the history: when and why
+    ('' for a job whose files are there)."""
+    when = getattr(st, "removed", None)
+    if when is None:
+        return ""
+    day = time.strftime("%Y-%m-%d %H:%M", time.localtime(when))
+    why = getattr(st, "removed_why", "") or "the disk budget"
+    return f"{st.state}; its files were removed on {day}: {why}"
+
+
 def history_html(statuses: Sequence[Any], summaries: Optional[dict] = None,
                  infos: Optional[dict] = None) -> str:
     """The browser's jobs, newest first, as HTML: thumbnail, image name, time, job id, state
@@ -136,7 +147,10 @@ def history_html(statuses: Sequence[Any], summaries: Optional[dict] = None,
         info = infos.get(st.id)
         when = time.strftime("%H:%M:%S", time.localtime(st.created)) if st.created else "--:--:--"
         state = st.state if st.state in ("done", "queued", "running") else _why(st, info)
-        if st.state == "done":
+        gone = removed_text(st)
+        if gone:
+            state = gone if st.state == "done" else f"{state}; {gone.split('; ', 1)[1]}"
+        elif st.state == "done":
             total = (st.timings or {}).get("total_s")
             if isinstance(total, (int, float)):
                 state += f" in {total + (info.waited_s if info is not None else 0.0):.1f} s"
@@ -144,8 +158,9 @@ def history_html(statuses: Sequence[Any], summaries: Optional[dict] = None,
                  if info is not None and info.thumbnail else '<span class="kiln-thumb"></span>')
         name = html.escape(info.image_name) if info is not None else "(image not known)"
         summary = (summaries or {}).get(st.id) or (info.summary if info is not None else "")
-        file_note = f" · <code>{html.escape(stems[st.id])}.glb</code>" if st.id in stems else ""
-        rows.append(f'<li class="kiln-job kiln-{html.escape(st.state)}" data-job="{html.escape(st.id)}">'
+        file_note = f" · <code>{html.escape(stems[st.id])}.glb</code>" if st.id in stems and not gone else ""
+        removed_class = " kiln-removed" if gone else ""
+        rows.append(f'<li class="kiln-job kiln-{html.escape(st.state)}{removed_class}" data-job="{html.escape(st.id)}">'
                     f'{thumb}<div><b>{name}</b> · {when} · <code>{html.escape(st.id)}</code><br>'
                     f'{html.escape(state)}{" · " + html.escape(summary) if summary else ""}{file_note}'
                     f'</div></li>')
@@ -160,6 +175,7 @@ def history_files(session: str, statuses: Sequence[Any], publisher: ResultPublis
     stems = result_stems(statuses, infos or {})
     files: list[tuple[str, str]] = []
     for st in sorted(statuses, key=lambda s: (s.created, s.id), reverse=True):
-        if st.state == "done" and same_browser(session, st.session):
+        # a job whose files the disk budget removed offers no download (its entry says why)
+        if st.state == "done" and getattr(st, "removed", None) is None and same_browser(session, st.session):
             files += [(str(p), p.name) for _, p in sorted(publisher.publish(session, st, stems.get(st.id)).items())]
     return files

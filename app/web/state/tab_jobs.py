@@ -148,6 +148,16 @@ class ActiveJobs:
                 self.tabs[session].jobs.discard(job_id)
                 self._tidy(session)
 
+    def on_show(self) -> set[str]:
+        """Jobs a page shows or is about to: followed and not ended, or ended with an outcome
+        a tab has not taken yet (the disk budgets never remove these: ``worker.upkeep``)."""
+        with self.lock:
+            ids = set(self.touched)
+            for tab in self.tabs.values():
+                ids.update(tab.jobs)
+                ids.update(o.job_id for o in tab.outcomes.values() if o.job_id)
+            return ids
+
     def drop_session(self, session: str) -> None:
         """The tab closed: its jobs go on (the reaper watches them), the tab forgets them,
         its waiting Generate, its Cancel and its outcome."""
