@@ -318,3 +318,42 @@ def test_a_job_seen_running_is_measured_again_once_it_ended(house):
     rec.state, rec.finished = DONE, NOW - 60
     report = house.run_once()
     assert [r.id for r in report.jobs] == [st.id] and report.jobs[0].bytes > 2 * MB
+
+
+def test_kiln_jobs_lists_shows_and_prunes_by_the_same_rules(tmp_path, capsys):
+    """``kiln jobs``: list gives every job with its state and size and the disk against the
+    budgets; show one job's status and files; prune --dry-run says what would go and removes
+    nothing, prune removes ended jobs past the age limit and never a running one."""
+    import time as clock
+
+    from app.cli.cli import main
+
+    store = JobStore(tmp_path / "var" / "jobs")
+    now = clock.time()
+    old = _job(store, DONE, now - 20 * DAY_S, 64)
+    recent = _job(store, DONE, now - 60, 64)
+    running = _job(store, RUNNING, None, 64)
+    running.created = running.started = now - 30 * DAY_S   # started long ago, still running
+    store.write_status(running)
+    where = ["--set", f"app.jobs_dir={tmp_path / 'var' / 'jobs'}", "--set", f"app.cache_dir={tmp_path / 'var' / 'cache'}"]
+
+    assert main(["jobs", "list", *where]) == 0
+    out = capsys.readouterr().out
+    assert all(j.id in out for j in (old, recent, running)) and "3 jobs; job store" in out and "app.jobs_max_mb" in out
+    assert main(["jobs", "show", old.id, *where]) == 0
+    out = capsys.readouterr().out
+    assert '"state": "done"' in out and "outputs/model.glb" in out
+    assert main(["jobs", "show", "no-such-job", *where]) != 0
+    assert "no such job" in capsys.readouterr().err
+
+    assert main(["jobs", "prune", "--older-than", "7", "--dry-run", *where]) == 0
+    out = capsys.readouterr().out
+    assert f"would remove the files of job {old.id}" in out and recent.id not in out and running.id not in out
+    assert (store.job_dir(old.id) / "outputs" / "model.glb").exists()
+    assert main(["jobs", "prune", "--older-than", "7", *where]) == 0
+    assert f"removed the files of job {old.id}" in capsys.readouterr().out
+    assert not (store.job_dir(old.id) / "outputs" / "model.glb").exists()
+    assert (store.job_dir(recent.id) / "outputs" / "model.glb").exists()
+    assert (store.job_dir(running.id) / "outputs" / "model.glb").exists()
+    assert main(["jobs", "prune", "--older-than", "-1", *where]) != 0
+    assert "--older-than: a number of days" in capsys.readouterr().err
