@@ -16,6 +16,7 @@ from kiln.settings import Settings, allowed_range, allowed_values
 from app.web.bake.bake_form import BakeForm, FitForm
 from app.web.photo.form import GenerateForm
 from app.web.state import history
+from app.web.server.file_refs import CheckedBlocks
 from app.web.photo import selection
 from app.web.page import status_line as statusview
 from app.web.state import uploads
@@ -151,7 +152,7 @@ def layout(settings: Settings, examples: Optional[list[Path]] = None) -> Page:
     upload_limits = describe_limits(s.app.max_pixels, upload_limit_bytes(s.app.max_pixels, s.app.max_upload_mb))
     c: dict = {}
     # every click writes an overlay JPEG into Gradio's folder: sweep hourly, keep a day
-    with gr.Blocks(title="Kiln — photo to 3D", delete_cache=(3600, 86400)) as demo:
+    with CheckedBlocks(title="Kiln — photo to 3D", delete_cache=(3600, 86400)) as demo:
         gr.Markdown("# Kiln\nUpload a photo, click the object, press **Generate** to get a textured 3D model (GLB).")
         c["status"] = gr.Markdown(elem_id="kiln-status")
         with gr.Tabs():
