@@ -26,7 +26,7 @@ from app.web.state.job_outcome import not_started  # noqa: E402
 from app.web.page.layout import layout  # noqa: E402
 from app.web.server.requestinfo import Caller, caller_of, event_fn  # noqa: E402
 from app.web.page.wiring import wire  # noqa: E402
-from kiln.formats import human_bytes  # noqa: E402
+from app.web.state.job_outcome import page_bytes  # noqa: E402
 from kiln.settings import Settings  # noqa: E402
 from worker.jobs.jobstore import JobStatus  # noqa: E402
 from page_helpers import ALICE, BOB, FakeSup, caller, make_context, named, png_file, request, wired_outputs  # noqa: E402
@@ -620,7 +620,7 @@ def test_the_download_choices_give_each_format_its_file_with_its_size_for_this_b
     files = [Path(p) for p in out["more_files"]["value"]]
     assert [p.name for p in files] == ["blob-1.obj.zip", "blob-1.stl", "blob-1.mesh.ply"]
     for p in [Path(out["model"]), *files]:   # each file's name and its size, as a person reads it
-        assert f"`{p.name}` {human_bytes(p.stat().st_size)}" in out["file_sizes"]
+        assert f"`{p.name}` {page_bytes(p.stat().st_size)}" in out["file_sizes"]
     assert sorted(Path(p).name for p in out["history_files"]) == \
         ["blob-1.glb", "blob-1.mesh.ply", "blob-1.obj.zip", "blob-1.stl"]
 

@@ -129,8 +129,11 @@ def run(flow: JobFlow, page: Page, ctx: AppContext, caller: Caller, form: Any) -
     if last is None:
         ctx.active.keep_outcome(session, not_started(note, kind=flow.kind))
     else:
-        # the wait in Gradio's queue before the job was submitted counts in "Done in"
-        waited = max(0.0, (last.created or 0.0) - (pressed or last.created or time.time()))
+        # the wait in Gradio's queue before the job was submitted counts in "Done in": the
+        # figure stored with the job, which a reloaded page reads too (one "Done in" for both)
+        info = jobs.job_infos(ctx, [last]).get(last.id)
+        waited = info.waited_s if info is not None else \
+            max(0.0, (last.created or 0.0) - (pressed or last.created or time.time()))
         ctx.active.keep_outcome(session, flow.outcome(ctx, session, last, waited, note))
     yield {bar: gr.skip()}
 

@@ -130,6 +130,8 @@ class Page:
     file_sizes: gr.Markdown
     history: gr.HTML
     history_files: gr.File
+    history_pick: gr.Textbox
+    history_button: gr.Button
     timer: gr.Timer
     bake_tab: BakeTab
 
@@ -262,8 +264,15 @@ def _settings(c: dict, s: Settings) -> None:
 def _history(c: dict) -> None:
     with gr.Accordion("History (this browser)", open=False, elem_id="kiln-history-box"):
         c["history"] = gr.HTML(history.history_html([]), elem_id="kiln-history")
-        c["history_files"] = gr.File(label="Earlier results", file_count="multiple", interactive=False,
+        # Gradio's file list puts a "×" beside each file: it only takes the file off this list
+        c["history_files"] = gr.File(label="Earlier results' files (× hides one from this list until the page "
+                                           "reloads; the file stays)", file_count="multiple", interactive=False,
                                      elem_id="kiln-history-files")
+        # a click on a row of the history (pageassets.HISTORY_JS) writes its job id here and
+        # presses the button: the row's model shows in the viewer
+        c["history_pick"] = gr.Textbox(elem_id="kiln-history-pick", elem_classes=["kiln-hidden"],
+                                       show_label=False, container=False)
+        c["history_button"] = gr.Button("show", elem_id="kiln-history-btn", elem_classes=["kiln-hidden"])
 
 
 def _bake_tab(s: Settings) -> BakeTab:

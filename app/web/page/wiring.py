@@ -28,7 +28,7 @@ from app.web.server.context import AppContext
 from app.web.bake.bake_form import BakeForm, FitForm
 from app.web.photo.form import GenerateForm
 from app.web.page.layout import Page
-from app.web.page.assets import BOX_JS, RANGE_JS, REPLACE_JS
+from app.web.page.assets import BOX_JS, HISTORY_JS, RANGE_JS, REPLACE_JS
 from app.web.page import job_flow
 from app.web.page.job_flow import JobFlow
 from app.web.server.requestinfo import event_fn, fault_reason
@@ -44,6 +44,7 @@ def wire(page: Page, ctx: AppContext) -> None:
         page.demo.load(None, None, None, js=BOX_JS)
         page.demo.load(None, None, None, js=REPLACE_JS)
         page.demo.load(None, None, None, js=RANGE_JS)
+        page.demo.load(None, None, None, js=HISTORY_JS)
         # texture size and bake mode mean nothing without baking
         page.bake_texture.change(partial(around.on_bake_texture, page), [page.bake_texture], [page.texture, page.mode, page.views],
                          queue=False, show_progress="hidden")
@@ -124,6 +125,9 @@ def _wire_job(page: Page, ctx: AppContext) -> None:
                     show_progress="hidden")
     page.cancel.click(on(job.on_cancel), None, [page.progress, page.generate, page.cancel],
                       cancels=[gen_event, load_event], queue=False)
+    # a row of the history clicked: its model in the viewer (a plain handler: Model3D mounts)
+    page.history_button.click(on(job.on_history_pick), [page.history_pick], result_outputs(page), queue=False,
+                              show_progress="hidden")
 
 
 def bake_result_outputs(page: Page) -> list:
