@@ -106,7 +106,7 @@ def read_model(req: BakeRequest, folder: Path, photo: Optional[ImageInput],
                      f"{100 * fitted.coverage:.0f} % of the mask); used as it is, not fitted again")
     elif req.photo and photo is not None and camera is not None:
         # the camera given is used as given; its silhouette is checked against the mask when baking
-        notes.append(f"camera: from the camera file {_name(req, 'camera', req.camera)}" if how == "file"
+        notes.append(f"camera: from the camera file {_name(req, 'camera', req.camera or '')}" if how == "file"
                      else f"camera: from the focal length given ({float(req.focal or 0):g} px)")
     elif req.photo and photo is not None:
         notes.append("camera: none given; it is fitted to the mask" if not req.fit_camera

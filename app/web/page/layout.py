@@ -171,6 +171,11 @@ def layout(settings: Settings, examples: Optional[list[Path]] = None) -> Page:
             with gr.Tab("Bake a model", elem_id="kiln-tab-bake"):
                 c["bake_tab"] = _bake_tab(s)
         c["timer"] = gr.Timer(2.0)
+        # Gradio's own "Use via API" footer is off (the page's events are private): say where
+        # the script endpoints are described
+        gr.Markdown("Scripts can use this server too, with `gradio_client`: the endpoints are described in "
+                    "`docs/api.md` in Kiln's folder (`examples/api_client.py` is a client to start from).",
+                    elem_id="kiln-api-note")
     return Page(demo=demo, **c)
 
 

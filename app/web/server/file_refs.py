@@ -54,7 +54,7 @@ class CheckedBlocks(gr.Blocks):
     """``gr.Blocks`` whose events answer a refused file reference with its reason
     (``refused_reference``) instead of Gradio's silent error."""
 
-    async def preprocess_data(self, block_fn, inputs, state, explicit_call: bool = False):  # type: ignore[no-untyped-def]
+    async def preprocess_data(self, block_fn, inputs, state, explicit_call: bool = False):
         try:
             return await super().preprocess_data(block_fn, inputs, state, explicit_call)
         except gr.Error:

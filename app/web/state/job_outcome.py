@@ -116,7 +116,7 @@ def photo_warning(st: Any) -> str:
     "" otherwise."""
     pipeline = st.stats.pipeline if st is not None and st.state == "done" else None
     model = pipeline.model if pipeline is not None else None
-    if model is None or not any(w.startswith(NOT_PROJECTED) for w in pipeline.warnings):
+    if pipeline is None or model is None or not any(w.startswith(NOT_PROJECTED) for w in pipeline.warnings):
         return ""
     if model.camera in ("file", "focal"):
         change = ("try the other camera frame (OpenGL or OpenCV), another focal length, or leave the "
