@@ -324,3 +324,30 @@ def test_fit_camera_then_bake_with_it_through_gradio_client(server, tmp_path):
     finally:
         c.close()
         other.close()
+
+
+def test_a_file_reference_gradio_refuses_is_answered_with_the_reason(server, images, tmp_path):
+    """A URL on the server's own network and a path on the server are not read (Gradio
+    refuses both before any handler runs): the client is told why and what to send instead,
+    not ``{"error": null}``."""
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    url, var = server
+    c = _client(url, tmp_path)
+    try:
+        with pytest.raises(AppError, match=r"image: the server does not fetch http://127\.0\.0\.1.*handle_file"):
+            c.predict(handle_file(url + "config"), api_name="/upload_image")
+        # a path gradio_client would upload; sent as a bare reference, as another client can
+        secret = var / "server.log"
+        sent = httpx.post(url + "gradio_api/call/upload_image", cookies=c.cookies, timeout=30,
+                          json={"data": [{"path": str(secret), "meta": {"_type": "gradio.FileData"}}, None, True]})
+        event = sent.json()["event_id"]
+        answer = httpx.get(url + f"gradio_api/call/upload_image/{event}", cookies=c.cookies, timeout=30).text
+        assert "event: error" in answer and "server.log is a path on the server" in answer, answer
+        assert str(var) not in answer, "the server's own folders are nobody's business at the client"
+        # an upload of the file itself still works
+        info = c.predict(handle_file(str(images / "photo.png")), None, True, api_name="/upload_image")
+        assert info["has_alpha"] is False and info["mask"] is None
+    finally:
+        c.close()

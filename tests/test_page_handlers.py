@@ -26,7 +26,7 @@ from app.web.state.job_outcome import not_started  # noqa: E402
 from app.web.page.layout import layout  # noqa: E402
 from app.web.server.requestinfo import Caller, caller_of, event_fn  # noqa: E402
 from app.web.page.wiring import wire  # noqa: E402
-from kiln.formats import human_bytes  # noqa: E402
+from app.web.state.job_outcome import page_bytes  # noqa: E402
 from kiln.settings import Settings  # noqa: E402
 from worker.jobs.jobstore import JobStatus  # noqa: E402
 from page_helpers import ALICE, BOB, FakeSup, caller, make_context, named, png_file, request, wired_outputs  # noqa: E402
@@ -620,7 +620,7 @@ def test_the_download_choices_give_each_format_its_file_with_its_size_for_this_b
     files = [Path(p) for p in out["more_files"]["value"]]
     assert [p.name for p in files] == ["blob-1.obj.zip", "blob-1.stl", "blob-1.mesh.ply"]
     for p in [Path(out["model"]), *files]:   # each file's name and its size, as a person reads it
-        assert f"`{p.name}` {human_bytes(p.stat().st_size)}" in out["file_sizes"]
+        assert f"`{p.name}` {page_bytes(p.stat().st_size)}" in out["file_sizes"]
     assert sorted(Path(p).name for p in out["history_files"]) == \
         ["blob-1.glb", "blob-1.mesh.ply", "blob-1.obj.zip", "blob-1.stl"]
 
@@ -647,3 +647,50 @@ def test_the_download_choices_give_each_format_its_file_with_its_size_for_this_b
     # a new image takes the last result's files off the page
     out = answer(app, image.on_upload, A1, png_file(app.tmp, "blob.png", blob[0]))
     assert _is_update(out["more_files"], value=None, visible=False) and out["file_sizes"] == ""
+
+
+def test_a_history_row_reopens_its_result_for_this_browser_only(app, blob):
+    """Issue 38 item 4: a done row's job id (HISTORY_JS hands it over) shows that model in the
+    viewer with its downloads; the row's main line leaves the id out; another browser's id or
+    nonsense shows nothing of it."""
+    _ready(app, blob)
+    answer(app, job.on_generate, A1, FORM)
+    stream(app, job.run_job, A1, FORM)
+    done = answer(app, job.show_outcome, A1)
+    import re
+
+    main_line = re.sub(r"<[^>]+>", "", done["history"].split("<br>")[0])   # what it reads, not its attributes
+    assert "job0" not in main_line and 'data-pick="1"' in done["history"] and "job job0" in done["history"]
+    assert "Click a result to show it in the viewer" in done["history"]
+    answer(app, image.on_upload, A1, png_file(app.tmp, "other.png", blob[0]))   # the viewer is cleared
+    out = answer(app, job.on_history_pick, A1, "job0")
+    assert Path(out["model"]).name == "blob-1.glb" and _is_update(out["glb_download"], visible=True)
+    assert "shown from the history: blob.png" in out["progress"] and "Done in" in out["progress"]
+    assert "blob-1.glb" in out["file_sizes"] and (" KB" in out["file_sizes"] or " B" in out["file_sizes"])
+    for who, job_id in ((B1, "job0"), (A1, "nonsense"), (A1, "")):
+        out = answer(app, job.on_history_pick, who, job_id)
+        assert "model" not in out and "not in this browser&#x27;s history" in out["progress"]
+
+
+def test_select_first_names_every_way_to_select_and_a_warning_bar_says_what_to_change(app, blob):
+    answer(app, image.on_upload, A1, png_file(app.tmp, "rgb.png", blob[0]))
+    with pytest.raises(gr.Error) as e:
+        job.on_generate(app.page, app.ctx, A1, FORM)
+    assert "Find the object" in str(e.value) and "box" in str(e.value) and "transparency" not in str(e.value)
+    from app.web.photo.form import nothing_selected
+
+    assert "Use transparency as mask" in nothing_selected(True)   # offered where the image has some
+    assert "Find the object" in around.status_line(app.page, app.ctx)
+
+    from kiln.records import ModelStats, PipelineStats, JobStats
+    from app.web.state.job_outcome import photo_warning
+
+    def done_bake(camera):
+        model = ModelStats(camera=camera, warnings=("the photo was not projected: only 20 % ...",))
+        stats = JobStats(pipeline=PipelineStats(model=model))
+        return JobStatus(id="b1", session="s", state="done", kind="bake", stats=stats, timings={"total_s": 3.0})
+
+    bar = statusview.progress_html(done_bake("focal"), warning=photo_warning(done_bake("focal")))
+    assert 'data-warning="1"' in bar and "kiln-warning" in bar and "kiln-done" not in bar
+    assert "another focal length" in bar and "leave the camera out" in bar
+    assert "mask covers the whole object" in photo_warning(done_bake("fitted"))

@@ -140,7 +140,11 @@ def _photo_camera(spec: CameraSpec, folder: Path, photo: Optional[ImageInput], c
         how = "fitted before"
         notes.append(f"{label}camera: fitted to the mask before (silhouette IoU {fitted.iou:.2f}, covers "
                      f"{100 * fitted.coverage:.0f} % of the mask); used as it is, not fitted again")
-    elif has_photo and photo is not None and camera is None:
+    elif has_photo and photo is not None and camera is not None:
+        # the camera given is used as given; its silhouette is checked against the mask when baking
+        notes.append(f"{label}camera: from the camera file {camera_name}" if how == "file"
+                     else f"{label}camera: from the focal length given ({float(spec.focal or 0):g} px)")
+    elif has_photo and photo is not None:
         notes.append(f"{label}camera: none given; it is fitted to the mask" if not spec.fit_camera
                      else f"{label}camera: fitted to the mask")
     return camera, how, fitted, notes

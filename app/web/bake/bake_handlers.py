@@ -145,6 +145,8 @@ def bake_outcome_view(page: Page, out: Optional[Outcome]) -> Updates:
     fitted = fitview.fit_summary(model.camera_fit if model else None)
     if fitted and model is not None and model.camera == "fitted before":
         fitted = f"Baked with the camera fitted before, not fitted again. {fitted}"
+    if not fitted and model is not None:
+        fitted = fitview.given_camera_summary(model.camera, model.silhouette)
     lines = [f"- {fitted}"] if fitted else []
     if model is not None and len(model.photos) > 1:   # several photos: a line each, as kiln bake says
         lines += [f"- {usertext.public_text(p.describe(n))}" for n, p in enumerate(model.photos, start=1)]

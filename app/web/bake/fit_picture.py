@@ -59,6 +59,17 @@ def fit_summary(fit: Optional[Mapping[str, Any]]) -> str:
     return line
 
 
+def given_camera_summary(how: Optional[str], silhouette: Optional[Mapping[str, float]]) -> str:
+    """The silhouette's figures for a camera that was given (a camera file, a focal length),
+    as ``fit_summary`` says them for a fitted one: "" without them."""
+    if how not in ("file", "focal") or not silhouette:
+        return ""
+    given = "the camera file given" if how == "file" else "the focal length given"
+    return (f"Camera from {given}: silhouette IoU {silhouette.get('iou', 0):.2f}, "
+            f"{100 * silhouette.get('inside', 0):.0f} % of it inside the mask, covering "
+            f"{100 * silhouette.get('coverage', 0):.0f} % of the mask")
+
+
 def projects_photo(iou: float, min_iou: float) -> bool:
     """Whether a bake projects the photo from a fitted camera of this IoU (``bake.fit_min_iou``)."""
     return iou >= min_iou

@@ -7,6 +7,9 @@ CSS = """
 #kiln-progress .kiln-bar { height: 14px; border-radius: 7px; background: var(--neutral-200); overflow: hidden; }
 #kiln-progress .kiln-fill { height: 100%; background: var(--color-accent); transition: width .3s; }
 #kiln-progress .kiln-fill.kiln-done { background: #2e9d4e; }
+/* done, but not all it was asked (a photo not projected): amber, and the note says what to change */
+#kiln-progress .kiln-fill.kiln-warning, #kiln-bake-progress .kiln-fill.kiln-warning { background: #d88a00; }
+#kiln-bake-progress [data-warning] .kiln-note, #kiln-bake-progress[data-warning] .kiln-note { color: #8a5a00; }
 #kiln-progress .kiln-fill.kiln-failed, #kiln-progress .kiln-fill.kiln-cancelled { background: #c0392b; }
 #kiln-progress .kiln-note { margin-top: 4px; font-size: 0.95em; }
 #kiln-progress .kiln-note.kiln-refused, #kiln-bake-progress .kiln-note.kiln-refused { color: #a33; }
@@ -23,6 +26,11 @@ CSS = """
 .kiln-job { display: flex; gap: .6em; align-items: flex-start; margin: .35em 0; }
 .kiln-thumb { width: 56px; height: 56px; object-fit: contain; flex: none; background: var(--neutral-100); }
 .kiln-job.kiln-failed, .kiln-job.kiln-cancelled { color: #a33; }
+.kiln-job[data-pick] { cursor: pointer; border-radius: 6px; }
+.kiln-job[data-pick]:hover, .kiln-job[data-pick]:focus { background: var(--neutral-100); outline: none; }
+.kiln-job.kiln-shown { box-shadow: inset 3px 0 0 var(--color-accent); }
+.kiln-job-id { opacity: .6; }
+.kiln-history-hint { font-size: .9em; opacity: .8; margin-bottom: .3em; }
 /* the baking-only settings, switched off with baking: they look it, not just refuse input */
 #kiln-texture:has(:disabled), #kiln-mode:has(:disabled), #kiln-views:has(:disabled) { opacity: .45; }
 /* File drop zones: Gradio floats the label over the drop zone, where it hides the upload
@@ -200,5 +208,31 @@ RANGE_JS = """
   };
   document.addEventListener('change', check, true);
   document.addEventListener('blur', check, true);
+}
+"""
+
+
+# A click (or Enter) on a done row of the history: its job id goes to the hidden
+# ``history_pick`` box and the hidden button is pressed, as BOX_JS does for a box; the server
+# checks the job is this browser's before it shows anything.
+HISTORY_JS = """
+() => {
+  const pick = (row) => {
+    const box = document.querySelector('#kiln-history-pick textarea, #kiln-history-pick input');
+    const btn = document.querySelector('#kiln-history-btn');
+    if (!box || !btn) return;
+    document.querySelectorAll('.kiln-job.kiln-shown').forEach((r) => r.classList.remove('kiln-shown'));
+    row.classList.add('kiln-shown');
+    const proto = box.tagName === 'TEXTAREA' ? HTMLTextAreaElement.prototype : HTMLInputElement.prototype;
+    Object.getOwnPropertyDescriptor(proto, 'value').set.call(box, row.dataset.job);
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+    setTimeout(() => btn.click(), 50);
+  };
+  const row = (e) => e.target.closest && e.target.closest('#kiln-history .kiln-job[data-pick]');
+  document.addEventListener('click', (e) => { const r = row(e); if (r) pick(r); });
+  document.addEventListener('keydown', (e) => {
+    const r = row(e);
+    if (r && (e.key === 'Enter' || e.key === ' ')) { e.preventDefault(); pick(r); }
+  });
 }
 """

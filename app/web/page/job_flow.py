@@ -22,7 +22,7 @@ from app.web.page import status_line as statusview
 from app.web.page.layout import Page, Updates
 from app.web.server import usertext
 from app.web.server.context import AppContext
-from app.web.server.requestinfo import Caller, refusal
+from app.web.server.requestinfo import FAULT_LOG, Caller, fault_reason, log, refusal
 from app.web.state import browser_jobs as jobs
 from app.web.state.job_outcome import Outcome, not_started
 
@@ -79,6 +79,11 @@ def press(flow: JobFlow, page: Page, ctx: AppContext, caller: Caller, form: Any)
             shown = flow.check(page, ctx, caller, form)
         except usertext.UIError as e:
             raise refusal(usertext.public_text(str(e))) from None
+        except gr.Error:
+            raise
+        except Exception as e:  # noqa: BLE001 - a fault in a check is a refusal with its reason
+            log.exception("%s in the %s check", FAULT_LOG, flow.kind)
+            raise refusal(f"the check before the job failed: {fault_reason(e)}") from None
         if not ctx.active.press(session):     # another press of this tab got in first
             raise refusal(BUSY)
         return shown
@@ -116,15 +121,28 @@ def run(flow: JobFlow, page: Page, ctx: AppContext, caller: Caller, form: Any) -
             yield {bar: view, **(extra or {})}
     except usertext.UIError as e:   # e.g. a file changed between the check and the slot
         note = f"Cannot start: {usertext.public_text(str(e))}"
+    except Exception as e:  # noqa: BLE001 - the job's follower failed: said on its bar, logged
+        log.exception("%s while following a %s job", FAULT_LOG, flow.kind)
+        note = f"Cannot follow the job: {fault_reason(e)}"
     finally:
         ctx.active.end_pending(session)
     if last is None:
         ctx.active.keep_outcome(session, not_started(note, kind=flow.kind))
     else:
-        # the wait in Gradio's queue before the job was submitted counts in "Done in"
-        waited = max(0.0, (last.created or 0.0) - (pressed or last.created or time.time()))
+        # the wait in Gradio's queue before the job was submitted counts in "Done in": the
+        # figure stored with the job, which a reloaded page reads too (one "Done in" for both)
+        info = jobs.job_infos(ctx, [last]).get(last.id)
+        waited = info.waited_s if info is not None else \
+            max(0.0, (last.created or 0.0) - (pressed or last.created or time.time()))
         ctx.active.keep_outcome(session, flow.outcome(ctx, session, last, waited, note))
     yield {bar: gr.skip()}
+
+
+def failed_bar(flow: JobFlow, page: Page, action: str, e: BaseException) -> Updates:
+    """A fault no check foresaw in one of the tab's job handlers (``event_fn``'s ``fallback``):
+    said on the tab's progress line, where refusals are."""
+    return {flow.progress(page): flow.bar(note=f"{action} failed: {fault_reason(e)}. Reload the page to see "
+                                               "where the job stands.", note_state="refused")}
 
 
 def cancel(flow: JobFlow, page: Page, ctx: AppContext, caller: Caller) -> Updates:

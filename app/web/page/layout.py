@@ -16,6 +16,7 @@ from kiln.settings import Settings, allowed_range, allowed_values
 from app.web.bake.bake_form import MORE_PHOTOS, BakeForm, FitForm
 from app.web.photo.form import GenerateForm
 from app.web.state import history
+from app.web.server.file_refs import CheckedBlocks
 from app.web.photo import selection
 from app.web.page import status_line as statusview
 from app.web.state import uploads
@@ -141,6 +142,8 @@ class Page:
     file_sizes: gr.Markdown
     history: gr.HTML
     history_files: gr.File
+    history_pick: gr.Textbox
+    history_button: gr.Button
     timer: gr.Timer
     bake_tab: BakeTab
 
@@ -163,7 +166,7 @@ def layout(settings: Settings, examples: Optional[list[Path]] = None) -> Page:
     upload_limits = describe_limits(s.app.max_pixels, upload_limit_bytes(s.app.max_pixels, s.app.max_upload_mb))
     c: dict = {}
     # every click writes an overlay JPEG into Gradio's folder: sweep hourly, keep a day
-    with gr.Blocks(title="Kiln — photo to 3D", delete_cache=(3600, 86400)) as demo:
+    with CheckedBlocks(title="Kiln — photo to 3D", delete_cache=(3600, 86400)) as demo:
         gr.Markdown("# Kiln\nUpload a photo, click the object, press **Generate** to get a textured 3D model (GLB).")
         c["status"] = gr.Markdown(elem_id="kiln-status")
         with gr.Tabs():
@@ -180,6 +183,11 @@ def layout(settings: Settings, examples: Optional[list[Path]] = None) -> Page:
             with gr.Tab("Bake a model", elem_id="kiln-tab-bake"):
                 c["bake_tab"] = _bake_tab(s)
         c["timer"] = gr.Timer(2.0)
+        # Gradio's own "Use via API" footer is off (the page's events are private): say where
+        # the script endpoints are described
+        gr.Markdown("Scripts can use this server too, with `gradio_client`: the endpoints are described in "
+                    "`docs/api.md` in Kiln's folder (`examples/api_client.py` is a client to start from).",
+                    elem_id="kiln-api-note")
     return Page(demo=demo, **c)
 
 
@@ -275,8 +283,15 @@ def _settings(c: dict, s: Settings) -> None:
 def _history(c: dict) -> None:
     with gr.Accordion("History (this browser)", open=False, elem_id="kiln-history-box"):
         c["history"] = gr.HTML(history.history_html([]), elem_id="kiln-history")
-        c["history_files"] = gr.File(label="Earlier results", file_count="multiple", interactive=False,
+        # Gradio's file list puts a "×" beside each file: it only takes the file off this list
+        c["history_files"] = gr.File(label="Earlier results' files (× hides one from this list until the page "
+                                           "reloads; the file stays)", file_count="multiple", interactive=False,
                                      elem_id="kiln-history-files")
+        # a click on a row of the history (pageassets.HISTORY_JS) writes its job id here and
+        # presses the button: the row's model shows in the viewer
+        c["history_pick"] = gr.Textbox(elem_id="kiln-history-pick", elem_classes=["kiln-hidden"],
+                                       show_label=False, container=False)
+        c["history_button"] = gr.Button("show", elem_id="kiln-history-btn", elem_classes=["kiln-hidden"])
 
 
 def _bake_tab(s: Settings) -> BakeTab:

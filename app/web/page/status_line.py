@@ -72,7 +72,7 @@ def _queued_text(place: int, workers: int, typical_s: Optional[float],
 def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id: str = "kiln-progress",
                   place: Optional[int] = None, workers: int = 1, typical_s: Optional[float] = None,
                   now: Optional[float] = None, note_state: str = "idle",
-                  running_left: Optional[Sequence[float]] = None) -> str:
+                  running_left: Optional[Sequence[float]] = None, warning: str = "") -> str:
     """A progress bar for a job status (``worker.jobs.jobstore.JobStatus``) or a note.
     ``waited_s``: how long the press waited before the job was submitted; "Done in" counts
     it (the person waited for it too). For a job in progress: ``place`` in the queue
@@ -80,6 +80,10 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id:
     lately (None: nothing to go by), ``running_left`` what the jobs running now have left
     (``queue_wait_s``), ``now`` (Unix time) for a running job's elapsed time; with them the
     bar says "2nd in line, about 20 s" / "8 s so far, about 4 s left".
+
+    ``warning``: what a done job did not do that it was asked to (a bake whose photo was not
+    projected), with what to change: the bar is amber, not green, and says it after "Done";
+    the outer element carries data-warning="1".
 
     The outer element (id ``dom_id``: one per tab) carries data-state / data-stage so
     scripts and tests can read it.
@@ -136,15 +140,20 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id:
             text += (f"; only {stats.faces:,} faces: a lower simplify ratio keeps more of the shape")
         if note:
             text += f"; {note}"
+        if warning:
+            text += f". But {warning}"
     elif state == "cancelled":
         # the supervisor says why: "cancelled by user", "cancelled before it started", …
         why = (st.error or "").strip() or "cancelled"
         text = why[:1].upper() + why[1:] if why.lower().startswith("cancel") else f"Cancelled: {why}"
     else:
         text = "Failed: " + (st.error or st.message or "unknown reason")
+    warned = bool(warning) and state == "done"
+    fill = "warning" if warned else state
+    flag = ' data-warning="1"' if warned else ""
     return (f'<div id="{dom_id}" data-state="{html.escape(state)}" '
-            f'data-stage="{html.escape(st.stage or "")}" data-job="{html.escape(st.id)}">'
-            f'<div class="kiln-bar"><div class="kiln-fill kiln-{html.escape(state)}" '
+            f'data-stage="{html.escape(st.stage or "")}" data-job="{html.escape(st.id)}"{flag}>'
+            f'<div class="kiln-bar"><div class="kiln-fill kiln-{html.escape(fill)}" '
             f'style="width:{pct:.1f}%"></div></div>'
             f'<div class="kiln-note">{html.escape(public_text(text))}</div></div>')
 
@@ -167,14 +176,16 @@ def status_line(caps: Optional[Capabilities], segmenter_text: str, running: int,
                 else "no model timed on this server yet")
         plain = [f"CPU only: {took}" if dev == "CPU" else f"GPU ready ({dev}): {took}"]
     if segmenter_text.startswith("SAM2"):
-        plain.append("selection by SAM2: a click or a box usually selects the whole object")
+        plain.append("selection by SAM2: a click, a box or \"Find the object\" usually selects the whole object")
     elif "loading" in segmenter_text:
-        plain.append("SAM2 is loading, GrabCut selects meanwhile: drag a box around the object")
+        plain.append("SAM2 is loading, GrabCut selects meanwhile: drag a box around the object or press "
+                     "\"Find the object\"")
     elif "SAM2" in segmenter_text:
-        plain.append("SAM2 not available, using GrabCut: drag a box around the object, "
-                     "then click more points")
+        plain.append("SAM2 not available, using GrabCut: drag a box around the object (or press "
+                     "\"Find the object\"), then click more points")
     else:
-        plain.append("selection by GrabCut: drag a box around the object, then click more points")
+        plain.append("selection by GrabCut: drag a box around the object (or press \"Find the object\"), "
+                     "then click more points")
     if running or waiting:
         plain.append(f"{running} job{'s' if running != 1 else ''} running, {waiting} waiting")
     detail = (f"**Device:** {html.escape(str(dev))} · **Backends:** {html.escape(backends)} · "

@@ -28,8 +28,10 @@ from app.web.server.context import AppContext
 from app.web.bake.bake_form import BakeForm, FitForm
 from app.web.photo.form import GenerateForm
 from app.web.page.layout import Page
-from app.web.page.assets import BOX_JS, RANGE_JS, REPLACE_JS
-from app.web.server.requestinfo import event_fn
+from app.web.page.assets import BOX_JS, HISTORY_JS, RANGE_JS, REPLACE_JS
+from app.web.page import job_flow
+from app.web.page.job_flow import JobFlow
+from app.web.server.requestinfo import event_fn, fault_reason
 
 # follows submitted jobs: one event per job in progress, its wait in the supervisor's queue
 JOBS = "jobs"
@@ -42,6 +44,7 @@ def wire(page: Page, ctx: AppContext) -> None:
         page.demo.load(None, None, None, js=BOX_JS)
         page.demo.load(None, None, None, js=REPLACE_JS)
         page.demo.load(None, None, None, js=RANGE_JS)
+        page.demo.load(None, None, None, js=HISTORY_JS)
         # texture size and bake mode mean nothing without baking
         page.bake_texture.change(partial(around.on_bake_texture, page), [page.bake_texture], [page.texture, page.mode, page.views],
                          queue=False, show_progress="hidden")
@@ -59,9 +62,18 @@ def result_view(page: Page) -> list:
     return [page.progress, page.model, page.glb_download, page.ply_download, page.more_files, page.file_sizes]
 
 
+def _on_job(page: Page, ctx: AppContext, flow: JobFlow, action: str):
+    """``event_fn`` for a job's handlers: a fault is said on the tab's progress line."""
+    def on(handler, form=None):
+        return event_fn(handler, page, ctx, form=form,
+                        fallback=lambda e: job_flow.failed_bar(flow, page, action, e))
+    return on
+
+
 def _wire_image(page: Page, ctx: AppContext) -> None:
     def on(handler):
-        return event_fn(handler, page, ctx, present=partial(image.canvas_as_file, page, ctx))
+        return event_fn(handler, page, ctx, present=partial(image.canvas_as_file, page, ctx),
+                        fallback=partial(image.failed_view, page, handler.__name__))
 
     view = page.selection_view
     seg: dict[str, Any] = dict(concurrency_id="segment", concurrency_limit=4, show_progress="minimal")
@@ -91,16 +103,15 @@ def result_outputs(page: Page) -> list:
 
 
 def _wire_job(page: Page, ctx: AppContext) -> None:
-    def on(handler):
-        return event_fn(handler, page, ctx)
+    on = _on_job(page, ctx, job.GENERATE, "Generate")
 
     check = page.generate.click(
-        event_fn(job.on_generate, page, ctx, form=GenerateForm), page.form,
+        on(job.on_generate, form=GenerateForm), page.form,
         [*result_view(page), page.generate, page.cancel, page.views, page.simplify, page.seed],
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
     )
     gen_event = check.success(
-        event_fn(job.run_job, page, ctx, form=GenerateForm), page.form, [page.progress],
+        on(job.run_job, form=GenerateForm), page.form, [page.progress],
         concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden",
     )
     # after the success branch, so the job's event keeps the index right after the click's
@@ -114,6 +125,9 @@ def _wire_job(page: Page, ctx: AppContext) -> None:
                     show_progress="hidden")
     page.cancel.click(on(job.on_cancel), None, [page.progress, page.generate, page.cancel],
                       cancels=[gen_event, load_event], queue=False)
+    # a row of the history clicked: its model in the viewer (a plain handler: Model3D mounts)
+    page.history_button.click(on(job.on_history_pick), [page.history_pick], result_outputs(page), queue=False,
+                              show_progress="hidden")
 
 
 def bake_result_outputs(page: Page) -> list:
@@ -130,18 +144,17 @@ def bake_buttons(page: Page) -> list:
 
 
 def _wire_bake(page: Page, ctx: AppContext) -> None:
-    def on(handler):
-        return event_fn(handler, page, ctx)
+    on = _on_job(page, ctx, baking.BAKE, "Bake")
 
     t = page.bake_tab
     check = t.bake_button.click(
-        event_fn(baking.on_bake, page, ctx, form=BakeForm), t.form,
+        on(baking.on_bake, form=BakeForm), t.form,
         [t.progress, t.notes, t.model, t.download, t.more_files, t.file_sizes, t.fit_view, t.fit_info,
          *bake_buttons(page)],
         concurrency_id="check", concurrency_limit=None, show_progress="hidden",
     )
     bake_event = check.success(
-        event_fn(baking.run_bake, page, ctx, form=BakeForm), t.form, [t.progress, t.fit_view],
+        on(baking.run_bake, form=BakeForm), t.form, [t.progress, t.fit_view],
         concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden",
     )
     check.failure(on(baking.show_bake_refusal), None, [t.progress], queue=False, show_progress="hidden")
@@ -160,14 +173,13 @@ def _wire_fit(page: Page, ctx: AppContext):
     """"Fit the camera to the photo": checked at once, then a fit job followed like a bake's
     (``handlers_fit``); any change of what a fit holds for drops the tab's fit. Returns the
     event that follows the job (Cancel stops it)."""
-    def on(handler):
-        return event_fn(handler, page, ctx)
+    on = _on_job(page, ctx, fitting.FIT, "Fit the camera")
 
     t = page.bake_tab
-    check = t.fit_button.click(event_fn(fitting.on_fit, page, ctx, form=FitForm), t.fit_form,
+    check = t.fit_button.click(on(fitting.on_fit, form=FitForm), t.fit_form,
                                [t.progress, t.notes, t.fit_view, t.fit_info, *bake_buttons(page)],
                                concurrency_id="check", concurrency_limit=None, show_progress="hidden")
-    fit_event = check.success(event_fn(fitting.run_fit, page, ctx, form=FitForm), t.fit_form, [t.progress],
+    fit_event = check.success(on(fitting.run_fit, form=FitForm), t.fit_form, [t.progress],
                               concurrency_id=JOBS, concurrency_limit=None, show_progress="hidden")
     check.failure(on(fitting.show_fit_refusal), None, [t.progress], queue=False, show_progress="hidden")
     fit_event.then(on(fitting.show_fit_outcome), None, [t.progress, t.fit_view, t.fit_info, *bake_buttons(page)],
@@ -176,18 +188,21 @@ def _wire_fit(page: Page, ctx: AppContext):
         # .change on files fires on an upload and a clear; .input on the others fires on what
         # the person does only (a handler setting a box leaves the fit alone)
         trigger = box.change if isinstance(box, gr.File) else box.input
-        trigger(on(fitting.on_fit_inputs_changed), None, [t.fit_view, t.fit_info], queue=False,
-                show_progress="hidden")
+        trigger(event_fn(fitting.on_fit_inputs_changed, page, ctx,
+                         fallback=lambda e: {t.fit_info: f"⚠ Dropping the fitted camera failed: {fault_reason(e)}."}),
+                None, [t.fit_view, t.fit_info], queue=False, show_progress="hidden")
     return fit_event
 
 
 def _wire_around(page: Page, ctx: AppContext) -> None:
     page.timer.tick(partial(around.on_status, page, ctx), None, [page.status], show_progress="hidden",
                     queue=False)
-    page.demo.load(event_fn(around.on_load, page, ctx), None, [page.status, page.history, page.history_files],
-                   queue=False)
+    page.demo.load(event_fn(around.on_load, page, ctx,
+                            fallback=lambda e: {page.status: f"⚠ Loading the page's history failed: {fault_reason(e)}."}),
+                   None, [page.status, page.history, page.history_files], queue=False)
     seg: dict[str, Any] = dict(concurrency_id="segment", concurrency_limit=4, show_progress="hidden")
-    page.demo.load(event_fn(image.on_restore, page, ctx, present=partial(image.canvas_as_file, page, ctx)),
+    page.demo.load(event_fn(image.on_restore, page, ctx, present=partial(image.canvas_as_file, page, ctx),
+                            fallback=partial(image.failed_view, page, "on_restore")),
                    None, [*page.selection_view, page.show_mask, page.upload],
                    queue=False).then(event_fn(image.prepare_restored, ctx), None, None, **seg)
     page.demo.unload(event_fn(around.on_unload, ctx))

@@ -104,6 +104,15 @@ def job_settings(base: Settings, overrides: dict) -> Settings:
         raise UIError(field_error(str(e))) from None
 
 
+def nothing_selected(has_alpha: bool) -> str:
+    """Why a job cannot start without a selection, with every way to make one this image
+    offers (its transparency only when it has some)."""
+    ways = "click on it, drag a box around it, or press \"Find the object\""
+    if has_alpha:
+        ways += "; or tick \"Use transparency as mask\""
+    return f"select the object first: {ways}"
+
+
 def full_mask(state: SessionState, alpha: Optional[np.ndarray] = None) -> np.ndarray:
     """(H, W) bool mask at the upload's full size, ready for a job. ``alpha``: the
     full-size alpha when the caller has decoded it already (``WorkImage.full``)."""
@@ -118,7 +127,7 @@ def full_mask(state: SessionState, alpha: Optional[np.ndarray] = None) -> np.nda
     if state.mask_file:
         return _full_mask_file(state)
     if state.mask is None:
-        raise UIError("select the object first: click on it (or use the image's transparency)")
+        raise UIError(nothing_selected(img.has_alpha))
     H, W = img.size
     if state.mask.shape == (H, W):
         return state.mask.copy()
@@ -199,7 +208,7 @@ def check_selection(state: SessionState, settings: Settings, mask_found: bool = 
     if state.use_alpha and img.work_alpha is not None:
         mask = img.work_alpha >= 128
     elif state.mask is None:
-        raise UIError("select the object first: click on it (or use the image's transparency)")
+        raise UIError(nothing_selected(img.has_alpha))
     else:
         mask = state.mask
     if not mask.any():

@@ -136,6 +136,31 @@ def show_followed_outcome(page: Page, ctx: AppContext, caller: Caller) -> Update
     return outcome_view(page, ctx.active.take_outcome(caller.session), idle_when_empty=False)
 
 
+def on_history_pick(page: Page, ctx: AppContext, caller: Caller, job_id: str) -> Updates:
+    """A row of the history clicked (``pageassets.HISTORY_JS`` hands over its job id): that
+    job's model in the viewer with its downloads, if it is a done job of this browser's (an
+    id from anywhere else shows nothing of it). While the tab's own job runs, its progress
+    bar and buttons stay as they are."""
+    from dataclasses import replace as with_fields
+
+    job_id = str(job_id or "").strip()
+    st = next((s for s in jobs.browser_jobs(ctx, caller.session) if s.id == job_id), None)
+    busy = ctx.active.busy(caller.session)
+    if st is None or st.state != "done" or not history.makes_model(st):
+        note = statusview.progress_html(note="That result is not in this browser's history any more.",
+                                        note_state="refused")
+        return {page.progress: gr.skip() if busy else note}
+    out = job_outcome(ctx, caller.session, st)
+    info = jobs.job_infos(ctx, [st]).get(st.id)
+    name = info.image_name if info is not None else "an earlier result"
+    shown = outcome_view(page, with_fields(out, note=(f"{out.note}; " if out.note else "") +
+                                           f"shown from the history: {name}"))
+    if busy:
+        for c in (page.progress, page.generate, page.cancel):
+            shown.pop(c, None)
+    return shown
+
+
 def on_cancel(page: Page, ctx: AppContext, caller: Caller) -> Updates:
     """Cancel the tab's job, or its Generate not yet submitted (``job_flow.cancel``)."""
     return job_flow.cancel(GENERATE, page, ctx, caller)

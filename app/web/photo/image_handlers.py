@@ -25,7 +25,15 @@ from app.web.page import status_line as statusview
 from app.web.state import uploads
 from app.web.server.context import AppContext
 from app.web.page.layout import Page, Updates
-from app.web.server.requestinfo import Caller
+from app.web.server.requestinfo import Caller, fault_reason
+from kiln.limits import MIN_IMAGE_SIDE
+
+# what each handler's action is called on the page, for the sentence a fault leaves
+ACTIONS = {"on_upload": "The upload", "on_replace": "The upload", "on_upload_cleared": "Removing the image",
+           "on_click": "The click", "on_find": "Find the object", "on_undo": "Undo",
+           "on_clear": "Clear selection", "on_alpha": "Use transparency as mask",
+           "on_show_mask": "Show selection", "on_box": "The box", "on_mask_file": "The mask file",
+           "on_restore": "Taking over the image from before the reload"}
 
 
 def selection_view(page: Page, st: uploads.SessionState) -> Updates:
@@ -63,6 +71,15 @@ def edit_selection(page: Page, ctx: AppContext, caller: Caller,
     if refused:
         view[page.mask_info] = f"{view[page.mask_info]}  \n⚠ {usertext.md_text(refused[:1].upper() + refused[1:])}."
     return view
+
+
+def failed_view(page: Page, handler_name: str, e: BaseException) -> Updates:
+    """What a fault no check foresaw leaves under the image (``event_fn``'s ``fallback``): a
+    sentence naming the action and why, in a pop-up too, as a refusal does; the state is
+    as the handler left it (``SessionStore.edit`` saves only what a handler saved)."""
+    text = f"{ACTIONS.get(handler_name, 'This action')} failed: {fault_reason(e)}"
+    gr.Warning(text)
+    return {page.mask_info: f"⚠ **{usertext.md_text(text)}.** Try again, or another image; the server's log has the details."}
 
 
 def on_upload(page: Page, ctx: AppContext, caller: Caller, path: Optional[str]) -> Updates:
@@ -136,7 +153,21 @@ def on_find(page: Page, ctx: AppContext, caller: Caller) -> Updates:
     """"Find the object": the object found without clicks becomes the selection (a photo
     without transparency; SAM 2, rembg or the border model, as ``app.auto_mask`` and what
     is installed say); when none can be told, a pop-up says why and what to do."""
-    return edit_selection(page, ctx, caller, lambda st: selection.find_automatically(st, ctx.finder))
+    return edit_selection(page, ctx, caller, lambda st: selection.find_automatically(_findable(st), ctx.finder))
+
+
+def _findable(st: uploads.SessionState) -> uploads.SessionState:
+    """``st`` when "Find the object" can run on its working copy (the image it looks at,
+    at most ``SEG_MAX_SIDE`` a side: a 20000x100 photo is a 1024x5 copy), else a UIError
+    saying why and what to do instead."""
+    img = uploads.require_image(st)
+    h, w = img.work.shape[:2]
+    if min(h, w) < MIN_IMAGE_SIDE:
+        H, W = img.size
+        raise usertext.UIError(
+            f"Find the object looks at a {w}x{h} copy of this {W}x{H} image, too thin to find an object in "
+            f"(it needs {MIN_IMAGE_SIDE} pixels a side); crop the image nearer the object, or drag a box around it")
+    return st
 
 
 def on_undo(page: Page, ctx: AppContext, caller: Caller) -> Updates:

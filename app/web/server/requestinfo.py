@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import logging
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -15,6 +16,13 @@ from typing import Any, Callable, Optional
 import gradio as gr
 
 from app.web.server import browser
+from app.web.server.usertext import public_text
+
+log = logging.getLogger("kiln.app")
+
+# what a handler's fault is called in the log, so a test (the page's fuzz) can tell a fault
+# that reached the safety net from a refusal the handler foresaw
+FAULT_LOG = "handler fault"
 
 
 def session_of(request: gr.Request | None) -> str:
@@ -37,6 +45,13 @@ def refusal(message: str) -> gr.Error:
     return gr.Error(message, print_exception=False)
 
 
+def fault_reason(e: BaseException) -> str:
+    """An unforeseen exception as the end of a sentence a person can read: its own message
+    (server paths cut), else its kind. The log has the traceback."""
+    text = public_text(str(e)).strip().rstrip(".")
+    return text or type(e).__name__
+
+
 @dataclass(frozen=True)
 class Caller:
     """Who an event comes from: the session (``browser.session_name``: cookie + tab), which
@@ -51,7 +66,8 @@ def caller_of(request: gr.Request | None) -> Caller:
 
 
 def event_fn(handler: Callable, *bound: Any,
-             present: Optional[Callable[[Caller, Any], Any]] = None, form: Optional[type] = None) -> Callable:
+             present: Optional[Callable[[Caller, Any], Any]] = None, form: Optional[type] = None,
+             fallback: Optional[Callable[[BaseException], Any]] = None) -> Callable:
     """``handler(*bound, caller, *inputs)`` as a function Gradio calls with the event's
     inputs and its request: the handler gets ``caller_of(request)``. ``present(caller,
     answer)``, when given, turns each answer into what Gradio gets (a value only the
@@ -66,7 +82,12 @@ def event_fn(handler: Callable, *bound: Any,
 
     ``form``: a frozen dataclass (a tab's form, e.g. ``app.web.photo.form.GenerateForm``) whose
     fields are the event's inputs in order; the handler takes ``(*bound, caller, form_record)``
-    and Gradio sees one parameter per field."""
+    and Gradio sees one parameter per field.
+
+    ``fallback(exc) -> answer``: what the page shows when the handler raises anything but a
+    ``gr.Error`` (a fault no check foresaw): a sentence under the control, where a refusal
+    would be, instead of Gradio's bare "Error" badge; the traceback goes to the log. A
+    generator's fault ends it with that answer."""
     sig = inspect.signature(handler)
     if form is not None:
         params = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
@@ -86,19 +107,31 @@ def event_fn(handler: Callable, *bound: Any,
             return caller, handler(*bound, caller, form(*items))
         return caller, handler(*bound, caller, *items)
 
+    def shown(caller: Caller, answer: Any) -> Any:
+        return present(caller, answer) if present is not None else answer
+
+    def fault(e: Exception) -> Any:
+        if fallback is None or isinstance(e, gr.Error):
+            raise e
+        log.exception("%s in %s", FAULT_LOG, handler.__name__)
+        return fallback(e)
+
     if inspect.isgeneratorfunction(handler):
         def fn(*args):
-            caller, answers = call(args)
-            if present is None:
-                yield from answers
-                return
-            with contextlib.closing(answers):   # closed early (a cancel): the handler is too
-                for answer in answers:
-                    yield present(caller, answer)
+            try:
+                caller, answers = call(args)
+                with contextlib.closing(answers):   # closed early (a cancel): the handler is too
+                    for answer in answers:
+                        yield shown(caller, answer)
+            except Exception as e:  # noqa: BLE001 - the page's safety net (``fallback``)
+                yield fault(e)
     else:
         def fn(*args):
-            caller, answer = call(args)
-            return present(caller, answer) if present is not None else answer
+            try:
+                caller, answer = call(args)
+                return shown(caller, answer)
+            except Exception as e:  # noqa: BLE001 - the page's safety net (``fallback``)
+                return fault(e)
     setattr(fn, "__signature__", sig.replace(parameters=[*params[:at], request, *params[at:]]))
     fn.__annotations__ = {**{p.name: hints[p.name] for p in params if p.name in hints}, "request": gr.Request}
     fn.__name__ = fn.__qualname__ = handler.__name__

@@ -89,7 +89,7 @@ def follow_bake(ctx, session: str, bake, settings: Settings, info: Optional[JobI
                 pressed_at: Optional[float] = None, poll_s: float = 0.25) -> Iterator[tuple[str, Any]]:
     """``follow_job`` for a bake job: ``bake`` is a ``worker.jobs.bakeinputs.CheckedBake``."""
     yield from _submit_and_follow(ctx, session, lambda sup: sup.submit_bake(bake, settings, session=session),
-                                  settings, info, pressed_at, poll_s)
+                                  settings, info, pressed_at, poll_s, summary=bake_summary(bake.request, settings))
 
 
 def follow_fit(ctx, session: str, fit, settings: Settings, info: Optional[JobInfo] = None,
@@ -101,7 +101,8 @@ def follow_fit(ctx, session: str, fit, settings: Settings, info: Optional[JobInf
 
 
 def _submit_and_follow(ctx, session: str, submit, settings: Settings, info: Optional[JobInfo],
-                       pressed_at: Optional[float], poll_s: float) -> Iterator[tuple[str, Any]]:
+                       pressed_at: Optional[float], poll_s: float,
+                       summary: Optional[str] = None) -> Iterator[tuple[str, Any]]:
     while not ctx.sup_ready.is_set():
         # a yield per second lets Gradio drop a closed tab's generator while it waits
         yield WAITING_FOR_POOL, None
@@ -116,7 +117,7 @@ def _submit_and_follow(ctx, session: str, submit, settings: Settings, info: Opti
         log.warning("submit failed: %s", e)
         yield f"Could not start the job: {public_text(str(e))}", None
         return
-    summary = settings_summary(settings)
+    summary = summary or settings_summary(settings)
     ctx.summaries[job.id] = summary
     if info is not None:
         waited = max(0.0, time.time() - pressed_at) if pressed_at is not None else 0.0
@@ -170,6 +171,28 @@ def settings_summary(settings: Settings) -> str:
     n = settings.views.count
     return (f"{tex}, {n} view{'s' if n != 1 else ''}, simplify {settings.mesh.simplify_ratio:g}, "
             f"seed {settings.seed}{ply}{files}")
+
+
+def bake_summary(req: Any, settings: Settings) -> str:
+    """'texture 1024px fast, camera fitted to the mask, splat, new UVs': what a bake of a
+    model (``kiln.bakerequest.BakeRequest``) was asked, in the history's words: a photo job's
+    views and seed mean nothing to it."""
+    b, e = settings.bake, settings.export
+    size = "auto" if str(b.texture_size) == "auto" else f"{b.texture_size}px"
+    if not req.photo:
+        camera = "no photo"
+    elif req.camera_fitted:
+        camera = "camera fitted before"
+    elif req.camera is not None:
+        camera = "camera file"
+    elif req.focal is not None:
+        camera = f"focal {float(req.focal):g}px"
+    else:
+        camera = "camera fitted to the mask"
+    parts = [f"texture {size} {b.mode}", camera, "splat" if req.splat else "no splat",
+             {"keep": "own UVs", "new": "new UVs"}.get(req.uvs, "UVs auto")]
+    parts += [f"+{f}" for f in e.formats if f != "glb"]
+    return ", ".join(parts)
 
 
 # -- what a page reads ----------------------------------------------------------------

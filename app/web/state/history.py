@@ -18,7 +18,9 @@ from app.web.server.usertext import public_text
 from app.web.server.results import ResultPublisher
 from app.web.state.uploads import downscale
 
-NO_HISTORY = "No results yet in this session."
+NO_HISTORY = "No results yet in this browser."
+# said above a history with a result to show
+PICK_HINT = "Click a result to show it in the viewer with its downloads."
 
 
 @dataclass(frozen=True)
@@ -160,11 +162,16 @@ def history_html(statuses: Sequence[Any], summaries: Optional[dict] = None,
         summary = (summaries or {}).get(st.id) or (info.summary if info is not None else "")
         file_note = f" · <code>{html.escape(stems[st.id])}.glb</code>" if st.id in stems and not gone else ""
         removed_class = " kiln-removed" if gone else ""
-        rows.append(f'<li class="kiln-job kiln-{html.escape(st.state)}{removed_class}" data-job="{html.escape(st.id)}">'
-                    f'{thumb}<div><b>{name}</b> · {when} · <code>{html.escape(st.id)}</code><br>'
+        # a done row shows its model when clicked (page/assets.HISTORY_JS), unless its files were
+        # removed; the job id, for support and scripts, goes last, in the row's small print
+        pick = (' data-pick="1" role="button" tabindex="0" title="Show this model in the viewer"'
+                if st.id in stems and not gone else "")
+        rows.append(f'<li class="kiln-job kiln-{html.escape(st.state)}{removed_class}" data-job="{html.escape(st.id)}"{pick}>'
+                    f'{thumb}<div><b>{name}</b> · {when}<br>'
                     f'{html.escape(state)}{" · " + html.escape(summary) if summary else ""}{file_note}'
-                    f'</div></li>')
-    return '<ul class="kiln-history-list">' + "".join(rows) + "</ul>"
+                    f'<br><small class="kiln-job-id">job {html.escape(st.id)}</small></div></li>')
+    hint = f'<div class="kiln-history-hint">{PICK_HINT}</div>' if stems else ""
+    return hint + '<ul class="kiln-history-list">' + "".join(rows) + "</ul>"
 
 
 def history_files(session: str, statuses: Sequence[Any], publisher: ResultPublisher,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from kiln.formats import EXTRA_OUTPUTS, human_bytes
+from kiln.formats import EXTRA_OUTPUTS
 
 from app.web.state import history
 from app.web.state import browser_jobs as jobs
@@ -71,7 +71,8 @@ class Outcome:
         return self.status.state if self.status is not None else "not started"
 
     def progress_html(self, dom_id: str = "kiln-progress") -> str:
-        return statusview.progress_html(self.status, note=self.note, waited_s=self.waited_s, dom_id=dom_id)
+        return statusview.progress_html(self.status, note=self.note, waited_s=self.waited_s, dom_id=dom_id,
+                                        warning=photo_warning(self.status))
 
     def extra_files(self) -> Optional[list[str]]:
         """The other formats' files as a ``gr.File(file_count="multiple")`` takes them."""
@@ -83,15 +84,47 @@ class Outcome:
         return files_markdown(paths)
 
 
+def page_bytes(n: int) -> str:
+    """A file's size as the page's download boxes (Gradio's file list) show it beside this
+    line: units of 1024 called KB and MB, one decimal (801.8 KB), so one file never reads as
+    821.0 kB here and 801.8 KB there."""
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
 def files_markdown(paths) -> str:
     """'**Files:** `horse-1.glb` 1.2 MB · `horse-1.stl` 0.4 MB' for the files at ``paths``."""
     shown = []
     for p in paths:
         try:
-            shown.append(f"`{Path(p).name}` {human_bytes(Path(p).stat().st_size)}")
+            shown.append(f"`{Path(p).name}` {page_bytes(Path(p).stat().st_size)}")
         except OSError:
             continue
     return ("**Files:** " + " · ".join(shown)) if shown else ""
+
+
+NOT_PROJECTED = "the photo was not projected"
+
+
+def photo_warning(st: Any) -> str:
+    """What a done bake did not do that it was asked to: the photo not projected because the
+    camera does not fit, with what to change (for the camera given, or the one fitted);
+    "" otherwise."""
+    pipeline = st.stats.pipeline if st is not None and st.state == "done" else None
+    model = pipeline.model if pipeline is not None else None
+    if pipeline is None or model is None or not any(w.startswith(NOT_PROJECTED) for w in pipeline.warnings):
+        return ""
+    if model.camera in ("file", "focal"):
+        change = ("try the other camera frame (OpenGL or OpenCV), another focal length, or leave the "
+                  "camera out so one is fitted to the mask")
+    else:
+        change = ("check that the mask covers the whole object and nothing else, or give the photo's "
+                  "camera (a camera file or its focal length)")
+    return f"the photo was not projected: the camera does not fit it. To use the photo, {change}"
 
 
 def not_started(note: str, kind: str = "image") -> Outcome:
@@ -112,11 +145,17 @@ def browser_history(ctx, session: str, statuses: Optional[list] = None) -> Histo
                        tuple(p for p, _ in files) or None)
 
 
-def job_outcome(ctx, session: str, last: Any, waited_s: float = 0.0) -> Outcome:
+def job_outcome(ctx, session: str, last: Any, waited_s: Optional[float] = None) -> Outcome:
     """The outcome of an ended job: a done job's files published for ``session``'s browser
-    (named '<image>-<n>.glb', ``history.result_stems``) and the browser's history."""
+    (named '<image>-<n>.glb', ``history.result_stems``) and the browser's history.
+    ``waited_s`` None: the wait stored with the job (what the page that pressed it said)."""
     note, files = "", {}
     statuses = jobs.browser_jobs(ctx, session)
+    if waited_s is None:
+        info = jobs.job_infos(ctx, [last]).get(last.id)
+        waited_s = info.waited_s if info is not None else 0.0
+    # a job ended: what jobs take here lately (the status line, the estimates) is worked out again
+    ctx.typical_job_s.clear()
     if last.state == "done":
         try:
             stems = history.result_stems(statuses, jobs.job_infos(ctx, statuses))
