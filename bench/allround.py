@@ -43,7 +43,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -604,20 +603,7 @@ def compare(rows: list[Row], baseline: dict) -> list[str]:
 
 
 def machine() -> dict:
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        except OSError:
-            return ""
-    info = {"python": platform.python_version(), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
-            "commit": git("rev-parse", "--short", "HEAD"), "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--", "pipeline", "kiln", "app")),
-            "date": time.strftime("%Y-%m-%d %H:%M"), "three": glb_render.pinned_three_version()}
-    try:
-        info["cpu"] = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        info["cpu"] = platform.processor()
-    return info
+    return glb_render.machine(ROOT, ("pipeline", "kiln", "app"))
 
 
 def main(argv=None) -> int:

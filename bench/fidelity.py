@@ -35,7 +35,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -333,20 +332,7 @@ def verdict(results: list[RunResult]) -> list[str]:
 
 
 def machine() -> dict:
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        except OSError:
-            return ""
-    info = {"python": platform.python_version(), "cpus": os.cpu_count(),
-            "loadavg": os.getloadavg(), "commit": git("rev-parse", "--short", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--", "pipeline", "kiln")),
-            "date": time.strftime("%Y-%m-%d %H:%M"), "three": glb_render.pinned_three_version()}
-    try:
-        info["cpu"] = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        info["cpu"] = platform.processor()
-    return info
+    return glb_render.machine(ROOT, ("pipeline", "kiln"))
 
 
 def main(argv=None) -> int:

@@ -121,6 +121,29 @@ def pinned_three_version() -> str:
     return json.loads((VIEWER_DIR / "package.json").read_text())["dependencies"]["three"]
 
 
+
+def machine(root: Path, watched: Sequence[str] = ("pipeline", "kiln")) -> dict:
+    """What a bench's figures were measured on, for its table: Python, CPUs and their load,
+    the commit and whether ``watched`` folders had changes, the date, the three.js this
+    renderer pins. One home for every bench that renders with it (fidelity, allround)."""
+    import platform
+    import time
+
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return ""
+    info = {"python": platform.python_version(), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
+            "commit": git("rev-parse", "--short", "HEAD"), "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--", *watched)),
+            "date": time.strftime("%Y-%m-%d %H:%M"), "three": pinned_three_version()}
+    try:
+        info["cpu"] = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        info["cpu"] = platform.processor()
+    return info
+
 def installed_three_version() -> str | None:
     pkg = VIEWER_DIR / "node_modules" / "three" / "package.json"
     if not pkg.is_file():
