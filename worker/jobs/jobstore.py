@@ -119,6 +119,8 @@ class JobStatus:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out.update(outputs=dict(self.outputs), timings=dict(self.timings), stats=self.stats.to_dict(),
                    backends=self.backends.to_dict() if self.backends is not None else {})
+        if self.removed is None:   # only a removed job says so: a kept job's file is as it always was
+            del out["removed"], out["removed_why"]
         return out
 
     @classmethod
