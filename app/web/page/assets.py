@@ -47,6 +47,11 @@ CSS = """
 .kiln-drop button.upload-container { height: auto !important; min-height: 64px; }
 .kiln-drop [data-testid="upload-text"] { min-height: 0; padding: var(--size-2) 0; font-size: var(--text-md); }
 .kiln-drop [data-testid="upload-icon"] { width: 22px; margin-bottom: var(--size-1); }
+/* the fitted camera's picture: its label (the legend of the colours) is longer than the
+   space Gradio leaves it beside the picture's icons (full screen, download, share), and ran
+   under them; it takes its own lines, left of the icons */
+#kiln-bake-fit-view label[data-testid="block-label"] { position: static; white-space: normal; height: auto;
+  max-width: calc(100% - 96px); margin: var(--block-label-margin); overflow: visible; }
 /* the upload box holding an image takes a drop or a click as a new image (REPLACE_JS) */
 #kiln-upload:has(.file-preview-holder) .file-preview-holder { cursor: pointer; }
 #kiln-upload:has(.file-preview-holder)::after { content: "Drop another image here, or click, to replace it";
