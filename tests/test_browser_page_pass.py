@@ -163,11 +163,14 @@ def test_a_model_reopens_from_its_history_row(server, browser, tmp_path):
     try:
         upload(page, path)
         click_image(page, 0.5, 0.5, "Mask:")
+        # a textured model for the README (the small settings bake none), and a bake long
+        # enough for the running shot
+        page.locator("#kiln-bake input[type=checkbox]").check()
         page.screenshot(path=str(ARTIFACTS / "readme-page-selection.png"), full_page=True)
         page.click("#kiln-generate")
-        page.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
-                               " return e && ['running', 'done', 'failed'].includes(e.dataset.state); }",
-                               timeout=120_000)
+        page.wait_for_function("() => { const e = document.querySelector('#kiln-progress'); return e &&"
+                               " ((e.dataset.state === 'running' && e.innerText.includes('so far'))"
+                               " || ['done', 'failed'].includes(e.dataset.state)); }", timeout=120_000)
         if page.evaluate("() => document.querySelector('#kiln-progress').dataset.state") == "running":
             page.screenshot(path=str(ARTIFACTS / "readme-page-running.png"), full_page=True)
         st = wait_state(page, ("done", "failed", "cancelled"))

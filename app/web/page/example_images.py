@@ -11,7 +11,7 @@ from pathlib import Path
 # (file, caption) in the order the UI lists them; the mask file is for the CLI/tests only
 EXAMPLES = (
     ("toy.png", "transparent PNG: its alpha is the mask"),
-    ("toy_rgb.png", "opaque photo: press \"Find the object\" or click the toy"),
+    ("toy_rgb.png", "opaque photo: Find the object or click it"),
     ("pebble.png", "transparent PNG, flat shape"),
 )
 
