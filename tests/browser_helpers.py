@@ -55,13 +55,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(tmp_path_factory, name: str, extra_env: dict | None = None):
+def serve(tmp_path_factory, name: str, extra_env: dict | None = None, before_start=None):
     """Start ``python -m app`` as a person does, on a free port; yields (url, workdir, log
-    path, process) until the caller is done."""
+    path, process) until the caller is done. ``before_start(var)``: runs first with the
+    server's var folder (its job store is ``var/jobs``), e.g. to leave an earlier server's jobs."""
     work = tmp_path_factory.mktemp(name)
     var = work / "var"
     cfg = work / "small.yaml"
     cfg.write_text(SMALL_CONFIG.format(var=var))
+    if before_start is not None:
+        before_start(var)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     log_path = ARTIFACTS / f"{name}.log"
     port = free_port()

@@ -490,7 +490,8 @@ def test_running_jobs_have_left_what_their_kind_takes_less_their_time_so_far():
                JobStatus(id="b", session="s", state="running", kind="bake", started=now - 25.0),  # bake: 20 s
                JobStatus(id="c", session="s", state="running", kind="bake", started=now - 5.0)]
     ctx = SimpleNamespace(sup=SimpleNamespace(running=lambda: running),
-                          typical_job_s={"image": (time.monotonic(), 10.0), "bake": (time.monotonic(), 20.0)})
+                          typical_job_s={"image": (time.monotonic(), 10.0), "bake": (time.monotonic(), 20.0)},
+                          cost_models={"image": (time.monotonic(), None), "bake": (time.monotonic(), None)})
     assert running_left_s(ctx, 10.0, now) == [6.0, 0.0, 15.0]
     ctx.typical_job_s["bake"] = (time.monotonic(), None)   # no bake done yet: the waiting job's kind's
     assert running_left_s(ctx, 10.0, now) == [6.0, 0.0, 5.0]

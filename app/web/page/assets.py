@@ -4,6 +4,12 @@ order) and two scripts: drag a box on the image, and replace the image by droppi
 on the filled upload box."""
 
 CSS = """
+/* Gradio's theme draws semi-bold text (buttons, labels) in Source Sans Pro SemiBold, but the
+   file it ships is a 5 kB subset with a couple of glyphs: Chromium drew "Download GLB" in
+   DejaVu Sans Bold with its "B" from Source Sans, a letter of another shape. The last
+   matching face wins, so weight 600 takes the complete Bold file Gradio also ships. */
+@font-face { font-family: "Source Sans Pro"; src: url("static/fonts/SourceSansPro/SourceSansPro-Bold.woff2") format("woff2");
+  font-weight: 600; font-style: normal; }
 #kiln-progress .kiln-bar { height: 14px; border-radius: 7px; background: var(--neutral-200); overflow: hidden; }
 #kiln-progress .kiln-fill { height: 100%; background: var(--color-accent); transition: width .3s; }
 #kiln-progress .kiln-fill.kiln-done { background: #2e9d4e; }
@@ -41,6 +47,11 @@ CSS = """
 .kiln-drop button.upload-container { height: auto !important; min-height: 64px; }
 .kiln-drop [data-testid="upload-text"] { min-height: 0; padding: var(--size-2) 0; font-size: var(--text-md); }
 .kiln-drop [data-testid="upload-icon"] { width: 22px; margin-bottom: var(--size-1); }
+/* the fitted camera's picture: its label (the legend of the colours) is longer than the
+   space Gradio leaves it beside the picture's icons (full screen, download, share), and ran
+   under them; it takes its own lines, left of the icons */
+#kiln-bake-fit-view label[data-testid="block-label"] { position: static; white-space: normal; height: auto;
+  max-width: calc(100% - 96px); margin: var(--block-label-margin); overflow: visible; }
 /* the upload box holding an image takes a drop or a click as a new image (REPLACE_JS) */
 #kiln-upload:has(.file-preview-holder) .file-preview-holder { cursor: pointer; }
 #kiln-upload:has(.file-preview-holder)::after { content: "Drop another image here, or click, to replace it";
@@ -58,13 +69,16 @@ CSS = """
 }
 /* a phone: one column in this order: the image and its selection, Generate and the result,
    the settings, then the mask file and the examples, then the history; the image box is
-   no taller than the screen is wide */
+   no taller than the screen is wide. Before an image, the examples come first (below). */
 @media (max-width: 767px) {
   #kiln-photo-row { flex-direction: column; flex-wrap: nowrap; }
   #kiln-image-col, #kiln-job-col { display: contents; }
   #kiln-settings { order: 1; }
-  #kiln-image-more { order: 2; }
+  #kiln-image-more, #kiln-examples { order: 2; }
   #kiln-history-box { order: 3; }
+  /* no image yet: the upload box, the line that says "pick an example below", then the
+     examples, all on the first screen (they sat three screens down, under the settings) */
+  #kiln-photo-row:not(:has(#kiln-canvas img)) :is(#kiln-upload, #kiln-mask-info, #kiln-examples) { order: -1; }
   #kiln-canvas { height: min(460px, 100vw) !important; }
 }
 """

@@ -225,7 +225,10 @@ def _image_column(c: dict, upload_limits: str, examples: Optional[list[Path]]) -
         c["mask_file"] = gr.File(label="Or a mask file (same size as the image; alpha or white = object)",
                                  file_types=["image"], file_count="single", type="filepath",
                                  elem_id="kiln-mask-file", height=90, elem_classes=["kiln-drop"])
-        c["examples"] = None
+    # a column of its own: on a phone with no image yet the stylesheet lifts it under the
+    # upload box, where "pick an example below" sends the eye (pageassets.CSS)
+    c["examples"] = None
+    with gr.Column(elem_id="kiln-examples"):
         if examples:
             captions = dict(EXAMPLES)
             # the upload handler runs after an example fills the upload box (app.web.page.wiring)

@@ -20,6 +20,7 @@ from kiln.settings import Settings
 
 from app.web.state.tab_jobs import ActiveJobs
 from app.web.state.fitted_cameras import FittedCameras
+from app.web.state.estimates import CostModel, JobShape
 from app.web.server.browser_files import OwnedFiles
 from app.web.server.results import ResultPublisher
 from app.segment.rembg_auto import RembgChoice, RembgModel, choose_rembg
@@ -79,6 +80,10 @@ class AppContext:
         self.summaries: dict[str, str] = {}
         # job kind -> (monotonic time, seconds or None): what jobs took lately (jobs.typical_job_seconds)
         self.typical_job_s: dict[str, tuple[float, Optional[float]]] = {}
+        # job kind -> (monotonic time, its cost model or None), job id -> its shape: a job's
+        # estimate from its own settings (browser_jobs.job_estimate_s)
+        self.cost_models: dict[str, tuple[float, Optional[CostModel]]] = {}
+        self.job_shapes: dict[str, JobShape] = {}
         self._supervisor_factory = supervisor_factory or self._default_supervisor
         self._segmenter_loader = segmenter_loader
         self._rembg_loader = rembg_loader or choose_rembg

@@ -27,6 +27,7 @@ from kiln.settings import Settings
 
 from app.web.page import status_line as statusview
 from app.web.server.browser import browser_of, same_browser
+from app.web.state.estimates import CostModel, JobShape, sample_of, shape_of
 from app.web.state.history import JobInfo, load_info, save_info
 from app.web.server.usertext import public_text
 
@@ -236,6 +237,60 @@ def typical_job_seconds(ctx, kind: str = "image") -> Optional[float]:
     return value
 
 
+# how many recent done jobs of a kind the cost model is fitted on
+COST_OF_LAST = 30
+
+
+def job_shape(ctx, st) -> Optional[JobShape]:
+    """The shape of job ``st`` (``estimates.shape_of`` its ``settings.json``), kept by id: a
+    job's settings never change; None when they cannot be read (its files were removed)."""
+    shapes = ctx.job_shapes
+    if st.id not in shapes:
+        settings = stored_settings(ctx, st.id)
+        picked = st.stats.pipeline.texture_size_auto if st.stats.pipeline is not None else None
+        if settings is None:
+            return None     # not kept: a job being created has no settings.json for a moment
+        if len(shapes) > 4 * COST_OF_LAST:
+            shapes.clear()
+        shapes[st.id] = shape_of(settings, st.kind, picked)
+    return shapes[st.id]
+
+
+def cost_model(ctx, kind: str) -> Optional[CostModel]:
+    """The cost model (``estimates.CostModel``) fitted on the last done jobs of ``kind``,
+    every client's; None before any. Worked out at most every ``TYPICAL_KEEP_S``."""
+    now = time.monotonic()
+    models = ctx.cost_models
+    kept = models.get(kind)
+    if kept is not None and now - kept[0] < TYPICAL_KEEP_S:
+        return kept[1]
+    samples = []
+    if ctx.sup is not None:
+        done = [st for st in ctx.sup.jobs() if st.state == "done" and st.kind == kind
+                and st.removed is None]
+        for st in done[-COST_OF_LAST:]:
+            shape = job_shape(ctx, st)
+            p = st.stats.pipeline
+            sample = sample_of(shape, st.timings, bool(p and p.reconstruction_cached),
+                               p.views_cached if p else False) if shape is not None else None
+            if sample is not None:
+                samples.append(sample)
+    model = CostModel.fit(samples)
+    models[kind] = (now, model)
+    return model
+
+
+def job_estimate_s(ctx, st) -> Optional[float]:
+    """Seconds job ``st`` should run (queue left out), from its own settings through the cost
+    model of its kind (``cost_model``); what jobs of its kind took lately when its settings
+    cannot be read or no job of its kind has stage timings; None before any job."""
+    model = cost_model(ctx, st.kind)
+    shape = job_shape(ctx, st) if model is not None else None
+    if model is not None and shape is not None:
+        return model.estimate(shape)
+    return typical_job_seconds(ctx, st.kind)
+
+
 def queue_load(ctx) -> tuple[int, int]:
     """(jobs running, jobs waiting) on the worker pool, every client's (the page's, the
     API's, a CLI's on the same pool); (0, 0) before the pool is up."""
@@ -275,18 +330,23 @@ def progress_view(ctx, st, dom_id: str = "kiln-progress") -> str:
     line and the wait to expect (what the running jobs have left, then the jobs ahead), a
     running one's elapsed time and what is left, all from what jobs took here lately."""
     place = ctx.sup.queue_place(st.id) if st.state == "queued" and ctx.sup is not None else None
-    typical, now = typical_job_seconds(ctx, st.kind), time.time()
-    left = running_left_s(ctx, typical, now) if place is not None and typical else None
+    now = time.time()
+    if place is not None:
+        # the jobs ahead in line: what a job took here lately, their settings unknown to this page
+        typical = typical_job_seconds(ctx, st.kind)
+        left = running_left_s(ctx, typical, now) if typical else None
+    else:
+        typical, left = job_estimate_s(ctx, st), None
     return statusview.progress_html(st, dom_id=dom_id, place=place, workers=ctx.workers, typical_s=typical,
                                     now=now, running_left=left)
 
 
 def running_left_s(ctx, fallback_s: float, now: float) -> list[float]:
-    """What each job on a worker now has left: what jobs of its kind took lately (else
-    ``fallback_s``) less its time so far, 0 once past that."""
+    """What each job on a worker now has left: what its settings take here (``job_estimate_s``;
+    else ``fallback_s``) less its time so far, 0 once past that."""
     out = []
     for st in ctx.sup.running():
-        typical = typical_job_seconds(ctx, st.kind) or fallback_s
+        typical = job_estimate_s(ctx, st) or fallback_s
         out.append(max(0.0, typical - max(0.0, now - (st.started or now))))
     return out
 
