@@ -368,7 +368,7 @@ def _settings_form(served):
     s = served.ctx.settings
     return [s.bake.enabled, s.mesh.simplify_ratio, s.bake.texture_size, s.views.count, s.bake.mode,
             s.seed, s.export.gaussians_ply, [f for f in s.export.formats if f != "glb"],
-            s.export.texture_format, s.export.units]
+            s.export.texture_format, s.export.units, s.mesh.faces]   # GenerateForm's fields, in order
 
 
 def test_another_browser_sending_a_tabs_session_hash_gets_nothing_of_it(served, blob_png, monkeypatch):

@@ -105,7 +105,7 @@ def test_a_fit_shows_its_picture_and_figures_and_the_bake_uses_it_without_refitt
     assert app.ctx.fits.get(A1.session) == kept, "kept for the next Bake"
     # the fit made no model: the history lists the bake alone, whose GLB is the mesh's first
     assert Path(baked["model"]).name == "ball-1.glb"
-    assert baked["history"].count('class="kiln-job') == 1 and job_id not in baked["history"]
+    assert baked["history"].count('<li class="kiln-job') == 1 and job_id not in baked["history"]
 
 
 def test_below_the_iou_threshold_the_tab_says_the_photo_will_be_skipped_and_why(app):

@@ -352,5 +352,9 @@ def test_kiln_bake_with_two_photos_through_the_worker(scene, tmp_path):
     assert photos[1]["camera_fit"]["silhouette_iou"] > 0.9 and "source_camera" in photos[1]
     # shares of the atlas's chart texels: the unwrap gives the first photo's side its own pixel grid
     assert all(p["projected"] and p["texels"] > 0.01 for p in photos), photos
-    assert sum(p["texels"] for p in photos) == pytest.approx(st["texels_from"]["photo"], abs=0.02), st
+    # each photo's share counts every texel it sees best; the report's "photo" leaves to the
+    # mirror the faint (weight <= 0.5) ones the mirror covers better, so the photos' shares lie
+    # between "photo" and "photo" + "mirror"
+    shares, src = sum(p["texels"] for p in photos), st["texels_from"]
+    assert src["photo"] - 0.02 <= shares <= src["photo"] + src.get("mirror", 0.0) + 0.02, src
     assert "photo 2 (side.jpg): camera fitted (fit IoU" in r.stderr
