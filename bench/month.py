@@ -94,6 +94,7 @@ def run(args) -> dict:
     worst = {"store": 0, "cache": 0}
     violations = {"queued/running job touched": 0}
     tally = {"done": 0, "failed": 0, "cache hits": 0}
+    removals = {"size": 0, "age": 0}
     rss: list[tuple[float, float]] = []
     t0 = time.perf_counter()
     day_seen = -1
@@ -166,7 +167,10 @@ def run(args) -> dict:
         finish(live[0])
         while tab_photos and clock["now"] - tab_photos[0][0] > SESSION_TTL_S:   # app.session_ttl_h
             tab_photos.popleft()[1].unlink(missing_ok=True)
-        hk.run_once()
+        report = hk.run_once()
+        for r in (report.jobs if report is not None else ()):
+            if not r.forget:   # counted as they happen: most stubs are forgotten before the end
+                removals["size" if "app.jobs_max_mb" in r.why else "age"] += 1
         check()
         day = int((clock["now"] - START) // DAY_S)
         if day != day_seen:
@@ -177,7 +181,6 @@ def run(args) -> dict:
     # every job accounted for
     lost = 0
     forgotten = 0
-    removed_size = removed_age = 0
     for job_id in ids:
         rec = disp.jobs.get(job_id)
         if rec is None:
@@ -185,10 +188,7 @@ def run(args) -> dict:
             continue
         st = rec.status
         if st.removed is not None:
-            if "app.jobs_max_mb" in st.removed_why:
-                removed_size += 1
-            else:
-                removed_age += 1
+            continue
         elif st.state == DONE and not Path(st.outputs["glb"]).is_file():
             lost += 1
         elif st.state not in (DONE, FAILED):
@@ -206,8 +206,8 @@ def run(args) -> dict:
         "re-bakes served by the cache": tally["cache hits"],
         "store + tabs' photos + Gradio's files, most (MB)": f"{worst['store'] / MB:.1f} of {args.jobs_mb:g}",
         "cache, most (MB)": f"{worst['cache'] / MB:.1f} of {args.cache_mb:g}",
-        "jobs' files removed: over app.jobs_max_mb": removed_size,
-        "jobs' files removed: older than app.keep_jobs_days": removed_age,
+        "jobs' files removed: over app.jobs_max_mb": removals["size"],
+        "jobs' files removed: older than app.keep_jobs_days": removals["age"],
         "stubs forgotten (keep_jobs_days after removal)": forgotten,
         "queued or running jobs touched (must be 0)": violations["queued/running job touched"],
         "lost (must be 0)": lost,
