@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from app.segment.clicks import ClickRegions
 from app.segment.prompts import Box, Click, box_mask, has_prompt, scale_prompt
 
 log = logging.getLogger(__name__)
@@ -114,12 +115,14 @@ class GrabCutSegmenter:
 
     name = "GrabCut"
 
-    def __init__(self, max_side: int = 320, iterations: int = 3, grow: float = 0.45,
-                 outline_max_side: int = SEG_MAX_SIDE, retry_blur: float = 1.5,
-                 retry_iterations: int = 1):
+    def __init__(self, max_side: int = 320, iterations: int = 3, grow: float = 0.5,
+                 grow_min: float = 0.05, outline_max_side: int = SEG_MAX_SIDE, retry_blur: float = 1.5,
+                 retry_iterations: int = 1, click_regions: Optional[ClickRegions] = None):
         self.max_side = max_side
         self.iterations = iterations
         self.grow = grow
+        self.grow_min = grow_min
+        self.click_regions = click_regions or ClickRegions()
         self.outline_max_side = outline_max_side
         self.retry_blur = retry_blur
         self.retry_iterations = retry_iterations
@@ -168,6 +171,36 @@ class GrabCutSegmenter:
                 mask = retry
         return _resize_mask(mask, (h, w))
 
+    def _probable_object(self, lab: np.ndarray, clicks: Sequence[Click],
+                         objects: Sequence[np.ndarray]) -> np.ndarray:
+        """(h, w) bool: where the rest of the clicked object may be, without a box.
+
+        Around each object click, its region grown by ``grow`` of the region's own size and
+        by ``grow_min`` of the image (the rest of the sofa a cushion belongs to); within
+        that, the pixels of about the clicked colour (``ClickRegions.near_colour``) and those
+        next to the region (its anti-aliased edge). Other colours start as background, so
+        GrabCut's object colours are the clicked ones and a thing of another colour touching
+        the object (a rug under a sofa) is not taken along; GrabCut adds them back where its
+        colour model says they are the object's.
+        """
+        import cv2
+
+        h, w = lab.shape[:2]
+        side = max(h, w)
+        out = np.zeros((h, w), bool)
+        edge = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * max(2, side // 80) + 1,) * 2)
+        for (x, y, _), region in zip([c for c in clicks if c[2] == 1], objects):
+            ys, xs = np.nonzero(region)
+            px = self.grow * (xs.max() - xs.min() + 1) + self.grow_min * side
+            py = self.grow * (ys.max() - ys.min() + 1) + self.grow_min * side
+            x0, x1 = max(int(xs.min() - px), 0), min(int(np.ceil(xs.max() + px)), w - 1)
+            y0, y1 = max(int(ys.min() - py), 0), min(int(np.ceil(ys.max() + py)), h - 1)
+            cx, cy = min(max(int(round(x)), x0), x1), min(max(int(round(y)), y0), y1)
+            near = self.click_regions.near_colour(lab[y0:y1 + 1, x0:x1 + 1], cx - x0, cy - y0)
+            close = cv2.dilate(region[y0:y1 + 1, x0:x1 + 1].astype(np.uint8), edge) > 0
+            out[y0:y1 + 1, x0:x1 + 1] |= near | close
+        return out
+
     def _grabcut_small(self, small: np.ndarray, clicks: Sequence[Click], sbox: Optional[Box],
                        iterations: int) -> np.ndarray:
         """One GrabCut run on ``small`` seeded as the class docstring says; (h, w) bool."""
@@ -176,21 +209,25 @@ class GrabCutSegmenter:
         sh, sw = small.shape[:2]
         spts, labels = _split(clicks)
         side = max(sh, sw)
+        lab = self.click_regions.lab(small)
+        objects, backgrounds = self.click_regions.regions(lab, clicks)
         if sbox is not None:
             seeds = np.full((sh, sw), cv2.GC_BGD, np.uint8)
             seeds[box_mask((sh, sw), sbox)] = cv2.GC_PR_FGD
         else:
             seeds = np.full((sh, sw), cv2.GC_PR_BGD, np.uint8)
-            fg = spts[labels == 1]
-            pad = self.grow * side
-            x0, y0 = np.floor(fg.min(0) - pad).astype(int)
-            x1, y1 = np.ceil(fg.max(0) + pad).astype(int)
-            seeds[max(y0, 0):max(y1, 0) + 1, max(x0, 0):max(x1, 0) + 1] = cv2.GC_PR_FGD
+            seeds[self._probable_object(lab, clicks, objects)] = cv2.GC_PR_FGD
             frame = max(1, side // 100)
             seeds[:frame] = cv2.GC_BGD
             seeds[-frame:] = cv2.GC_BGD
             seeds[:, :frame] = cv2.GC_BGD
             seeds[:, -frame:] = cv2.GC_BGD
+        # what a click lands on is certain: its background regions first, then the object's,
+        # then each click's own disk, so a click always decides its own pixels
+        for region in backgrounds:
+            seeds[region] = cv2.GC_BGD
+        for region in objects:
+            seeds[region] = cv2.GC_FGD
         r = max(2, side // 80)
         for (x, y), lab in zip(spts, labels):
             cv2.circle(seeds, (int(round(x)), int(round(y))), r,
