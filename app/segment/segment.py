@@ -103,11 +103,18 @@ class GrabCutSegmenter:
     A line drawing's objects are the same paper as their background, which GrabCut
     cannot separate: there ``app.segment.outline`` selects the regions whose strokes
     close around them. Elsewhere GrabCut runs on a copy downscaled to ``max_side``.
-    Seeds: a small disk at each object click is certain foreground, a box around the
-    object clicks (grown by ``grow`` of the image size) is probable foreground, the
-    rest is probable background, a thin frame at the border and a disk at each
-    background click are certain background. A drawn box replaces the grown one and,
-    as in GrabCut's own rectangle mode, everything outside it is certain background.
+    Seeds (issue 38: clicks as people expect them from SAM): what each click lands on,
+    its connected region of about the clicked colour (``app.segment.clicks``), is
+    certain object or certain background, so a background click removes the thing it
+    lands on and cuts what joined the object through it, and the object is what stays
+    connected to the object clicks. Probable object: the clicked colours near each
+    object click (its region grown by ``grow`` of its size and ``grow_min`` of the
+    image), so a touching thing of other colours (a rug under a sofa) is not taken
+    along; unless everything within ``wide_grow`` of the image around the clicks adds
+    only what surrounds them (a many-coloured object: ``_one_thing``). The rest is
+    probable background, a thin frame at the border certain background. A drawn box
+    replaces the probable object and, as in GrabCut's own rectangle mode, everything
+    outside it is certain background.
     When a box's GrabCut mask does not fill the box (a low-contrast photo, where noise
     outweighs the object's difference from its surroundings), it runs again on a
     smoothed copy.
@@ -116,12 +123,14 @@ class GrabCutSegmenter:
     name = "GrabCut"
 
     def __init__(self, max_side: int = 320, iterations: int = 3, grow: float = 0.5,
-                 grow_min: float = 0.05, outline_max_side: int = SEG_MAX_SIDE, retry_blur: float = 1.5,
-                 retry_iterations: int = 1, click_regions: Optional[ClickRegions] = None):
+                 grow_min: float = 0.05, wide_grow: float = 0.45, enclosed: float = 0.8,
+                 outline_max_side: int = SEG_MAX_SIDE, retry_blur: float = 1.5, retry_iterations: int = 1, click_regions: Optional[ClickRegions] = None):
         self.max_side = max_side
         self.iterations = iterations
         self.grow = grow
         self.grow_min = grow_min
+        self.wide_grow = wide_grow
+        self.enclosed = enclosed
         self.click_regions = click_regions or ClickRegions()
         self.outline_max_side = outline_max_side
         self.retry_blur = retry_blur
@@ -203,20 +212,62 @@ class GrabCutSegmenter:
 
     def _grabcut_small(self, small: np.ndarray, clicks: Sequence[Click], sbox: Optional[Box],
                        iterations: int) -> np.ndarray:
-        """One GrabCut run on ``small`` seeded as the class docstring says; (h, w) bool."""
+        """GrabCut on ``small`` seeded as the class docstring says; (h, w) bool.
+
+        Without a box, twice: the probable object only the clicked colours near the clicks
+        (``_probable_object``: "narrow"), and everything within ``wide_grow`` of the image
+        around the object clicks ("wide", where the frame's colours decide). The wide mask
+        wins when what it adds surrounds the clicks (a many-coloured object: a striped toy,
+        a checker), the narrow one when it adds something beside them (``_one_thing``).
+        """
+        import cv2
+
+        sh, sw = small.shape[:2]
+        side = max(sh, sw)
+        lab = self.click_regions.lab(small)
+        objects, backgrounds = self.click_regions.regions(lab, clicks)
+        if sbox is not None:
+            prior = box_mask((sh, sw), sbox)
+            return self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)
+        narrow = self._run(small, clicks, sbox, self._probable_object(lab, clicks, objects),
+                           objects, backgrounds, iterations)
+        spts, labels = _split(clicks)
+        fg = spts[labels == 1]
+        pad = self.wide_grow * side
+        x0, y0 = np.floor(fg.min(0) - pad).astype(int)
+        x1, y1 = np.ceil(fg.max(0) + pad).astype(int)
+        prior = np.zeros((sh, sw), bool)
+        prior[max(y0, 0):max(y1, 0) + 1, max(x0, 0):max(x1, 0) + 1] = True
+        wide = self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)
+        return wide if self._one_thing(wide & ~narrow, narrow) else narrow
+
+    def _one_thing(self, added: np.ndarray, narrow: np.ndarray) -> bool:
+        """Whether what the wide prior ``added`` to the ``narrow`` selection is more of the
+        clicked thing: it surrounds the narrow selection, holding at least ``enclosed`` of
+        the ring of pixels just outside it. A many-coloured object's other colours lie all
+        around the clicked one; the wall and the floor around a sofa stay out of both, and
+        a rug under it or a table beside it meet only a side of it."""
+        import cv2
+
+        ring = cv2.dilate(narrow.astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
+        ring &= ~narrow
+        return bool(ring.any()) and float(added[ring].mean()) >= self.enclosed
+
+    def _run(self, small: np.ndarray, clicks: Sequence[Click], sbox: Optional[Box], prior: np.ndarray,
+             objects: Sequence[np.ndarray], backgrounds: Sequence[np.ndarray], iterations: int) -> np.ndarray:
+        """One GrabCut run: ``prior`` probable object, the rest probable background (with a
+        box: certain background), the clicks' regions and disks certain; (h, w) bool."""
         import cv2
 
         sh, sw = small.shape[:2]
         spts, labels = _split(clicks)
         side = max(sh, sw)
-        lab = self.click_regions.lab(small)
-        objects, backgrounds = self.click_regions.regions(lab, clicks)
         if sbox is not None:
             seeds = np.full((sh, sw), cv2.GC_BGD, np.uint8)
-            seeds[box_mask((sh, sw), sbox)] = cv2.GC_PR_FGD
+            seeds[prior] = cv2.GC_PR_FGD
         else:
             seeds = np.full((sh, sw), cv2.GC_PR_BGD, np.uint8)
-            seeds[self._probable_object(lab, clicks, objects)] = cv2.GC_PR_FGD
+            seeds[prior] = cv2.GC_PR_FGD
             frame = max(1, side // 100)
             seeds[:frame] = cv2.GC_BGD
             seeds[-frame:] = cv2.GC_BGD
