@@ -7,8 +7,10 @@ background click does, and seconds per click, against a control (another git rev
 
 Pictures (tests/clutter.py, tests/test_grabcut_drawings.py): a flat-colour room whose sofa
 is about the wall's colour ("beige") or blue, the side table, plant and rug touching it, a
-lamp in front of a glass door; and a line drawing of a room. The first click is on the
-sofa's seat; the next two follow the usual protocol (the centre of the larger error: an
+lamp in front of a glass door; a striped toy and a checkered pebble alone on a studio
+backdrop (tests/composites.py: clicks must still take in a many-coloured object); and a
+line drawing of a room. The first click is on the
+sofa's seat (on a single object: its middle); the next two follow the usual protocol (the centre of the larger error: an
 object click on what is missing, a background click on what is wrongly in). Background
 clicks: one at a time after the first click, on each other thing (selected or not), at
 that thing's most inner pixel; "removed" is the share of the image the click took
@@ -42,6 +44,12 @@ def pictures():
         seat = sofa & (np.arange(sofa.shape[0])[:, None] > 0.61 * sofa.shape[0])
         ys, xs = np.nonzero(seat)
         out[f"room, {scheme} sofa"] = (rgb, masks, "sofa", (float(np.median(xs)), float(np.median(ys)), 1))
+    import composites
+
+    for kind in ("toy", "pebble"):   # one many-coloured object on a studio backdrop: no clutter
+        rgb, gt = composites.composite(kind, "gradient", seed=3)
+        ys, xs = np.nonzero(gt)
+        out[f"single {kind}"] = (rgb, {kind: gt}, kind, (float(np.median(xs)), float(np.median(ys)), 1))
     rgb, gt, box = d.as_work(*d.room_drawing(2048, 3, "sofa"))
     ys, xs = np.nonzero(gt)
     out["line drawing, sofa"] = (rgb, {"sofa": gt}, "sofa", (float(np.median(xs)), float(np.median(ys)), 1))

@@ -46,7 +46,7 @@ class ClickRegions:
     max_tolerance: float = 24.0
     blur: float = 1.0
     max_object_share: float = 0.25
-    loose: float = 3.0
+    loose: float = 2.0
 
     def lab(self, rgb: np.ndarray) -> np.ndarray:
         """(h, w, 3) uint8 RGB -> smoothed (h, w, 3) uint8 Lab, what the regions are grown on."""
