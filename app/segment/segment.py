@@ -73,6 +73,27 @@ def keep_clicked_components(mask: np.ndarray, clicks: Sequence[Click],
     return np.isin(labels, sorted(keep))
 
 
+def drop_touched(mask: np.ndarray, clicks: Sequence[Click], backgrounds: Sequence[np.ndarray]) -> np.ndarray:
+    """``mask`` without the pieces a background click's region touches: the rest of the
+    thing clicked as background (a table's legs, once its top is out), which the cut left
+    apart from the object. The pieces holding object clicks stay, and without object
+    clicks (a box alone) the largest piece does."""
+    import cv2
+
+    if not backgrounds or not mask.any():
+        return mask
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+    near = cv2.dilate(np.logical_or.reduce(backgrounds).astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
+    touched = set(np.unique(labels[near]).tolist()) - {0}
+    h, w = mask.shape
+    keep = {int(labels[min(max(int(round(y)), 0), h - 1), min(max(int(round(x)), 0), w - 1)])
+            for x, y, lab in clicks if lab == 1} - {0}
+    if not keep:
+        keep = {1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))}
+    drop = sorted(touched - keep)
+    return mask & ~np.isin(labels, drop) if drop else mask
+
+
 def _resize_mask(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """(h, w) bool ``mask`` scaled to ``shape`` (H, W), edges interpolated."""
     import cv2
@@ -296,7 +317,7 @@ class GrabCutSegmenter:
             # GrabCut refuses when one side has no samples at all (e.g. a click fills the image)
             log.info("grabCut failed (%s); using the seed region", e)
         small_mask = (seeds == cv2.GC_FGD) | (seeds == cv2.GC_PR_FGD)
-        return keep_clicked_components(small_mask, clicks, sbox)
+        return drop_touched(keep_clicked_components(small_mask, clicks, sbox), clicks, backgrounds)
 
 
 class Sam2Segmenter:

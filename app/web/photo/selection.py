@@ -219,10 +219,9 @@ def percent(share: float) -> str:
     return f"{p:.1f}%" if p >= 1 or p == 0 else f"{p:.2g}%"
 
 
-def assess_mask(mask: np.ndarray, image: Optional[np.ndarray] = None,
-                clicks: tuple[Click, ...] = ()) -> MaskCheck:
-    """``MaskCheck`` of an (h, w) bool mask; with the (h, w, 3) ``image`` and the ``clicks``
-    that selected it, whether it spreads over other things than the clicked one."""
+def assess_mask(mask: np.ndarray, clicks: tuple[Click, ...] = ()) -> MaskCheck:
+    """``MaskCheck`` of an (h, w) bool mask; with the ``clicks`` that selected it, whether it
+    spreads over other things than the clicked one."""
     import cv2
 
     from app.segment.clicks import Spread
@@ -233,7 +232,7 @@ def assess_mask(mask: np.ndarray, image: Optional[np.ndarray] = None,
     if n:
         count, _, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
         pieces = int((stats[1:, cv2.CC_STAT_AREA] >= max(1, 0.001 * mask.size)).sum())
-    spread = Spread().check(image, mask, clicks) if image is not None and n and pieces <= MANY_PIECES else ""
+    spread = Spread().check(mask, clicks) if n and pieces <= MANY_PIECES else ""
     return MaskCheck(share=share, pieces=pieces, speck=n < MIN_MASK_PIXELS or share < SPECK_MASK_SHARE,
                      spread=spread)
 
@@ -262,7 +261,7 @@ def mask_summary(state: SessionState) -> str:
     if state.mask is None or not state.mask.any():
         return f"{head}. {nothing_found_hint(state.clicks, state.box)}."
     clicked = not state.use_alpha and not state.mask_file
-    mc = assess_mask(state.mask, img.work if clicked else None, state.clicks if clicked else ())
+    mc = assess_mask(state.mask, state.clicks if clicked else ())
     if state.use_alpha:
         src = "image transparency"
     elif state.mask_file:
