@@ -63,19 +63,25 @@ def measure(repeat: int) -> dict:
     import clutter
     from app.segment.segment import GrabCutSegmenter
 
-    seg = GrabCutSegmenter()
     res: dict = {}
     for name, (rgb, masks, target, first) in pictures().items():
         truth = masks[target]
         secs: list[float] = []
 
-        def run(clicks):
+        def run(clicks, box=None):
+            """The mask for ``clicks`` as the page gets it: a fresh segmenter that saw the
+            clicks before the last one (what it keeps between clicks is warm, as on the
+            page), the last click timed."""
             best = float("inf")
             for _ in range(repeat):
+                seg = GrabCutSegmenter()
+                if len(clicks) > 1:
+                    seg.segment(rgb, list(clicks[:-1]), box)
                 t0 = time.perf_counter()
-                m = seg.segment(rgb, list(clicks))
+                m = seg.segment(rgb, list(clicks), box)
                 best = min(best, time.perf_counter() - t0)
-            secs.append(best)
+            if box is None:
+                secs.append(best)
             return m
 
         series = clutter.click_series(run, truth, first, 3)
@@ -93,6 +99,21 @@ def measure(repeat: int) -> dict:
                        "added": float((after & ~one).mean()),
                        "iou": [clutter.iou(one, truth), clutter.iou(after, truth)]})
         row["background"] = bg
+        # a selection that has the others in it: a box over the sofa, the table and the lamp
+        boxed = []
+        if "table" in masks:
+            ys, xs = np.nonzero(masks[target] | masks["table"] | masks["lamp"])
+            box = (xs.min() - 10.0, ys.min() - 10.0, xs.max() + 10.0, ys.max() + 10.0)
+            before = GrabCutSegmenter().segment(rgb, [], box)
+            for thing in ("table", "lamp", "door"):
+                x, y = clutter.inner_point(masks[thing])
+                after = run([(x, y, 0)], box)
+                boxed.append({"thing": thing, "removed": float((before & ~after).mean()),
+                              "added": float((after & ~before).mean()),
+                              "removed_of_thing": float((before & ~after & masks[thing]).sum()
+                                                        / max(1, (before & masks[thing]).sum())),
+                              "iou": [clutter.iou(before, truth), clutter.iou(after, truth)]})
+        row["boxed"] = boxed
         row["seconds"] = float(np.median(secs))
         res[name] = row
     return res
@@ -108,7 +129,7 @@ def control_figures(ref: str, repeat: int) -> dict:
     return json.loads(out)
 
 
-def print_table(label: str, res: dict) -> None:
+def print_table(label: str, res: dict) -> None:  # noqa: C901 - three tables
     print(f"\n{label}")
     print(f"{'picture':22s} {'clicks':12s} {'IoU 1':>6s} {'IoU 2':>6s} {'IoU 3':>6s} {'share 1':>8s} {'s/click':>8s}")
     for name, r in res.items():
@@ -119,6 +140,11 @@ def print_table(label: str, res: dict) -> None:
     for name, r in res.items():
         for b in r["background"]:
             print(f"{name:22s} {b['thing']:20s} {100 * b['removed']:7.1f}% {100 * b['added']:6.1f}% "
+                  f"{b['iou'][0]:8.3f} -> {b['iou'][1]:.3f}")
+    print(f"{'picture':22s} {'box, then bg click on':22s} {'removed':>8s} {'of it':>6s} {'IoU before->after':>18s}")
+    for name, r in res.items():
+        for b in r["boxed"]:
+            print(f"{name:22s} {b['thing']:22s} {100 * b['removed']:7.1f}% {100 * b['removed_of_thing']:5.0f}% "
                   f"{b['iou'][0]:8.3f} -> {b['iou'][1]:.3f}")
 
 

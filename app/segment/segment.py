@@ -153,6 +153,9 @@ class GrabCutSegmenter:
         self.wide_grow = wide_grow
         self.enclosed = enclosed
         self.click_regions = click_regions or ClickRegions()
+        # (image, clicks up to the last object click, iterations) -> wide prior or not
+        self._modes: OrderedDict[tuple, bool] = OrderedDict()
+        self._lock = threading.Lock()
         self.outline_max_side = outline_max_side
         self.retry_blur = retry_blur
         self.retry_iterations = retry_iterations
@@ -250,17 +253,42 @@ class GrabCutSegmenter:
         if sbox is not None:
             prior = box_mask((sh, sw), sbox)
             return self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)
-        narrow = self._run(small, clicks, sbox, self._probable_object(lab, clicks, objects),
-                           objects, backgrounds, iterations)
+        # which prior is decided once per object click, by the clicks up to it: later
+        # background clicks correct the selection in the same mode (a background click beside
+        # a striped toy must not turn it back into one stripe), and the same clicks always
+        # give the same mask, whatever came before
+        last = max(i for i, c in enumerate(clicks) if c[2] == 1)
+        key = (image_key(small), tuple(clicks[:last + 1]), iterations)
+        with self._lock:
+            wide_mode = self._modes.get(key)
+        if wide_mode is not None:
+            prior = self._wide_prior(clicks, (sh, sw)) if wide_mode else self._probable_object(lab, clicks, objects)
+            return self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)
+        upto = list(clicks[:last + 1])
+        o2, b2 = (objects, backgrounds) if len(upto) == len(clicks) else self.click_regions.regions(lab, upto)
+        narrow = self._run(small, upto, sbox, self._probable_object(lab, upto, o2), o2, b2, iterations)
+        wide = self._run(small, upto, sbox, self._wide_prior(upto, (sh, sw)), o2, b2, iterations)
+        wide_mode = self._one_thing(wide & ~narrow, narrow)
+        with self._lock:
+            self._modes[key] = wide_mode
+            while len(self._modes) > 256:
+                self._modes.popitem(last=False)
+        if len(upto) == len(clicks):
+            return wide if wide_mode else narrow
+        prior = self._wide_prior(clicks, (sh, sw)) if wide_mode else self._probable_object(lab, clicks, objects)
+        return self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)
+
+    def _wide_prior(self, clicks: Sequence[Click], shape: tuple[int, int]) -> np.ndarray:
+        """(h, w) bool: the box around the object clicks grown by ``wide_grow`` of the image."""
+        sh, sw = shape
         spts, labels = _split(clicks)
         fg = spts[labels == 1]
-        pad = self.wide_grow * side
+        pad = self.wide_grow * max(sh, sw)
         x0, y0 = np.floor(fg.min(0) - pad).astype(int)
         x1, y1 = np.ceil(fg.max(0) + pad).astype(int)
         prior = np.zeros((sh, sw), bool)
         prior[max(y0, 0):max(y1, 0) + 1, max(x0, 0):max(x1, 0) + 1] = True
-        wide = self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)
-        return wide if self._one_thing(wide & ~narrow, narrow) else narrow
+        return prior
 
     def _one_thing(self, added: np.ndarray, narrow: np.ndarray) -> bool:
         """Whether what the wide prior ``added`` to the ``narrow`` selection is more of the
