@@ -9,12 +9,17 @@ Pictures (tests/clutter.py, tests/test_grabcut_drawings.py): a flat-colour room 
 is about the wall's colour ("beige") or blue, the side table, plant and rug touching it, a
 lamp in front of a glass door; a striped toy and a checkered pebble alone on a studio
 backdrop (tests/composites.py: clicks must still take in a many-coloured object); and a
-line drawing of a room. The first click is on the
-sofa's seat (on a single object: its middle); the next two follow the usual protocol (the centre of the larger error: an
-object click on what is missing, a background click on what is wrongly in). Background
-clicks: one at a time after the first click, on each other thing (selected or not), at
-that thing's most inner pixel; "removed" is the share of the image the click took
-out of the selection, "IoU" the object's before and after.
+line drawing of a room. The first click is on the sofa's seat (on a single object: its
+middle); the next two follow the usual protocol (the centre of the larger error: an object
+click on what is missing, a background click on what is wrongly in).
+
+Background clicks: one at a time after the first click, on each other thing (selected or
+not), at that thing's most inner pixel; "removed" is the share of the image the click took
+out of the selection, "IoU" the object's before and after. Then a box over the sofa, the
+table and the lamp (a selection that has the others in it) and one background click on the
+table, the lamp or the door: "of it", the share of that thing's selected pixels the click
+took out. Seconds: the last click only, on a segmenter that saw the clicks before it (as on
+the page), best of ``--repeat``.
 """
 
 from __future__ import annotations
