@@ -36,6 +36,8 @@ class ClickRegions:
         max_object_share: an object click's region larger than this share of the image is
             the background around an object of the same colour: only the click's disk is
             then certain.
+        background_reach: a background click's region reaches at most this share of the
+            image's longest side from the click.
         loose: ``near_colour``'s range, in ``tolerance``s (or the click's range when wider): colours this close may be more of
             the same thing (its shaded side), farther ones are some other thing until
             GrabCut's colour model says otherwise.
@@ -47,6 +49,7 @@ class ClickRegions:
     blur: float = 1.0
     max_object_share: float = 0.25
     loose: float = 2.0
+    background_reach: float = 0.06
 
     def lab(self, rgb: np.ndarray) -> np.ndarray:
         """(h, w, 3) uint8 RGB -> smoothed (h, w, 3) uint8 Lab, what the regions are grown on."""
@@ -59,20 +62,25 @@ class ClickRegions:
         """(the clicked colour (3,) float32, its range) at (x, y) of ``lab``.
 
         The colour is the median of the most even of the four 4x4 patches that have the
-        click at a corner, and the noise that patch's largest channel spread: a click on an
-        edge still takes one side's colour, not the mixture of both.
+        click at a corner and about its colour, and the noise that patch's largest channel
+        spread: a click beside an edge takes its own side's colour, not the mixture of both
+        nor the other side's.
         """
         h, w = lab.shape[:2]
+        own = lab[y, x].astype(np.float32)
         best = None
         for dx, dy in ((-3, -3), (0, -3), (-3, 0), (0, 0)):
             patch = lab[max(0, y + dy):max(0, y + dy + 4), max(0, x + dx):max(0, x + dx + 4)]
             patch = patch.reshape(-1, 3).astype(np.float32)
             if len(patch) < 4:
                 continue
-            spread = float(patch.std(axis=0).max())
+            colour, spread = np.median(patch, axis=0), float(patch.std(axis=0).max())
+            # only a patch of the clicked pixel's own colour: on an edge, the side clicked
+            if float(np.abs(colour - own).max()) > self.tolerance:
+                continue
             if best is None or spread < best[1]:
-                best = (np.median(patch, axis=0), spread)
-        colour, noise = best if best is not None else (lab[y, x].astype(np.float32), 0.0)
+                best = (colour, spread)
+        colour, noise = best if best is not None else (own, 0.0)
         return colour, min(self.max_tolerance, max(self.tolerance, self.noise_factor * noise))
 
     def region(self, lab: np.ndarray, x: int, y: int, scale: float = 1.0) -> np.ndarray:
@@ -123,7 +131,12 @@ class ClickRegions:
             else:
                 r = np.zeros((h, w), bool)
                 r[y, x] = True
-            backgrounds.append(r)
+            # within ``background_reach`` of the click: the whole backdrop as certain
+            # background teaches GrabCut that its colour is never the object's, and the
+            # dark stripes of a toy on a dark backdrop would go with it
+            yy, xx = np.ogrid[:h, :w]
+            reach = self.background_reach * max(h, w)
+            backgrounds.append(r & ((xx - x) ** 2 + (yy - y) ** 2 <= reach * reach))
         return objects, backgrounds
 
 
