@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from app.segment.clicks import ClickRegions
+from app.segment.clicks import ClickRegions, Spread
 from app.segment.prompts import Box, Click, box_mask, has_prompt, scale_prompt
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class GrabCutSegmenter:
     name = "GrabCut"
 
     def __init__(self, max_side: int = 320, iterations: int = 3, grow: float = 0.5,
-                 grow_min: float = 0.05, wide_grow: float = 0.45, enclosed: float = 0.8,
+                 grow_min: float = 0.05, wide_grow: float = 0.45, enclosed: float = 0.7,
                  outline_max_side: int = SEG_MAX_SIDE, retry_blur: float = 1.5, retry_iterations: int = 1, click_regions: Optional[ClickRegions] = None):
         self.max_side = max_side
         self.iterations = iterations
@@ -242,7 +242,8 @@ class GrabCutSegmenter:
         (``_probable_object``: "narrow"), and everything within ``wide_grow`` of the image
         around the object clicks ("wide", where the frame's colours decide). The wide mask
         wins when what it adds surrounds the clicks (a many-coloured object: a striped toy,
-        a checker), the narrow one when it adds something beside them (``_one_thing``).
+        a checker; ``_one_thing``) and it does not look like several things joined by thin
+        parts (``Spread``: a sofa, and the rug under its feet); else the narrow one.
         """
         import cv2
 
@@ -268,7 +269,7 @@ class GrabCutSegmenter:
         o2, b2 = (objects, backgrounds) if len(upto) == len(clicks) else self.click_regions.regions(lab, upto)
         narrow = self._run(small, upto, sbox, self._probable_object(lab, upto, o2), o2, b2, iterations)
         wide = self._run(small, upto, sbox, self._wide_prior(upto, (sh, sw)), o2, b2, iterations)
-        wide_mode = self._one_thing(wide & ~narrow, narrow)
+        wide_mode = self._one_thing(wide & ~narrow, narrow) and not Spread().check(wide, upto)
         with self._lock:
             self._modes[key] = wide_mode
             while len(self._modes) > 256:
