@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from app.segment.clicks import ClickRegions, Spread
 from app.segment.prompts import Box, Click, box_mask, has_prompt, scale_prompt
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,27 @@ def keep_clicked_components(mask: np.ndarray, clicks: Sequence[Click],
     return np.isin(labels, sorted(keep))
 
 
+def drop_touched(mask: np.ndarray, clicks: Sequence[Click], backgrounds: Sequence[np.ndarray]) -> np.ndarray:
+    """``mask`` without the pieces a background click's region touches: the rest of the
+    thing clicked as background (a table's legs, once its top is out), which the cut left
+    apart from the object. The pieces holding object clicks stay, and without object
+    clicks (a box alone) the largest piece does."""
+    import cv2
+
+    if not backgrounds or not mask.any():
+        return mask
+    n, labels, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+    near = cv2.dilate(np.logical_or.reduce(backgrounds).astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
+    touched = set(np.unique(labels[near]).tolist()) - {0}
+    h, w = mask.shape
+    keep = {int(labels[min(max(int(round(y)), 0), h - 1), min(max(int(round(x)), 0), w - 1)])
+            for x, y, lab in clicks if lab == 1} - {0}
+    if not keep:
+        keep = {1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))}
+    drop = sorted(touched - keep)
+    return mask & ~np.isin(labels, drop) if drop else mask
+
+
 def _resize_mask(mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """(h, w) bool ``mask`` scaled to ``shape`` (H, W), edges interpolated."""
     import cv2
@@ -102,11 +124,18 @@ class GrabCutSegmenter:
     A line drawing's objects are the same paper as their background, which GrabCut
     cannot separate: there ``app.segment.outline`` selects the regions whose strokes
     close around them. Elsewhere GrabCut runs on a copy downscaled to ``max_side``.
-    Seeds: a small disk at each object click is certain foreground, a box around the
-    object clicks (grown by ``grow`` of the image size) is probable foreground, the
-    rest is probable background, a thin frame at the border and a disk at each
-    background click are certain background. A drawn box replaces the grown one and,
-    as in GrabCut's own rectangle mode, everything outside it is certain background.
+    Seeds (issue 38: clicks as people expect them from SAM): what each click lands on,
+    its connected region of about the clicked colour (``app.segment.clicks``), is
+    certain object or certain background, so a background click removes the thing it
+    lands on and cuts what joined the object through it, and the object is what stays
+    connected to the object clicks. Probable object: the clicked colours near each
+    object click (its region grown by ``grow`` of its size and ``grow_min`` of the
+    image), so a touching thing of other colours (a rug under a sofa) is not taken
+    along; unless everything within ``wide_grow`` of the image around the clicks adds
+    only what surrounds them (a many-coloured object: ``_one_thing``). The rest is
+    probable background, a thin frame at the border certain background. A drawn box
+    replaces the probable object and, as in GrabCut's own rectangle mode, everything
+    outside it is certain background.
     When a box's GrabCut mask does not fill the box (a low-contrast photo, where noise
     outweighs the object's difference from its surroundings), it runs again on a
     smoothed copy.
@@ -114,12 +143,19 @@ class GrabCutSegmenter:
 
     name = "GrabCut"
 
-    def __init__(self, max_side: int = 320, iterations: int = 3, grow: float = 0.45,
-                 outline_max_side: int = SEG_MAX_SIDE, retry_blur: float = 1.5,
-                 retry_iterations: int = 1):
+    def __init__(self, max_side: int = 320, iterations: int = 3, grow: float = 0.5,
+                 grow_min: float = 0.05, wide_grow: float = 0.45, enclosed: float = 0.7,
+                 outline_max_side: int = SEG_MAX_SIDE, retry_blur: float = 1.5, retry_iterations: int = 1, click_regions: Optional[ClickRegions] = None):
         self.max_side = max_side
         self.iterations = iterations
         self.grow = grow
+        self.grow_min = grow_min
+        self.wide_grow = wide_grow
+        self.enclosed = enclosed
+        self.click_regions = click_regions or ClickRegions()
+        # (image, clicks up to the last object click, iterations) -> wide prior or not
+        self._modes: OrderedDict[tuple, bool] = OrderedDict()
+        self._lock = threading.Lock()
         self.outline_max_side = outline_max_side
         self.retry_blur = retry_blur
         self.retry_iterations = retry_iterations
@@ -168,9 +204,109 @@ class GrabCutSegmenter:
                 mask = retry
         return _resize_mask(mask, (h, w))
 
+    def _probable_object(self, lab: np.ndarray, clicks: Sequence[Click],
+                         objects: Sequence[np.ndarray]) -> np.ndarray:
+        """(h, w) bool: where the rest of the clicked object may be, without a box.
+
+        Around each object click, its region grown by ``grow`` of the region's own size and
+        by ``grow_min`` of the image (the rest of the sofa a cushion belongs to); within
+        that, the pixels of about the clicked colour (``ClickRegions.near_colour``) and those
+        next to the region (its anti-aliased edge). Other colours start as background, so
+        GrabCut's object colours are the clicked ones and a thing of another colour touching
+        the object (a rug under a sofa) is not taken along; GrabCut adds them back where its
+        colour model says they are the object's.
+        """
+        import cv2
+
+        h, w = lab.shape[:2]
+        side = max(h, w)
+        out = np.zeros((h, w), bool)
+        edge = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * max(2, side // 80) + 1,) * 2)
+        for (x, y, _), region in zip([c for c in clicks if c[2] == 1], objects):
+            ys, xs = np.nonzero(region)
+            px = self.grow * (xs.max() - xs.min() + 1) + self.grow_min * side
+            py = self.grow * (ys.max() - ys.min() + 1) + self.grow_min * side
+            x0, x1 = max(int(xs.min() - px), 0), min(int(np.ceil(xs.max() + px)), w - 1)
+            y0, y1 = max(int(ys.min() - py), 0), min(int(np.ceil(ys.max() + py)), h - 1)
+            cx, cy = min(max(int(round(x)), x0), x1), min(max(int(round(y)), y0), y1)
+            near = self.click_regions.near_colour(lab[y0:y1 + 1, x0:x1 + 1], cx - x0, cy - y0)
+            close = cv2.dilate(region[y0:y1 + 1, x0:x1 + 1].astype(np.uint8), edge) > 0
+            out[y0:y1 + 1, x0:x1 + 1] |= near | close
+        return out
+
     def _grabcut_small(self, small: np.ndarray, clicks: Sequence[Click], sbox: Optional[Box],
                        iterations: int) -> np.ndarray:
-        """One GrabCut run on ``small`` seeded as the class docstring says; (h, w) bool."""
+        """GrabCut on ``small`` seeded as the class docstring says; (h, w) bool.
+
+        Without a box, twice: the probable object only the clicked colours near the clicks
+        (``_probable_object``: "narrow"), and everything within ``wide_grow`` of the image
+        around the object clicks ("wide", where the frame's colours decide). The wide mask
+        wins when what it adds surrounds the clicks (a many-coloured object: a striped toy,
+        a checker; ``_one_thing``) and it does not look like several things joined by thin
+        parts (``Spread``: a sofa, and the rug under its feet); else the narrow one.
+        """
+        import cv2
+
+        sh, sw = small.shape[:2]
+        side = max(sh, sw)
+        lab = self.click_regions.lab(small)
+        objects, backgrounds = self.click_regions.regions(lab, clicks)
+        if sbox is not None:
+            prior = box_mask((sh, sw), sbox)
+            return self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)
+        # which prior is decided once per object click, by the clicks up to it: later
+        # background clicks correct the selection in the same mode (a background click beside
+        # a striped toy must not turn it back into one stripe), and the same clicks always
+        # give the same mask, whatever came before
+        last = max(i for i, c in enumerate(clicks) if c[2] == 1)
+        key = (image_key(small), tuple(clicks[:last + 1]), iterations)
+        with self._lock:
+            wide_mode = self._modes.get(key)
+        if wide_mode is not None:
+            prior = self._wide_prior(clicks, (sh, sw)) if wide_mode else self._probable_object(lab, clicks, objects)
+            return self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)
+        upto = list(clicks[:last + 1])
+        o2, b2 = (objects, backgrounds) if len(upto) == len(clicks) else self.click_regions.regions(lab, upto)
+        narrow = self._run(small, upto, sbox, self._probable_object(lab, upto, o2), o2, b2, iterations)
+        wide = self._run(small, upto, sbox, self._wide_prior(upto, (sh, sw)), o2, b2, iterations)
+        wide_mode = self._one_thing(wide & ~narrow, narrow) and not Spread().check(wide, upto)
+        with self._lock:
+            self._modes[key] = wide_mode
+            while len(self._modes) > 256:
+                self._modes.popitem(last=False)
+        if len(upto) == len(clicks):
+            return wide if wide_mode else narrow
+        prior = self._wide_prior(clicks, (sh, sw)) if wide_mode else self._probable_object(lab, clicks, objects)
+        return self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)
+
+    def _wide_prior(self, clicks: Sequence[Click], shape: tuple[int, int]) -> np.ndarray:
+        """(h, w) bool: the box around the object clicks grown by ``wide_grow`` of the image."""
+        sh, sw = shape
+        spts, labels = _split(clicks)
+        fg = spts[labels == 1]
+        pad = self.wide_grow * max(sh, sw)
+        x0, y0 = np.floor(fg.min(0) - pad).astype(int)
+        x1, y1 = np.ceil(fg.max(0) + pad).astype(int)
+        prior = np.zeros((sh, sw), bool)
+        prior[max(y0, 0):max(y1, 0) + 1, max(x0, 0):max(x1, 0) + 1] = True
+        return prior
+
+    def _one_thing(self, added: np.ndarray, narrow: np.ndarray) -> bool:
+        """Whether what the wide prior ``added`` to the ``narrow`` selection is more of the
+        clicked thing: it surrounds the narrow selection, holding at least ``enclosed`` of
+        the ring of pixels just outside it. A many-coloured object's other colours lie all
+        around the clicked one; the wall and the floor around a sofa stay out of both, and
+        a rug under it or a table beside it meet only a side of it."""
+        import cv2
+
+        ring = cv2.dilate(narrow.astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
+        ring &= ~narrow
+        return bool(ring.any()) and float(added[ring].mean()) >= self.enclosed
+
+    def _run(self, small: np.ndarray, clicks: Sequence[Click], sbox: Optional[Box], prior: np.ndarray,
+             objects: Sequence[np.ndarray], backgrounds: Sequence[np.ndarray], iterations: int) -> np.ndarray:
+        """One GrabCut run: ``prior`` probable object, the rest probable background (with a
+        box: certain background), the clicks' regions and disks certain; (h, w) bool."""
         import cv2
 
         sh, sw = small.shape[:2]
@@ -178,19 +314,21 @@ class GrabCutSegmenter:
         side = max(sh, sw)
         if sbox is not None:
             seeds = np.full((sh, sw), cv2.GC_BGD, np.uint8)
-            seeds[box_mask((sh, sw), sbox)] = cv2.GC_PR_FGD
+            seeds[prior] = cv2.GC_PR_FGD
         else:
             seeds = np.full((sh, sw), cv2.GC_PR_BGD, np.uint8)
-            fg = spts[labels == 1]
-            pad = self.grow * side
-            x0, y0 = np.floor(fg.min(0) - pad).astype(int)
-            x1, y1 = np.ceil(fg.max(0) + pad).astype(int)
-            seeds[max(y0, 0):max(y1, 0) + 1, max(x0, 0):max(x1, 0) + 1] = cv2.GC_PR_FGD
+            seeds[prior] = cv2.GC_PR_FGD
             frame = max(1, side // 100)
             seeds[:frame] = cv2.GC_BGD
             seeds[-frame:] = cv2.GC_BGD
             seeds[:, :frame] = cv2.GC_BGD
             seeds[:, -frame:] = cv2.GC_BGD
+        # what a click lands on is certain: its background regions first, then the object's,
+        # then each click's own disk, so a click always decides its own pixels
+        for region in backgrounds:
+            seeds[region] = cv2.GC_BGD
+        for region in objects:
+            seeds[region] = cv2.GC_FGD
         r = max(2, side // 80)
         for (x, y), lab in zip(spts, labels):
             cv2.circle(seeds, (int(round(x)), int(round(y))), r,
@@ -208,7 +346,7 @@ class GrabCutSegmenter:
             # GrabCut refuses when one side has no samples at all (e.g. a click fills the image)
             log.info("grabCut failed (%s); using the seed region", e)
         small_mask = (seeds == cv2.GC_FGD) | (seeds == cv2.GC_PR_FGD)
-        return keep_clicked_components(small_mask, clicks, sbox)
+        return drop_touched(keep_clicked_components(small_mask, clicks, sbox), clicks, backgrounds)
 
 
 class Sam2Segmenter:

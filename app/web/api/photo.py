@@ -69,8 +69,8 @@ def describe_state(st: uploads.SessionState) -> dict:
     if st.mask is None or not st.mask.any():
         out["mask"] = None
         return out
-    mc = selection.assess_mask(st.mask)
     source = "alpha" if st.use_alpha else "file" if st.mask_file else "prompt"
+    mc = selection.assess_mask(st.mask, st.clicks if source == "prompt" else ())
     out["mask"] = {"source": source, "share": round(mc.share, 5), "pieces": mc.pieces,
                    "note": usertext.public_text(st.mask_note), "warnings": mc.warnings}
     return out

@@ -21,6 +21,9 @@ TINY_MASK_SHARE = 0.005
 SPECK_MASK_SHARE = 0.0005
 # pieces (8-connected) of at least 0.1 % of the image past which the selection is called scattered
 MANY_PIECES = 4
+# a click that changes fewer pixels than this share of the image (and than UNCHANGED_PIXELS)
+# changed nothing a person can see: the page says why instead
+UNCHANGED_SHARE, UNCHANGED_PIXELS = 0.001, 50
 
 
 def _resegment(state: SessionState, clicks: tuple[Click, ...], segmenter,
@@ -53,7 +56,32 @@ def add_click(state: SessionState, x: float, y: float, background: bool, segment
     click = (x, y, 0 if background else 1)
     prompting = _prompting(state)
     prior = state.clicks if prompting else ()
-    return _resegment(state, prior + (click,), segmenter, state.box if prompting else None)
+    before = state.mask if prompting else None
+    after = _resegment(state, prior + (click,), segmenter, state.box if prompting else None)
+    return replace(after, mask_note=unchanged_note(before, after.mask, click))
+
+
+def unchanged_note(before: Optional[np.ndarray], after: Optional[np.ndarray], click: Click) -> str:
+    """Why a click left the selection as it was ("" when it changed it visibly, or when
+    there was none before): every click either changes the mask or says why not."""
+    if before is None or after is None or before.shape != after.shape:
+        return ""
+    changed = int(np.count_nonzero(before != after))
+    if changed >= max(UNCHANGED_PIXELS, UNCHANGED_SHARE * before.size):
+        return ""
+    h, w = before.shape
+    inside = bool(before[min(int(click[1]), h - 1), min(int(click[0]), w - 1)])
+    if click[2] == 1 and inside:
+        return ("that click is on what is selected already, so nothing changed: click on a part "
+                "that is missing, or turn on background clicks to take a part out")
+    if click[2] == 0 and not inside:
+        return ("that background click is outside the selection already, so nothing changed: "
+                "click on the part of the selection that should go")
+    if click[2] == 1:
+        return ("that click changed nothing: its colour does not stand apart from the background "
+                "there; drag a box around the object, or load a mask file")
+    return ("that background click changed nothing: its colour is the object's there; drag a box "
+            "around the object, or load a mask file")
 
 
 def set_box(state: SessionState, x0: float, y0: float, x1: float, y1: float, segmenter) -> SessionState:
@@ -168,6 +196,7 @@ class MaskCheck:
     share: float
     pieces: int
     speck: bool
+    spread: str = ""   # ``app.segment.clicks.Spread``'s warning: other things taken along
 
     @property
     def warnings(self) -> list[str]:
@@ -178,6 +207,8 @@ class MaskCheck:
         if self.pieces > MANY_PIECES:
             out.append(f"the selection is in {self.pieces} pieces: add background clicks on the "
                        "stray ones, or drag a box around the object")
+        if self.spread:
+            out.append(self.spread)
         return out
 
 
@@ -188,9 +219,12 @@ def percent(share: float) -> str:
     return f"{p:.1f}%" if p >= 1 or p == 0 else f"{p:.2g}%"
 
 
-def assess_mask(mask: np.ndarray) -> MaskCheck:
-    """``MaskCheck`` of an (h, w) bool mask."""
+def assess_mask(mask: np.ndarray, clicks: tuple[Click, ...] = ()) -> MaskCheck:
+    """``MaskCheck`` of an (h, w) bool mask; with the ``clicks`` that selected it, whether it
+    spreads over other things than the clicked one."""
     import cv2
+
+    from app.segment.clicks import Spread
 
     n = int(mask.sum())
     share = n / max(1, mask.size)
@@ -198,7 +232,9 @@ def assess_mask(mask: np.ndarray) -> MaskCheck:
     if n:
         count, _, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
         pieces = int((stats[1:, cv2.CC_STAT_AREA] >= max(1, 0.001 * mask.size)).sum())
-    return MaskCheck(share=share, pieces=pieces, speck=n < MIN_MASK_PIXELS or share < SPECK_MASK_SHARE)
+    spread = Spread().check(mask, clicks) if n and pieces <= MANY_PIECES else ""
+    return MaskCheck(share=share, pieces=pieces, speck=n < MIN_MASK_PIXELS or share < SPECK_MASK_SHARE,
+                     spread=spread)
 
 
 def nothing_found_hint(clicks: tuple[Click, ...], box: Optional[Box]) -> str:
@@ -224,7 +260,8 @@ def mask_summary(state: SessionState) -> str:
     head = f"**{html.escape(img.name)}** — {w}x{h}"
     if state.mask is None or not state.mask.any():
         return f"{head}. {nothing_found_hint(state.clicks, state.box)}."
-    mc = assess_mask(state.mask)
+    clicked = not state.use_alpha and not state.mask_file
+    mc = assess_mask(state.mask, state.clicks if clicked else ())
     if state.use_alpha:
         src = "image transparency"
     elif state.mask_file:
