@@ -92,8 +92,8 @@ def photo_chart(vertices: np.ndarray, faces: np.ndarray, normals: np.ndarray, ar
     room = texture_size - 2 * gutter - 2
     scale = 1.0
     while scale > 1.0 / 64:
-        blocks = [_block(px[f[ids]], ids, scale) for ids, px in mine]
-        blocks = [b for b in blocks if b is not None]
+        made = [_block(px[f[ids]], ids, scale) for ids, px in mine]
+        blocks = [b for b in made if b is not None]
         if not blocks:
             return None
         got = _side_by_side(blocks, gutter, room)
@@ -177,7 +177,7 @@ def _side_by_side(blocks: list[PhotoChart], gutter: int, room: int) -> PhotoChar
 def _rows(blocks: list[PhotoChart], order: list[int], gap: int, limit: int) -> tuple[dict, bool]:
     """Shelf placement {block: (x, y)} in rows no wider than ``limit``; False when one block is wider."""
     x = y = row_h = 0
-    placed = {}
+    placed: dict[int, tuple[int, int]] = {}
     for k in order:
         w, h = blocks[k].size
         if w > limit:
