@@ -274,7 +274,8 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
         b = settings.bake
         mesh = stage("uv", lambda: uv.unwrap(mesh, texture_size=int(b.texture_size), gutter=b.gutter,
                                              max_faces=settings.mesh.max_faces_for_uv, method=b.unwrap,
-                                             source_camera=camera))
+                                             source_camera=camera,
+                                             more_cameras=[p.camera for p in used[1:] if p.camera is not None]))
     fallback = own_colours(inputs.model, mesh, same_mesh=inputs.keep_uvs)
 
     def bake() -> "tuple[Texture, BakeStats]":

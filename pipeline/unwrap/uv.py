@@ -18,6 +18,8 @@ never reads another chart and the baker can dilate colours into the gutter.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from kiln.limits import MAX_RASTER_SIDE, MIN_TEXTURE_SIZE
@@ -38,7 +40,8 @@ THIN_CHART = 8.0        # ... with length^2 > this * their area are halved befor
 
 
 def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
-           method: str = "kiln", source_camera: SourceCamera | None = None) -> Mesh:
+           method: str = "kiln", source_camera: SourceCamera | None = None,
+           more_cameras: Sequence[SourceCamera] = ()) -> Mesh:
     """Cut ``mesh`` into charts and pack them into one texture_size x texture_size atlas.
 
     mesh: vertices (V, 3) float32, faces (F, 3) int32, optional vertex_colors.
@@ -58,6 +61,8 @@ def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
     keeps ``gutter`` + 1 texels from every other chart; islands inside it keep the photo's
     own spacing (the texels between them hold what the photo shows there). ``xatlas``
     ignores the camera.
+    more_cameras: the cameras of a bake's further photos: each face goes to the photo that
+    sees it best, and each photo gets a block on its own pixel grid (``photo_chart``).
     """
     if method not in METHODS:
         raise StageInputError(f"unknown unwrap method {method!r}; use one of {', '.join(METHODS)}")
@@ -69,8 +74,11 @@ def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
                               f"{texture_size} texture, got {gutter!r}")
     if source_camera is not None:
         source_camera.validate()
+    for cam in more_cameras:
+        cam.validate()
     if method == "kiln":
-        vmap, faces_out, uvs = _unwrap_kiln(mesh, int(texture_size), int(gutter), source_camera)
+        vmap, faces_out, uvs = _unwrap_kiln(mesh, int(texture_size), int(gutter), source_camera,
+                                            tuple(more_cameras) if source_camera is not None else ())
     else:
         vmap, faces_out, uvs = _unwrap_xatlas(mesh, int(texture_size), int(gutter))
     uvs = np.clip(uvs, 0.0, 1.0).astype(np.float32)
@@ -83,7 +91,8 @@ def unwrap(mesh: Mesh, texture_size: int, gutter: int, max_faces: int,
     ).validate("unwrapped mesh")
 
 
-def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int, camera: SourceCamera | None = None):
+def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int, camera: SourceCamera | None = None,
+                 more_cameras: tuple[SourceCamera, ...] = ()):
     """(vertex map (V',), faces (F, 3), uvs (V', 2) float64) from Kiln's own unwrap."""
     from pipeline.unwrap.charts import face_graph
     from pipeline.unwrap.lscm import chart_vertices
@@ -95,14 +104,14 @@ def _unwrap_kiln(mesh: Mesh, texture_size: int, gutter: int, camera: SourceCamer
     if not whole.areas.sum() > 0:
         raise StageInputError("the mesh has no surface area; nothing to unwrap")
     block = None if camera is None else photo_chart(v, f_all, whole.normals, whole.areas, camera,
-                                                     texture_size, gutter)
+                                                     texture_size, gutter, more_cameras)
     if block is None:
         return _unwrap_charts(v, f_all, whole, texture_size, gutter, None)
     rest = np.setdiff1d(np.arange(len(f_all)), block.faces)
     f = f_all[rest]
     vmap_r, corner_r, uvs_r, offset = _unwrap_charts(v, f, face_graph(v, f), texture_size, gutter,
                                                      block.size)
-    corner_b, vmap_b, _ = chart_vertices(f_all[block.faces], np.zeros(len(block.faces), np.int64), len(v))
+    corner_b, vmap_b, _ = chart_vertices(f_all[block.faces], block.charts(), len(v))
     texels_b = np.zeros((vmap_b.size, 2))
     texels_b[corner_b.ravel()] = block.corner.reshape(-1, 2)
     faces_out = np.empty((len(f_all), 3), np.int64)
