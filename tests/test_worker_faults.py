@@ -341,7 +341,6 @@ def test_cancel_wins_over_a_retry_already_on_its_way(env):
         return log_file.read_text() if log_file.exists() else ""
 
     with sup._dispatcher.lock:  # keep the dispatcher from reading the worker's report until cancel ran
-        pid0 = sup.workers()[0]["pid"]
         assert "oom error" not in job_log()  # not too late: the fault is stages away
         deadline = time.monotonic() + JOB_TIMEOUT
         while "oom error" not in job_log():  # the worker writes this just before its report
@@ -351,9 +350,13 @@ def test_cancel_wins_over_a_retry_already_on_its_way(env):
         assert job.cancel()
     st = job.status()
     assert (st.state, st.error, st.attempts) == ("cancelled", "cancelled by user", 1)
-    # the event a wrong retry would follow: the cancelled worker is gone (its report read or
-    # dropped with it) and a fresh one is idle; a re-queued attempt would be queued or on it now
-    assert worker_pid(sup) != pid0
+    # the event a wrong retry would follow: the dispatcher has read the worker's report (the
+    # worker, kept or replaced, is idle with no job); a re-queued attempt would be queued or
+    # running on it from then on, so waiting for idle either sees it or times out
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not (sup.workers()[0]["state"] == "idle" and sup.workers()[0]["job"] is None):
+        assert time.monotonic() < deadline, sup.workers()
+        time.sleep(0.05)   # polling a state with a deadline, not guessing a duration
     assert job.status().attempts == 1 and sup.queue_length() == 0 and sup.workers()[0]["job"] is None
 
 
