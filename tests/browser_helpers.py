@@ -55,13 +55,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(tmp_path_factory, name: str, extra_env: dict | None = None):
+# The app that several browser modules share (tests/conftest.py's ``shared_server``): their
+# tests together may hold more tabs from 127.0.0.1 than the per-client limit (8) at once, and
+# none of them is about that limit (tests/test_app_sessions.py is)
+SHARED_CONFIG = SMALL_CONFIG.replace("cache_dir: {var}/cache}}",
+                                     "cache_dir: {var}/cache, max_sessions_per_client: 200}}")
+assert SHARED_CONFIG != SMALL_CONFIG
+
+
+def serve(tmp_path_factory, name: str, extra_env: dict | None = None, config: str | None = None):
     """Start ``python -m app`` as a person does, on a free port; yields (url, workdir, log
     path, process) until the caller is done."""
     work = tmp_path_factory.mktemp(name)
     var = work / "var"
     cfg = work / "small.yaml"
-    cfg.write_text(SMALL_CONFIG.format(var=var))
+    cfg.write_text((config or SMALL_CONFIG).format(var=var))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     log_path = ARTIFACTS / f"{name}.log"
     port = free_port()
