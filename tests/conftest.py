@@ -95,3 +95,22 @@ def ray_head():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'kiln3d[ray]')")
     return _shared("ray_head", _ray_cluster)
+
+
+# Under pytest-xdist (``-n N --dist loadgroup``) each module runs whole in one worker, its tests
+# in their order (most modules share a costly fixture among their tests: a pool, a server),
+# and the modules that share one of the things above, or one folder, run in one worker one
+# after another: the browser modules (the shared app and Chromium, test-artifacts/browser),
+# the Ray modules (one loopback cluster), the type check (its two mypy runs share
+# .mypy_cache). The glTF validator and three.js are installed by npm at their first use, each
+# by one module.
+XDIST_GROUPS = {"test_browser_": "browser", "test_ray_": "ray"}
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        name = item.path.name
+        group = next((g for prefix, g in XDIST_GROUPS.items() if name.startswith(prefix)), name)
+        item.add_marker(pytest.mark.xdist_group(group))
