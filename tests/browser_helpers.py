@@ -55,14 +55,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(tmp_path_factory, name: str, extra_env: dict | None = None, before_start=None):
+# The app that several browser modules share (tests/conftest.py's ``shared_server``): their
+# tests together may hold more tabs from 127.0.0.1 than the per-client limit (8) at once, and
+# none of them is about that limit (tests/test_app_sessions.py is)
+SHARED_CONFIG = SMALL_CONFIG.replace("cache_dir: {var}/cache}}",
+                                     "cache_dir: {var}/cache, max_sessions_per_client: 200}}")
+assert SHARED_CONFIG != SMALL_CONFIG
+
+
+def serve(tmp_path_factory, name: str, extra_env: dict | None = None, config: str | None = None,
+          before_start=None):
     """Start ``python -m app`` as a person does, on a free port; yields (url, workdir, log
     path, process) until the caller is done. ``before_start(var)``: runs first with the
     server's var folder (its job store is ``var/jobs``), e.g. to leave an earlier server's jobs."""
     work = tmp_path_factory.mktemp(name)
     var = work / "var"
     cfg = work / "small.yaml"
-    cfg.write_text(SMALL_CONFIG.format(var=var))
+    cfg.write_text((config or SMALL_CONFIG).format(var=var))
     if before_start is not None:
         before_start(var)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from browser_helpers import ARTIFACTS, require_browser, serve as _serve, chromium
+from browser_helpers import ARTIFACTS, require_browser, serve as _serve
 from browser_helpers import (assert_viewer_draws as _assert_viewer_draws, click_image as _click_image,
                              open_page, progress as _progress, shown_image as _shown_image, upload as _upload,
                              wait_state as _wait_state, write_png as _write_png)
@@ -37,10 +37,11 @@ require_browser()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The app as a person starts it; yields (url, workdir, log path)."""
-    for url, work, log_path, _ in _serve(tmp_path_factory, "server"):
-        yield url, work, log_path
+def server(shared_server):
+    """The app as a person starts it (shared with the other browser modules); (url, workdir,
+    log path)."""
+    url, work, log_path, _ = shared_server
+    return url, work, log_path
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +53,8 @@ def held_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
+def browser(shared_browser):
+    return shared_browser
 
 
 def _open(browser, url):

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from browser_helpers import ARTIFACTS, chromium, open_page, require_browser, serve
+from browser_helpers import ARTIFACTS, open_page, require_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -18,14 +18,13 @@ require_browser()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    for url, _work, _log, _proc in serve(tmp_path_factory, "fit-server"):
-        yield url
+def server(shared_server):
+    return shared_server[0]
 
 
 @pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
+def browser(shared_browser):
+    return shared_browser
 
 
 def _bake_state(page) -> str:

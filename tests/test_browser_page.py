@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from browser_helpers import (ARTIFACTS, assert_viewer_draws, chromium, click_image, open_page, progress,
-                             require_browser, serve, shown_image, upload, viewer_shot, wait_state, write_png)
+from browser_helpers import (ARTIFACTS, assert_viewer_draws, click_image, open_page, progress,
+                             require_browser, shown_image, upload, viewer_shot, wait_state, write_png)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -35,14 +35,13 @@ CLEAR_RGB = np.array([237, 237, 242])
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    for url, _work, _log, _proc in serve(tmp_path_factory, "page-server"):
-        yield url
+def server(shared_server):
+    return shared_server[0]
 
 
 @pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
+def browser(shared_browser):
+    return shared_browser
 
 
 def _model_pixels(shot: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from browser_helpers import ARTIFACTS, assert_viewer_draws, chromium, open_page, require_browser, serve, viewer_shot
+from browser_helpers import ARTIFACTS, assert_viewer_draws, open_page, require_browser, viewer_shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -33,14 +33,13 @@ MIME = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    for url, _work, _log, _proc in serve(tmp_path_factory, "texture-formats-server"):
-        yield url
+def server(shared_server):
+    return shared_server[0]
 
 
 @pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
+def browser(shared_browser):
+    return shared_browser
 
 
 @pytest.fixture(scope="module")

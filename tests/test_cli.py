@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cli_helpers import kiln_in_process
 ROOT = Path(__file__).resolve().parent.parent
 
 # small settings so a whole CLI job takes seconds on 2 cores
@@ -105,7 +106,7 @@ def test_help_does_not_import_heavy_libraries():
 
 
 def test_settings_command_lists_ranges():
-    r = kiln("settings")
+    r = kiln_in_process("settings")
     assert r.returncode == 0
     assert "mesh.simplify_ratio" in r.stdout and "0.0..0.999" in r.stdout
 
@@ -113,20 +114,20 @@ def test_settings_command_lists_ranges():
 def test_corrupt_image_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
-    r = kiln("run", bad, "-o", tmp_path / "o.glb")
+    r = kiln_in_process("run", bad, "-o", tmp_path / "o.glb")
     assert r.returncode == 2
     assert "bad.png" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_opaque_image_without_mask_says_pass_mask(toy, tmp_path):
-    r = kiln("run", toy / "toy_rgb.png", "-o", tmp_path / "o.glb")
+    r = kiln_in_process("run", toy / "toy_rgb.png", "-o", tmp_path / "o.glb")
     assert r.returncode == 2
     assert "--mask" in r.stderr and "no mask" in r.stderr
 
 
 def test_mask_size_mismatch(toy, tmp_path):
     Image.fromarray(np.zeros((10, 10), np.uint8)).save(tmp_path / "m.png")
-    r = kiln("run", toy / "toy_rgb.png", "--mask", tmp_path / "m.png", "-o", tmp_path / "o.glb")
+    r = kiln_in_process("run", toy / "toy_rgb.png", "--mask", tmp_path / "m.png", "-o", tmp_path / "o.glb")
     assert r.returncode == 2 and "must match" in r.stderr
 
 
@@ -136,7 +137,7 @@ def test_mask_size_mismatch(toy, tmp_path):
     (["--set", "bake.colour=red"], "unknown setting 'bake.colour'"),
 ])
 def test_bad_settings_are_named(toy, tmp_path, flags, needle):
-    r = kiln("run", toy / "toy.png", "-o", tmp_path / "o.glb", *flags)
+    r = kiln_in_process("run", toy / "toy.png", "-o", tmp_path / "o.glb", *flags)
     assert r.returncode == 2
     assert needle in r.stderr and "Traceback" not in r.stderr
 
@@ -145,7 +146,7 @@ def test_bad_settings_are_named(toy, tmp_path, flags, needle):
 def test_empty_mask_is_a_clear_error(toy, tmp_path, where):
     # the stage rejecting its input is a user error (2) on both paths
     Image.fromarray(np.zeros((256, 256), np.uint8)).save(tmp_path / "empty.png")
-    r = kiln("run", toy / "toy_rgb.png", "--mask", tmp_path / "empty.png", "-o", tmp_path / "o.glb",
+    r = kiln_in_process("run", toy / "toy_rgb.png", "--mask", tmp_path / "empty.png", "-o", tmp_path / "o.glb",
              where, *_workdirs(tmp_path))
     assert r.returncode == 2, r.stderr[-2000:]
     assert "mask" in r.stderr.lower() and "empty" in r.stderr.lower() and "Traceback" not in r.stderr
@@ -195,7 +196,7 @@ def test_cli_no_bake_writes_vertex_colours_and_ply(toy, tmp_path):
 
 def test_help_documents_exit_codes():
     for args in (["--help"], ["run", "--help"]):
-        text = kiln(*args).stdout
+        text = kiln_in_process(*args).stdout
         assert "exit status" in text.lower()
         for code in ("0 ", "1 ", "2 ", "130 "):
             assert code in text.split("xit status", 1)[1], (args, text)

@@ -19,6 +19,7 @@ from PIL import Image
 from pipeline.io.texture_file import sniff
 from pipeline.raster.rasterize import available_backends
 
+from cli_helpers import kiln_in_process
 ROOT = Path(__file__).resolve().parent.parent
 needs_gl = pytest.mark.skipif("moderngl" not in available_backends(), reason="no EGL OpenGL context here")
 SMALL = ["--set", "reconstruct.resolution=64", "--set", "reconstruct.num_gaussians=3000",
@@ -75,18 +76,18 @@ def counts(path, tmp_path):
 def test_a_bad_format_or_unit_is_refused_at_once_naming_the_flag(toy, tmp_path, flags, needle):
     for command in (["run", toy / "toy.png", "-o", tmp_path / "o.glb"],
                     ["bake", "--mesh", toy / "toy.png", "-o", tmp_path / "o.glb"]):
-        r = kiln(*command, *flags, *_workdirs(tmp_path))
+        r = kiln_in_process(*command, *flags, *_workdirs(tmp_path))
         assert r.returncode == 2, r.stderr
         assert needle in r.stderr and "Traceback" not in r.stderr
         assert not (tmp_path / "jobs").exists(), "refused after the job store was touched"
 
 
 def test_help_names_the_formats_units_and_texture_formats():
-    text = kiln("run", "--help").stdout
+    text = kiln_in_process("run", "--help").stdout
     for word in ("--format", "glb,obj,stl,ply", "--texture-format", "{png,jpeg,webp}", "--units", "{m,mm}",
                  ".mesh.ply", "photo.obj.zip"):
         assert word in text, word
-    assert "--format" in kiln("bake", "--help").stdout
+    assert "--format" in kiln_in_process("bake", "--help").stdout
 
 
 @needs_gl

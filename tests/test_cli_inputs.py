@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cli_helpers import kiln_in_process
 from kiln.settings import ReconstructSettings
 from worker.jobs.inputs import InputProblem, NoSpace, RunItem, load, plan, writing_to
 
@@ -52,7 +53,7 @@ def _save(path: Path, arr: np.ndarray, mode: str | None = None) -> Path:
 def test_a_1x1_image_with_a_mask_is_refused_up_front(tmp_path):
     img = _save(tmp_path / "one.png", np.full((1, 1, 3), 200, np.uint8))
     mask = _save(tmp_path / "one_m.png", np.full((1, 1), 255, np.uint8))
-    r = kiln("run", img, "--mask", mask, "-o", tmp_path / "o.glb", *_workdirs(tmp_path))
+    r = kiln_in_process("run", img, "--mask", mask, "-o", tmp_path / "o.glb", *_workdirs(tmp_path))
     assert r.returncode == 2, r.stderr
     assert "one.png is only 1x1 pixels" in r.stderr and "Traceback" not in r.stderr
     assert _no_worker_started(tmp_path)
@@ -72,7 +73,7 @@ def _speck(shape):
 ], ids=["empty", "full", "speck", "size"])
 def test_unusable_masks_are_refused_up_front(toy, tmp_path, make, needle):
     mask = _save(tmp_path / "m.png", make((256, 256)))
-    r = kiln("run", toy / "toy_rgb.png", "--mask", mask, "-o", tmp_path / "o.glb", *_workdirs(tmp_path))
+    r = kiln_in_process("run", toy / "toy_rgb.png", "--mask", mask, "-o", tmp_path / "o.glb", *_workdirs(tmp_path))
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr and "m.png" in r.stderr and "Traceback" not in r.stderr
     assert _no_worker_started(tmp_path)
@@ -97,7 +98,7 @@ def test_a_mask_emptied_by_the_stage_downscale_is_refused_up_front(tmp_path):
     m = np.zeros((1024, 1024), np.uint8)
     m[::8, ::8] = 255                  # 16 384 object pixels, none survives a 4x area downscale
     mask = _save(tmp_path / "dots.png", m)
-    r = kiln("run", img, "--mask", mask, "-o", tmp_path / "o.glb", "--set", "reconstruct.max_image_side=256",
+    r = kiln_in_process("run", img, "--mask", mask, "-o", tmp_path / "o.glb", "--set", "reconstruct.max_image_side=256",
              *_workdirs(tmp_path))
     assert r.returncode == 2, r.stderr
     assert "after downscaling the image to 256x256" in r.stderr and "Traceback" not in r.stderr
@@ -156,7 +157,7 @@ def test_plan_batch_mistakes(images, mask, mask_dir, out, match):
 def test_a_batch_with_one_bad_input_starts_nothing(toy, tmp_path):
     masks = tmp_path / "masks"
     masks.mkdir()
-    r = kiln("run", toy / "toy.png", toy / "toy_rgb.png", "--mask-dir", masks, "-o", tmp_path / "out",
+    r = kiln_in_process("run", toy / "toy.png", toy / "toy_rgb.png", "--mask-dir", masks, "-o", tmp_path / "out",
              *_workdirs(tmp_path))
     assert r.returncode == 2, r.stderr
     assert "1 of 2 inputs cannot be used, so nothing was started" in r.stderr
@@ -185,7 +186,7 @@ def tiny_disk(tmp_path):
 
 def test_a_full_disk_is_named_before_the_worker_starts(toy, tmp_path, tiny_disk):
     out = tiny_disk / "models" / "toy.glb"
-    r = kiln("run", toy / "toy.png", "-o", out, *_workdirs(tmp_path))
+    r = kiln_in_process("run", toy / "toy.png", "-o", out, *_workdirs(tmp_path))
     assert r.returncode == 1, r.stderr
     assert f"kiln: error: no space left on {out.parent} (" in r.stderr and "free" in r.stderr
     assert "Traceback" not in r.stderr and _no_worker_started(tmp_path)

@@ -1,7 +1,8 @@
 """Kiln's workers on a Ray cluster (``worker.engine: ray``, docs/cluster.md), on loopback.
 
-One two-node cluster (``ray.cluster_utils.Cluster``: a head and a second node, each with one
-unit of a custom resource standing in for a GPU) and one supervisor on it serve the module:
+One two-node cluster (``ray.cluster_utils.Cluster``: the session's head, conftest's
+``ray_head``, and a second node of this module's, each with one unit of a custom resource
+standing in for a GPU) and one supervisor on it serve the module:
 a cluster takes ~15-20 s to come up on 2 cores and each worker ~10 s to start. Faults are
 picked by session name (``worker.child.faults``), as in test_worker_faults. Every wait has a time
 limit and waits for a state, a stage or a file, never for a guessed time. The node test
@@ -30,9 +31,8 @@ from worker_helpers import image, small_settings
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kiln3d[ray]')")
-from ray.cluster_utils import Cluster  # noqa: E402
 
-RESOURCE = "kiln_gpu"
+RESOURCE = "kiln_gpu"   # conftest's ray_head (RAY_RESOURCE) gives its head one unit of it
 JOB_TIMEOUT = 120
 PLAN = FaultPlan([
     "hang@bake:session=hold",              # stays in its bake until cancelled
@@ -49,10 +49,10 @@ def ray_settings(**changes):
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, ray_head):
+    """The session's head (conftest's ``ray_head``) and a second node of this module's."""
     root = tmp_path_factory.mktemp("ray")
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "resources": {RESOURCE: 1}, "node_ip_address": "127.0.0.1"})
+    cluster = ray_head
     second = cluster.add_node(num_cpus=2, resources={RESOURCE: 1}, node_ip_address="127.0.0.1")
     sup = None
     try:
@@ -65,7 +65,8 @@ def env(tmp_path_factory):
     finally:
         if sup is not None:
             sup.shutdown()
-        cluster.shutdown()
+        if second in cluster.worker_nodes:   # the node test removes it; otherwise it goes here
+            cluster.remove_node(second)
 
 
 def wait_for(job, pred, timeout: float = JOB_TIMEOUT):
