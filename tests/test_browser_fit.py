@@ -127,11 +127,14 @@ def test_two_photos_fit_side_by_side_and_bake_with_a_line_each(server, browser, 
                                " return i && i.complete && i.naturalWidth === 648; }")
         page.screenshot(path=str(ARTIFACTS / "f4_two_photos_fitted.png"), full_page=True)
         page.click("#kiln-bake-button")
+        # the bake's own notes first (the bar still says the fit's "done" until the bake starts)
+        page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText"
+                               ".includes('Baking with the camera fitted before')")
         _wait_bake_state(page, "done")
-        page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText.includes('photo 2 (')")
+        page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText.includes('of texels')")
         notes = _text(page, "#kiln-bake-notes")
-        assert "photo 1 (photo.png): camera" in notes and "photo 2 (photo.png): camera fitted" in notes, notes
-        assert "of texels" in notes
+        assert "photo 1 (photo.png): camera fitted before" in notes, notes
+        assert "photo 2 (photo.png): camera fitted" in notes, notes
         page.wait_for_selector("#kiln-bake-dl", state="visible")
         page.screenshot(path=str(ARTIFACTS / "f5_two_photos_baked.png"), full_page=True)
     finally:
