@@ -64,6 +64,16 @@ def test_the_setting_takes_zero_or_a_count_an_outline_can_have():
         Settings().override({"mesh.faces": 50})
 
 
+@pytest.mark.parametrize("command", ["run", "bake"])
+def test_help_says_what_faces_does(command, capsys):
+    from app.cli.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "--faces N" in out and "within 2 %" in out, out
+
+
 def test_kiln_run_faces_makes_that_many(tmp_path):
     from app.cli.cli import main
     from kiln.examples import write_examples

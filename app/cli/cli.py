@@ -266,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--simplify-ratio", type=float, help="fraction of faces removed, %g-%g (default %g)"
                    % (*rng("mesh.simplify_ratio"), dflt.mesh.simplify_ratio))
     r.add_argument("--faces", type=int, metavar="N",
-                   help="simplify to N faces (within 2 %%) instead of by --simplify-ratio; refused above "
-                        "the reconstructed mesh's own count or below %d" % MIN_EXACT_FACES)
+                   help=f"simplify to N faces (within 2 %%) instead of by --simplify-ratio; refused above "
+                        f"the reconstructed mesh's own count or below {MIN_EXACT_FACES}")   # %%: argparse formats help
     r.add_argument("--texture-size", help="texture size in texels, power of two %d-%d, or auto: "
                    "sized so the photo's detail fits (default %s)"
                    % (*rng("bake.texture_size"), dflt.bake.texture_size))
