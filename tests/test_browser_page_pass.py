@@ -189,9 +189,12 @@ def test_a_model_reopens_from_its_history_row(server, browser, tmp_path):
         kilo = units & {"kB", "KB", "KiB"}
         assert len(kilo) == 1, f"byte units on one screen: {units}"
 
-        # a reload: the viewer is empty until the row is clicked
+        # a reload: the loaded page first shows its browser's newest result again (follow_on_load,
+        # then show_followed_outcome); wait for that to land, so the row's click is not raced by it
         page.reload()
         page.wait_for_selector("#kiln-upload input[type=file]", state="attached")
+        page.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
+                               " return e && e.dataset.state === 'done'; }")
         _open_history(page)
         row = page.locator(f"#kiln-history .kiln-job[data-job='{job_id}']")
         assert row.get_attribute("data-pick") == "1"
@@ -199,7 +202,8 @@ def test_a_model_reopens_from_its_history_row(server, browser, tmp_path):
         page.wait_for_function("() => document.querySelector('#kiln-progress').innerText.includes('shown from the history')")
         page.wait_for_selector("#kiln-dl-glb", state="visible")
         assert "object_a.png" in page.inner_text("#kiln-progress")
-        assert_viewer_draws(page)
+        # a new page's viewer: its software WebGL compiles its shaders again (as for the first model)
+        assert_viewer_draws(page, timeout_s=60.0)
         page.screenshot(path=str(ARTIFACTS / "q2_history_reopened.png"), full_page=True)
     finally:
         ctx.close()
