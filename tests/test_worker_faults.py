@@ -32,6 +32,7 @@ PLAN = FaultPlan([
     "segv@bake:session=segv",
     "abort@uv:session=abort",
     "exit@mesh:session=exit",
+    "torn_write@uv:session=torn_write",
     "hang@render_views:session=hang",
     "freeze@reconstruct:session=freeze",
     "cuda@bake:session=cuda",
@@ -91,6 +92,7 @@ FAULTS = [
     ("segv", "bake", "worker crashed with SIGSEGV during stage 'bake'", "Segmentation fault"),
     ("abort", "uv", "worker crashed with SIGABRT during stage 'uv'", "Aborted"),
     ("exit", "mesh", "worker exited with status 3 during stage 'mesh'", None),
+    ("torn_write", "uv", "worker crashed with SIGKILL during stage 'uv'", None),
     ("hang", "render_views", "worker hung during stage 'render_views': no progress for 5 s "
      "(worker.stage_timeout_s); it was stopped with SIGTERM", "in fire"),
     ("freeze", "reconstruct", "worker hung during stage 'reconstruct': no progress for 5 s "
@@ -128,6 +130,8 @@ def test_fault_fails_job_and_fresh_worker_runs_next(env, kind, stage, reason, in
     assert ok.state == "done", ok.error
     assert os.path.getsize(ok.outputs["glb"]) > 0
     assert worker_pid(sup) != pid0
+    # a worker killed inside an atomic write leaves no half-written temporary behind
+    assert not list(bad.dir.glob(".*.tmp"))
     # nothing is only in memory: the store on disk says the same
     assert assert_on_disk(env, bad.id, "failed").error == reason
     assert_on_disk(env, good.id, "done")

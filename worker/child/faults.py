@@ -35,6 +35,7 @@ KINDS = {
     "segv": "invalid memory read (SIGSEGV)",
     "abort": "abort() (SIGABRT)",
     "exit": "process exits with status 3",
+    "torn_write": "SIGKILL half way through an atomic write of a file in the job's folder",
     "hang": "the stage sleeps forever; heartbeats keep coming",
     "freeze": "the whole process stops (SIGSTOP): no heartbeats, SIGTERM is not delivered",
     "cuda": "RuntimeError 'CUDA error: an illegal memory access was encountered'",
@@ -127,9 +128,10 @@ def split_spec(spec: str) -> tuple[str, str]:
     return kind, stage
 
 
-def fire(kind: str) -> None:
+def fire(kind: str, job_dir: Optional[str] = None) -> None:
     """Make the calling (worker) process fail the way ``kind`` says. Only returns by raising
-    for ``error``, ``cuda`` and ``oom``; never returns for the others."""
+    for ``error``, ``cuda`` and ``oom``; never returns for the others. ``torn_write`` needs
+    ``job_dir``, the folder it leaves its half-written temporary in."""
     import signal
     import time
 
@@ -144,6 +146,15 @@ def fire(kind: str) -> None:
         os.abort()
     elif kind == "exit":
         os._exit(3)
+    elif kind == "torn_write":
+        from kiln.atomic import atomic_write
+
+        def half_then_die(f) -> None:
+            f.write(b'{"half": ')
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        atomic_write(os.path.join(job_dir or ".", "result.json"), half_then_die)
     elif kind == "hang":
         while True:
             time.sleep(3600)

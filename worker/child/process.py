@@ -311,7 +311,7 @@ def _run_job(msg: Run, cfg: WorkerConfig, caps: Capabilities, send: Sender,
             send(Progress(job_id, stage, float(fraction), str(message)[:200]))
         if new and fault_kind is not None and fault_stage == stage:
             append_log(job_dir, f"test fault '{fault_kind}' fires at stage {stage}")
-            faults.fire(fault_kind)
+            faults.fire(fault_kind, str(job_dir))
 
     try:
         from pipeline.run import resolve_backends

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import EllipsisType
 from typing import TYPE_CHECKING, Callable, Optional
 
+from kiln.atomic import remove_stale_temps
 from kiln.glb import GLBError, check_glb_light
 from kiln.records import JobStats, JobTimes
 from kiln.settings import Settings
@@ -334,6 +335,11 @@ class Dispatcher:
             return
         tail = s.log_tail(60, job.log_marker) if job is not None else ""
         s.discard()
+        if job is not None:
+            # a worker killed inside atomic_write leaves its half-written temporary; the
+            # job folder is read again (resume, history), so nothing half-made may stay
+            for tmp in remove_stale_temps(job.dir):
+                log.info("removed a temporary file the dead worker left: %s", tmp)
         s.restarts += 1
         if reason != "shutdown":
             self.events_out.worker_restarted("cuda" if was == "stopping" else reason or "crash")
