@@ -119,9 +119,30 @@ def measure(repeat: int) -> dict:
                                                         / max(1, (before & masks[thing]).sum())),
                               "iou": [clutter.iou(before, truth), clutter.iou(after, truth)]})
         row["boxed"] = boxed
+        row["warnings"] = warnings(rgb, masks, target, first)
         row["seconds"] = float(np.median(secs))
         res[name] = row
     return res
+
+
+def warnings(rgb, masks: dict, target: str, first) -> dict:
+    """{selection: [thin parts warned, share beyond the clicked colours]} for the target alone
+    and with the things around it, as if the clicks had selected them (the page's warnings,
+    ``app.segment.clicks``); empty on a tree without the colour rule."""
+    import numpy as np
+
+    try:
+        from app.segment.clicks import ColourSpread, Spread
+    except ImportError:
+        return {}
+    combos = [()] + [c for c in (("rug",), ("plant",), ("rug", "plant"), ("table", "lamp"),
+                                 ("table", "lamp", "door")) if all(t in masks for t in c)]
+    out = {}
+    for extra in combos:
+        m = masks[target] | np.logical_or.reduce([masks[e] for e in extra]) if extra else masks[target]
+        out["+".join((target,) + extra)] = [bool(Spread().check(m, [first])),
+                                            ColourSpread().outside(rgb, m, [first])]
+    return out
 
 
 def control_figures(ref: str, repeat: int) -> dict:
@@ -151,6 +172,10 @@ def print_table(label: str, res: dict) -> None:  # noqa: C901 - three tables
         for b in r["boxed"]:
             print(f"{name:22s} {b['thing']:22s} {100 * b['removed']:7.1f}% {100 * b['removed_of_thing']:5.0f}% "
                   f"{b['iou'][0]:8.3f} -> {b['iou'][1]:.3f}")
+    print(f"{'picture':22s} {'selection':24s} {'thin parts':>10s} {'beyond colours':>15s}")
+    for name, r in res.items():
+        for sel, (thin, beyond) in r.get("warnings", {}).items():
+            print(f"{name:22s} {sel:24s} {'warned' if thin else '-':>10s} {100 * beyond:14.1f}%")
 
 
 def main(argv=None) -> int:

@@ -186,3 +186,121 @@ class Spread:
             return (f"the selection looks like {pieces} things joined by thin parts: if only one is "
                     "wanted, add a background click on each of the others, or drag a box around it")
         return ""
+
+
+@dataclass(frozen=True)
+class ColourSpread:
+    """When a selection made by clicks reaches far beyond the clicked colours (issue 38: one
+    click on a sofa took the rug under it and the plant beside it, joined broadly, so that
+    ``Spread``'s thin parts do not show them).
+
+    The selection is cut into flat patches (pixels whose Lab neighbourhood varies by less
+    than ``edge``; the edges between colours belong to none), and the patches into colour
+    groups: patches within ``chain`` of one another, transitively, wherever they lie (a
+    thing's shades, a gradient's bands). The clicked group is the one the object clicks land
+    on. A many-coloured thing has its other colours between its clicked-colour patches
+    (stripes, a checker): inside the clicked group's convex hull, or its clicked colour is a
+    small part of it (a gradient checker, where no group is large). Another thing lies beside
+    the clicked one: a group of at least ``piece`` of the selection, at least half of it
+    outside that hull. Warned when such groups hold more than ``beyond`` of the selection
+    outside the hull (grown by ``margin`` of the longest side), and the clicked group at
+    least ``own`` of it.
+
+    Measured on tests/clutter.py's rooms (sofa alone 0 %, sofa + rug + plant 29-30 % of the
+    selection beyond) and tests/composites.py's many-coloured objects (0 %); see
+    docs/benchmarks.md. Not told apart: one thing of two colours side by side (a person's
+    shirt and trousers, clicked on the shirt) reads as two things.
+
+    Args:
+        side: working size (pixels, longest side).
+        edge: largest Lab step (OpenCV's 8-bit scale) across a 3x3 neighbourhood inside a patch.
+        patch: smallest patch, as a share of the selection.
+        chain: largest Lab difference (any channel) between the median colours of two
+            patches that chain: more than a thing's lit and shaded sides (a sofa's seat and
+            back differ by about 20 in L), less than a light stripe and a dark one.
+        margin: growth of the clicked group's hull, as a share of the longest side.
+        own: the clicked group's smallest share of the selection for colour to say anything.
+        piece: a group's smallest share of the selection to count as another thing.
+        beyond: share of the selection outside the hull, in other things, that is warned about.
+    """
+
+    side: int = 200
+    edge: float = 10.0
+    patch: float = 0.003
+    chain: float = 24.0
+    margin: float = 0.02
+    own: float = 0.2
+    piece: float = 0.05
+    beyond: float = 0.2
+
+    def outside(self, rgb: np.ndarray, mask: np.ndarray, clicks: Sequence[Click]) -> float:
+        """The share of (H, W) bool ``mask`` outside the grown hull of its clicked colours,
+        on (H, W, 3) uint8 ``rgb``; 0 without object clicks."""
+        import cv2
+
+        if not any(c[2] == 1 for c in clicks) or not mask.any():
+            return 0.0
+        h, w = mask.shape
+        s = min(1.0, self.side / max(h, w))
+        size = (max(8, round(w * s)), max(8, round(h * s)))
+        m = cv2.resize(mask.astype(np.uint8), size, interpolation=cv2.INTER_NEAREST) > 0
+        if not m.any():
+            return 0.0
+        small = cv2.resize(rgb, size, interpolation=cv2.INTER_AREA) if s < 1 else rgb
+        regions = ClickRegions()
+        lab = regions.lab(small)
+        k3 = np.ones((3, 3), np.uint8)
+        step = (cv2.dilate(lab, k3).astype(np.int16) - cv2.erode(lab, k3)).max(axis=2)
+        flat = m & (step <= self.edge)
+        n, labels, stats, _ = cv2.connectedComponentsWithStats(flat.astype(np.uint8), connectivity=4)
+        big = [i for i in range(1, n) if stats[i, cv2.CC_STAT_AREA] >= max(4, self.patch * m.sum())]
+        if not big:
+            return 0.0
+        labf = lab.astype(np.float32)
+        colours = np.array([np.median(labf[labels == i], axis=0) for i in big])
+        # colour groups: patches chained by colour, transitively (a thing's shades, the bands
+        # of a gradient), wherever they lie
+        similar = np.abs(colours[:, None] - colours[None, :]).max(axis=2) <= self.chain
+        group = np.arange(len(big))
+        while True:
+            merged = np.where(similar, group[None, :], len(big)).min(axis=1)
+            if (merged == group).all():
+                break
+            group = merged
+        area = stats[big, cv2.CC_STAT_AREA].astype(np.float64)
+        total = float(m.sum())
+        index = {b: i for i, b in enumerate(big)}
+        clicked: set[int] = set()
+        for x, y, label in clicks:
+            if label != 1:
+                continue
+            cx, cy = min(max(int(round(x * s)), 0), size[0] - 1), min(max(int(round(y * s)), 0), size[1] - 1)
+            # the patch the click lands on, else those of about its colour (a click on an
+            # edge, or on a patch too small to count, still names its colour)
+            if int(labels[cy, cx]) in index:
+                clicked.add(int(group[index[int(labels[cy, cx])]]))
+            else:
+                near = np.abs(colours - regions.seed(lab, cx, cy)[0]).max(axis=1) <= self.chain
+                clicked |= set(group[near].tolist())
+        own = np.isin(group, sorted(clicked))
+        if area[own].sum() < self.own * total:
+            return 0.0   # the clicked colours are a small part: a many-coloured thing
+        hull = np.zeros(m.shape, np.uint8)
+        cv2.fillConvexPoly(hull, cv2.convexHull(cv2.findNonZero(np.isin(labels, np.array(big)[own]).astype(np.uint8))), 1)
+        r = max(1, int(round(self.margin * max(size))))
+        hull = cv2.dilate(hull, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * r + 1,) * 2)) > 0
+        out = 0.0
+        for g in set(group[~own].tolist()):
+            pix = np.isin(labels, np.array(big)[group == g])
+            if pix.sum() >= self.piece * total and (pix & ~hull).sum() >= 0.5 * pix.sum():
+                out += float((pix & ~hull).sum()) / total   # another thing beside the clicked one
+        return out
+
+    def check(self, rgb: np.ndarray, mask: np.ndarray, clicks: Sequence[Click]) -> str:
+        """A warning (lower case, no final stop) about ``mask`` selected by ``clicks`` on
+        ``rgb``, or "" when it keeps to the clicked colours."""
+        share = self.outside(rgb, mask, clicks)
+        if share <= self.beyond:
+            return ""
+        return (f"{round(100 * share)} % of the selection lies beyond the clicked colours: if that is "
+                "other things, add a background click on each, or drag a box around the object")

@@ -70,7 +70,7 @@ def describe_state(st: uploads.SessionState) -> dict:
         out["mask"] = None
         return out
     source = "alpha" if st.use_alpha else "file" if st.mask_file else "prompt"
-    mc = selection.assess_mask(st.mask, st.clicks if source == "prompt" else ())
+    mc = selection.assess_mask(st.mask, st.clicks if source == "prompt" else (), img.work)
     out["mask"] = {"source": source, "share": round(mc.share, 5), "pieces": mc.pieces,
                    "note": usertext.public_text(st.mask_note), "warnings": mc.warnings}
     return out

@@ -197,6 +197,7 @@ class MaskCheck:
     pieces: int
     speck: bool
     spread: str = ""   # ``app.segment.clicks.Spread``'s warning: other things taken along
+    colours: str = ""   # ``app.segment.clicks.ColourSpread``'s: far beyond the clicked colours
 
     @property
     def warnings(self) -> list[str]:
@@ -209,6 +210,8 @@ class MaskCheck:
                        "stray ones, or drag a box around the object")
         if self.spread:
             out.append(self.spread)
+        elif self.colours:   # one warning about other things taken along is enough
+            out.append(self.colours)
         return out
 
 
@@ -219,12 +222,13 @@ def percent(share: float) -> str:
     return f"{p:.1f}%" if p >= 1 or p == 0 else f"{p:.2g}%"
 
 
-def assess_mask(mask: np.ndarray, clicks: tuple[Click, ...] = ()) -> MaskCheck:
+def assess_mask(mask: np.ndarray, clicks: tuple[Click, ...] = (), rgb: Optional[np.ndarray] = None) -> MaskCheck:
     """``MaskCheck`` of an (h, w) bool mask; with the ``clicks`` that selected it, whether it
-    spreads over other things than the clicked one."""
+    spreads over other things than the clicked one (and with the (h, w, 3) uint8 picture
+    ``rgb`` they were made on, whether it reaches far beyond the clicked colours)."""
     import cv2
 
-    from app.segment.clicks import Spread
+    from app.segment.clicks import ColourSpread, Spread
 
     n = int(mask.sum())
     share = n / max(1, mask.size)
@@ -233,8 +237,11 @@ def assess_mask(mask: np.ndarray, clicks: tuple[Click, ...] = ()) -> MaskCheck:
         count, _, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
         pieces = int((stats[1:, cv2.CC_STAT_AREA] >= max(1, 0.001 * mask.size)).sum())
     spread = Spread().check(mask, clicks) if n and pieces <= MANY_PIECES else ""
+    colours = ""
+    if n and not spread and pieces <= MANY_PIECES and rgb is not None and rgb.shape[:2] == mask.shape:
+        colours = ColourSpread().check(rgb, mask, clicks)
     return MaskCheck(share=share, pieces=pieces, speck=n < MIN_MASK_PIXELS or share < SPECK_MASK_SHARE,
-                     spread=spread)
+                     spread=spread, colours=colours)
 
 
 def nothing_found_hint(clicks: tuple[Click, ...], box: Optional[Box]) -> str:
@@ -261,7 +268,7 @@ def mask_summary(state: SessionState) -> str:
     if state.mask is None or not state.mask.any():
         return f"{head}. {nothing_found_hint(state.clicks, state.box)}."
     clicked = not state.use_alpha and not state.mask_file
-    mc = assess_mask(state.mask, state.clicks if clicked else ())
+    mc = assess_mask(state.mask, state.clicks if clicked else (), img.work)
     if state.use_alpha:
         src = "image transparency"
     elif state.mask_file:
