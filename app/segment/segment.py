@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from app.segment.clicks import ClickRegions, Spread
+from app.segment.clicks import ClickRegions, ColourSpread, Spread
 from app.segment.prompts import Box, Click, box_mask, has_prompt, scale_prompt
 
 log = logging.getLogger(__name__)
@@ -145,13 +145,16 @@ class GrabCutSegmenter:
 
     def __init__(self, max_side: int = 320, iterations: int = 3, grow: float = 0.5,
                  grow_min: float = 0.05, wide_grow: float = 0.45, enclosed: float = 0.7,
-                 outline_max_side: int = SEG_MAX_SIDE, retry_blur: float = 1.5, retry_iterations: int = 1, click_regions: Optional[ClickRegions] = None):
+                 outline_max_side: int = SEG_MAX_SIDE, retry_blur: float = 1.5, retry_iterations: int = 1,
+                 click_regions: Optional[ClickRegions] = None, colour_bin: int = 8, sure: float = 0.85):
         self.max_side = max_side
         self.iterations = iterations
         self.grow = grow
         self.grow_min = grow_min
         self.wide_grow = wide_grow
         self.enclosed = enclosed
+        self.colour_bin = colour_bin
+        self.sure = sure
         self.click_regions = click_regions or ClickRegions()
         # (image, clicks up to the last object click, iterations) -> wide prior or not
         self._modes: OrderedDict[tuple, bool] = OrderedDict()
@@ -267,9 +270,25 @@ class GrabCutSegmenter:
             return self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)
         upto = list(clicks[:last + 1])
         o2, b2 = (objects, backgrounds) if len(upto) == len(clicks) else self.click_regions.regions(lab, upto)
-        narrow = self._run(small, upto, sbox, self._probable_object(lab, upto, o2), o2, b2, iterations)
-        wide = self._run(small, upto, sbox, self._wide_prior(upto, (sh, sw)), o2, b2, iterations)
-        wide_mode = self._one_thing(wide & ~narrow, narrow) and not Spread().check(wide, upto)
+        narrow_prior = self._probable_object(lab, upto, o2)
+        clicked = np.logical_or.reduce(o2)
+        # one GrabCut where the colours around the clicked ones tell the mode (issue 38: two
+        # runs cost a click twice as much): all around them colours the backdrop lacks (a
+        # striped toy: the wide prior, checked for other things taken along), or the
+        # backdrop's own around the narrow selection (a sofa: the narrow one); both run and
+        # are compared (``_one_thing``) only between the two
+        wide_mode = None
+        if self._unseen_around(lab, narrow_prior | clicked, upto) >= self.sure:
+            wide = self._run(small, upto, sbox, self._wide_prior(upto, (sh, sw)), o2, b2, iterations)
+            if not Spread().check(wide, upto) and not ColourSpread().check(small, wide, upto):
+                wide_mode, narrow = True, wide
+        if wide_mode is None:
+            narrow = self._run(small, upto, sbox, narrow_prior, o2, b2, iterations)
+            if self._unseen_around(lab, narrow | clicked, upto) >= self.enclosed:
+                wide = self._run(small, upto, sbox, self._wide_prior(upto, (sh, sw)), o2, b2, iterations)
+                wide_mode = self._one_thing(wide & ~narrow, narrow) and not Spread().check(wide, upto)
+            else:
+                wide_mode, wide = False, narrow
         with self._lock:
             self._modes[key] = wide_mode
             while len(self._modes) > 256:
@@ -278,6 +297,37 @@ class GrabCutSegmenter:
             return wide if wide_mode else narrow
         prior = self._wide_prior(clicks, (sh, sw)) if wide_mode else self._probable_object(lab, clicks, objects)
         return self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)
+
+    def _unseen_around(self, lab: np.ndarray, near: np.ndarray, clicks: Sequence[Click]) -> float:
+        """The share of the ring of pixels around ``near`` (a selection, with the clicks'
+        regions) of colours not seen where the wide prior puts certain or probable background
+        (the border frame, the image outside the wide box; Lab in bins of ``colour_bin``, a
+        bin's neighbours counting as seen). The wide run makes an object of the clicks'
+        surroundings only where its colour model sets them apart from that background: not
+        a ring of the wall's or the backdrop's colours."""
+        import cv2
+
+        sh, sw = lab.shape[:2]
+        side = max(sh, sw)
+        frame = ~self._wide_prior(clicks, (sh, sw))
+        f = max(1, side // 100)
+        frame[:f] = frame[-f:] = True
+        frame[:, :f] = frame[:, -f:] = True
+        ring = (cv2.dilate(near.astype(np.uint8), np.ones((3, 3), np.uint8)) > 0) & ~near & ~frame
+        if not ring.any():
+            return 0.0
+        q = (lab // self.colour_bin).astype(np.int32)
+        n = 256 // self.colour_bin + 1
+        seen = np.zeros((n, n, n), np.uint8)
+        seen[q[frame, 0], q[frame, 1], q[frame, 2]] = 1
+        # neighbouring bins too: a colour on a bin's edge, and a little noise
+        near_bins = np.zeros_like(seen)
+        for d0 in (-1, 0, 1):
+            for d1 in (-1, 0, 1):
+                for d2 in (-1, 0, 1):
+                    near_bins |= np.roll(seen, (d0, d1, d2), axis=(0, 1, 2))
+        r = q[ring]
+        return float(1 - near_bins[r[:, 0], r[:, 1], r[:, 2]].mean())
 
     def _wide_prior(self, clicks: Sequence[Click], shape: tuple[int, int]) -> np.ndarray:
         """(h, w) bool: the box around the object clicks grown by ``wide_grow`` of the image."""
