@@ -1094,3 +1094,21 @@ def test_small_wordings_a_user_noticed():
     tiny = MaskCheck(share=0.0006, pieces=1, speck=False)
     assert percent(tiny.share) == "0.06%" and percent(0.287) == "28.7%"
     assert tiny.warnings and all("%" not in w for w in tiny.warnings)   # the share is said once
+
+
+def test_the_history_info_cache_is_bounded(tmp_path, monkeypatch):
+    """Issue 37: a month's server saw every job's page note kept in memory for good. The cache
+    keeps the most recently used ``INFO_CACHE_MAX``; an entry that went is read from its file."""
+    from app.web.state import history
+
+    monkeypatch.setattr(history, "INFO_CACHE_MAX", 5)
+    history._INFO_CACHE.clear()
+    dirs = []
+    for i in range(12):
+        d = tmp_path / f"job{i}"
+        d.mkdir()
+        history.save_info(d, history.JobInfo(image_name=f"photo{i}.jpg"))
+        dirs.append(d)
+    assert len(history._INFO_CACHE) == 5
+    assert history.load_info(dirs[0]).image_name == "photo0.jpg"   # from its file
+    assert len(history._INFO_CACHE) == 5 and str(dirs[0] / history.INFO_FILE) in history._INFO_CACHE

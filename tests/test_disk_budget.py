@@ -357,3 +357,35 @@ def test_kiln_jobs_lists_shows_and_prunes_by_the_same_rules(tmp_path, capsys):
     assert (store.job_dir(running.id) / "outputs" / "model.glb").exists()
     assert main(["jobs", "prune", "--older-than", "-1", *where]) != 0
     assert "--older-than: a number of days" in capsys.readouterr().err
+
+
+def test_published_copies_of_removed_jobs_go_with_them_and_old_ones_age_out(house, tmp_path):
+    """Issue 37: the page's copies of results (``ResultPublisher``, under Gradio's folder) are
+    counted with the job store but were never removed while the server ran: Gradio's own
+    clean-up only sees what passed through a component, not the history's download links.
+    The housekeeper's pass now removes a removed job's copies; a kept job's stay, and a copy a
+    page was given lately stays even when its job went. Older than a day, any copy not on
+    show goes (it is made again when a page asks)."""
+    from app.web.server.results import ResultPublisher
+
+    store = house.store
+    pub = ResultPublisher(tmp_path / "gradio" / "results")
+    jobs = [_job(store, DONE, NOW - 3600 * (10 - i), 400, session="web-b1-t1") for i in range(4)]
+    copies = {st.id: pub.publish("web-b1-t1", st, f"photo-{i}")["glb"] for i, st in enumerate(jobs)}
+    pub._shown.clear()   # none on show: published long ago
+    pub.publish("web-b1-t1", jobs[0], "photo-0")   # ... except the oldest, on show now
+    _records(house)
+    house.protected = lambda: pub.shown_within(600)   # as the app wires it (AppContext.on_show)
+    house.after_pass.append(pub.trim)   # as the app does; file times are the real clock's
+    report = house.run_once()
+    gone = {r.id for r in report.jobs}
+    assert gone and jobs[0].id not in gone   # 4 x 400 KiB over 1 MiB; the shown one is protected
+    for st in jobs:
+        assert copies[st.id].is_file() == (st.id not in gone), st.id
+    # a day later (file times are the real clock's): every copy not on show goes
+    assert pub.trim({st.id for st in jobs}, age_s=86400, now=time.time() + 2 * 86400) == \
+        len([st for st in jobs if st.id not in gone]) - 1
+    assert copies[jobs[0].id].is_file()
+    # a page asking again gets its copy back
+    again = pub.publish("web-b1-t1", store.read_status(jobs[-1].id), "photo-3")
+    assert again.get("glb") is None or again["glb"].is_file()

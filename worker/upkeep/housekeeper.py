@@ -44,6 +44,7 @@ class Housekeeper:
         self.interval_s = interval_s
         self.protected: Callable[[], set[str]] = set
         self.also_count: list[Path] = []
+        self.after_pass: list[Callable[[set[str]], object]] = []
         self.last: Optional[PruneReport] = None
         self._sizes: dict[str, int] = {}     # job id -> bytes (an ended job's does not change)
         self._pass = threading.Lock()        # one pass at a time (the thread, a CLI's or test's call)
@@ -73,6 +74,14 @@ class Housekeeper:
             self.events.disk_figures(report.cache_bytes, report.jobs_bytes, report.other_bytes,
                                      self.budgets.cache_bytes, self.budgets.jobs_bytes)
             self.last = report
+            if not dry_run and self.after_pass:
+                gone = {r.id for r in report.jobs}
+                live = {st.id for st in jobs if st.removed is None and st.id not in gone}
+                for hook in self.after_pass:
+                    try:
+                        hook(live)
+                    except Exception:   # a hook's failure must not stop the budgets' passes
+                        log.exception("after-pass hook failed")
             return report
 
     def _removed(self, r: Removal, new: Optional[JobStatus]) -> None:

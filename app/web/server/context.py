@@ -124,6 +124,8 @@ class AppContext:
                 # Gradio's files with the job store
                 upkeep.protected = self.on_show
                 upkeep.also_count = [self.sessions.root, self.files_dir]
+                # and remove the copies of results whose jobs' files went (issue 37)
+                upkeep.after_pass.append(self.publisher.trim)
             sup.start()
             self.sup = sup
             log.info("workers ready: %s", sup.capabilities())

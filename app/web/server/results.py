@@ -82,6 +82,7 @@ class ResultPublisher:
         key = (dest.name, st.id, stem)
         with self._lock:
             if key in self._done and all(p.exists() for p in self._done[key].values()):
+                self._shown[st.id] = time.monotonic()   # shown again: on show as much as the first time
                 return dict(self._done[key])
         dest.mkdir(parents=True, exist_ok=True)
         out = {}
@@ -105,6 +106,50 @@ class ResultPublisher:
             self._done[key] = dict(out)
             self._shown[st.id] = time.monotonic()
         return out
+
+    def trim(self, live: set[str], age_s: float = 86400.0, now: Optional[float] = None) -> int:
+        """Remove published copies that are no longer needed; the number of files removed.
+
+        A copy goes when its job's own files are gone (``live``: the jobs that still have
+        theirs; the disk budget removed the others, and their copies would go on taking the
+        budget's room), or when it is older than ``age_s`` (as Gradio's own clean-up ages
+        what it serves, which does not see files a page only links to, such as the
+        history's downloads). Never one a page was given in the last ``age_s``
+        (``shown_within``): a page may be showing it. Copies are made again when a page asks
+        for them (``publish``). Run by the supervisor's housekeeper after each pass."""
+        if not self.root.is_dir():
+            return 0
+        now = time.time() if now is None else now
+        shown = self.shown_within(age_s)
+        with self._lock:
+            owners = dict(self._owners)
+        removed = 0
+        for folder in list(self.root.iterdir()):
+            if not folder.is_dir():
+                continue
+            for f in list(folder.iterdir()):
+                job = owners.get((folder.name, f.name), ("", ""))[0]
+                try:
+                    old = f.stat().st_mtime < now - age_s
+                except OSError:
+                    continue
+                if job in shown or not (old or (job and job not in live)):
+                    continue
+                try:
+                    f.unlink()
+                    removed += 1
+                except OSError:
+                    continue
+                with self._lock:
+                    self._owners.pop((folder.name, f.name), None)
+            try:
+                folder.rmdir()   # only when empty
+            except OSError:
+                pass
+        with self._lock:   # what was published from removed files is published again on demand
+            for key in [k for k, v in self._done.items() if not all(p.exists() for p in v.values())]:
+                del self._done[key]
+        return removed
 
     def shown_within(self, seconds: float) -> set[str]:
         """Jobs whose outputs a page was given in the last ``seconds``: results a page may be

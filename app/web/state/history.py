@@ -6,7 +6,9 @@ from __future__ import annotations
 import html
 import json
 import re
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -51,7 +53,20 @@ class JobInfo:
 
 # The page's file in a job's directory, beside the job store's own files (worker.jobs.jobstore).
 INFO_FILE = "page.json"
-_INFO_CACHE: dict[str, JobInfo] = {}     # job dir -> info: the file changes only by save_info
+# job dir -> info: the file changes only by save_info. The most recently used ``INFO_CACHE_MAX``
+# only: a server that runs for a month sees far more jobs than any page lists (issue 37), and
+# an entry that went is read again from its file
+INFO_CACHE_MAX = 2048
+_INFO_CACHE: OrderedDict[str, JobInfo] = OrderedDict()
+_INFO_LOCK = threading.Lock()
+
+
+def _remember(path: Path, info: JobInfo) -> None:
+    with _INFO_LOCK:
+        _INFO_CACHE[str(path)] = info
+        _INFO_CACHE.move_to_end(str(path))
+        while len(_INFO_CACHE) > INFO_CACHE_MAX:
+            _INFO_CACHE.popitem(last=False)
 
 
 def save_info(job_dir: Path, info: JobInfo) -> None:
@@ -59,20 +74,21 @@ def save_info(job_dir: Path, info: JobInfo) -> None:
 
     path = Path(job_dir) / INFO_FILE
     atomic_write(path, info.to_json().encode())
-    _INFO_CACHE[str(path)] = info
+    _remember(path, info)
 
 
 def load_info(job_dir: Path) -> Optional[JobInfo]:
     """The job's ``JobInfo``, or None when the page never wrote one (a CLI job)."""
     path = Path(job_dir) / INFO_FILE
-    info = _INFO_CACHE.get(str(path))
+    with _INFO_LOCK:
+        info = _INFO_CACHE.get(str(path))
     if info is None:
         try:
             info = JobInfo.from_json(path.read_text())
         except OSError:
             return None
-        if info is not None:
-            _INFO_CACHE[str(path)] = info
+    if info is not None:
+        _remember(path, info)
     return info
 
 
