@@ -192,3 +192,42 @@ def test_no_colour_warning_on_the_examples(tmp_path):
         for click in ((w / 2, 0.62 * h, 1), (0.4 * w, h / 2, 1)):
             mask = seg.segment(rgb, [click])
             assert ColourSpread().check(rgb, mask, [click]) == "", (path.name, click)
+
+
+@pytest.mark.parametrize("picture", ["room", "toy"])
+def test_a_new_object_click_runs_grabcut_once(picture, monkeypatch, request):
+    """Issue 38 item 2: choosing between the narrow and the wide prior ran GrabCut twice on
+    every new object click. Where the colours around the clicks tell (the sofa amid the room's
+    wall and floor, the toy's stripes unlike its backdrop) it runs once, and gives the mask
+    the two runs gave (bench/clicks.py: the same IoU figures)."""
+    import cv2
+
+    if picture == "room":
+        rgb, masks = clutter.room_scene("blue", width=640)
+        sofa = masks["sofa"]
+        ys, xs = np.nonzero(sofa & (np.arange(sofa.shape[0])[:, None] > 0.61 * sofa.shape[0]))
+        truth, click = sofa, (float(np.median(xs)), float(np.median(ys)), 1)
+    else:
+        import composites
+
+        rgb, truth = composites.composite("toy", "gradient", seed=3)
+        ys, xs = np.nonzero(truth)
+        click = (float(np.median(xs)), float(np.median(ys)), 1)
+    runs = []
+    real = cv2.grabCut
+
+    def counted(*args, **kwargs):
+        runs.append(args[5])   # its iterations
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cv2, "grabCut", counted)
+    seg = GrabCutSegmenter()
+    mask = seg.segment(rgb, [click])
+    assert len(runs) == 1, runs
+    assert list(seg._modes.values()) == [picture == "toy"]   # the toy: the wide prior
+    # the same mask as comparing both runs (what the choice was before)
+    monkeypatch.setattr(GrabCutSegmenter, "_unseen_around", lambda self, lab, near, clicks: 0.75)
+    both = GrabCutSegmenter().segment(rgb, [click])
+    assert len(runs) == 3
+    assert (mask != both).mean() <= 0.001
+    assert clutter.iou(mask, truth) >= (0.95 if picture == "room" else 0.8)

@@ -241,12 +241,16 @@ class GrabCutSegmenter:
                        iterations: int) -> np.ndarray:
         """GrabCut on ``small`` seeded as the class docstring says; (h, w) bool.
 
-        Without a box, twice: the probable object only the clicked colours near the clicks
-        (``_probable_object``: "narrow"), and everything within ``wide_grow`` of the image
-        around the object clicks ("wide", where the frame's colours decide). The wide mask
-        wins when what it adds surrounds the clicks (a many-coloured object: a striped toy,
-        a checker; ``_one_thing``) and it does not look like several things joined by thin
-        parts (``Spread``: a sofa, and the rug under its feet); else the narrow one.
+        Without a box, one of two priors: the probable object only the clicked colours near
+        the clicks (``_probable_object``: "narrow"), or everything within ``wide_grow`` of the
+        image around the object clicks ("wide", where the frame's colours decide). The wide
+        mask wins when what it adds surrounds the clicks (a many-coloured object: a striped
+        toy, a checker; ``_one_thing``) and it does not look like several things (``Spread``:
+        a sofa, and the rug under its feet); else the narrow one. GrabCut runs once where
+        the colours around the clicks tell which (``_unseen_around``): at least ``sure`` of
+        them unlike the backdrop, the wide prior (kept unless a spread warning fires on it);
+        less than ``enclosed`` of them around the narrow mask, the narrow one. Only between
+        does it run both and compare them (issue 38 item 2: two runs doubled a click's cost).
         """
         import cv2
 
