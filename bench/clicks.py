@@ -122,8 +122,42 @@ def measure(repeat: int) -> dict:
         row["warnings"] = warnings(rgb, masks, target, first)
         row["seconds"] = float(np.median(secs))
         row["first_seconds"] = secs[0]   # a new object click: the one that chooses the prior
+        row["first_click"], row["one_grabcut"] = (first_click_cost(rgb, first, 2 * repeat) if "line" not in name
+                                                  else (float("nan"), float("nan")))
         res[name] = row
     return res
+
+
+def first_click_cost(rgb, first, repeat: int) -> tuple[float, float]:
+    """(CPU seconds of a new object click on a fresh segmenter, of one GrabCut run with the
+    prior it chose and the same preparation: working copy, Lab, the click's regions), best of
+    ``repeat`` each, measured alternately so that the machine's load weighs on both alike;
+    (nan, nan) on a tree without the choice."""
+    import cv2
+
+    from app.segment.segment import GrabCutSegmenter
+
+    seg = GrabCutSegmenter()
+    seg.segment(rgb, [first])   # warm: OpenCV's first calls, the lazy imports
+    if not getattr(seg, "_modes", None):
+        return float("nan"), float("nan")
+    wide = list(seg._modes.values())[0]
+    click = one = float("inf")
+    for _ in range(repeat):
+        t0 = time.process_time()
+        GrabCutSegmenter().segment(rgb, [first])
+        click = min(click, time.process_time() - t0)
+        t0 = time.process_time()
+        h, w = rgb.shape[:2]
+        s = min(1.0, seg.max_side / max(h, w))
+        small = cv2.resize(rgb, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
+        c = [(first[0] * s, first[1] * s, 1)]
+        lab = seg.click_regions.lab(small)
+        o, b = seg.click_regions.regions(lab, c)
+        prior = seg._wide_prior(c, small.shape[:2]) if wide else seg._probable_object(lab, c, o)
+        seg._run(small, c, None, prior, o, b, seg.iterations)
+        one = min(one, time.process_time() - t0)
+    return click, one
 
 
 def warnings(rgb, masks: dict, target: str, first) -> dict:
@@ -158,11 +192,11 @@ def control_figures(ref: str, repeat: int) -> dict:
 
 def print_table(label: str, res: dict) -> None:  # noqa: C901 - three tables
     print(f"\n{label}")
-    print(f"{'picture':22s} {'clicks':12s} {'IoU 1':>6s} {'IoU 2':>6s} {'IoU 3':>6s} {'share 1':>8s} {'s/click':>8s} {'s 1st':>6s}")
+    print(f"{'picture':22s} {'clicks':12s} {'IoU 1':>6s} {'IoU 2':>6s} {'IoU 3':>6s} {'share 1':>8s} {'s/click':>8s} {'s 1st':>6s} {'alternately: 1st / one GC':>26s}")
     for name, r in res.items():
         iou = [f"{v:6.3f}" for v in r["iou"]]
         print(f"{name:22s} {'+'.join(r['clicks']):12s} {' '.join(iou)} {100 * r['share'][0]:7.1f}% "
-              f"{r['seconds']:8.2f} {r.get('first_seconds', float('nan')):6.2f}")
+              f"{r['seconds']:8.2f} {r.get('first_seconds', float('nan')):6.2f} {r.get('first_click', float('nan')):13.3f} / {r.get('one_grabcut', float('nan')):.3f}")
     print(f"{'picture':22s} {'background click on':20s} {'removed':>8s} {'added':>7s} {'IoU before->after':>18s}")
     for name, r in res.items():
         for b in r["background"]:

@@ -5,8 +5,12 @@ server started as a person starts it (``browser_helpers.serve``, small settings)
   "Error" badge;
 - a phone (390x844) with no image has the examples right under "pick an example below", and
   the opaque example is found by "Find the object"; the page says where the API is described;
+- Generate before a selection: the refusal and the status line name clicks, a box and "Find the
+  object" (and not transparency, for an RGB photo);
 - a model made, then the page reloaded: a click on its history row shows it in the viewer with
   its download; one byte unit on screen; "Download GLB" drawn in one font (the B was another);
+  the status line says what the job took without a reload; "Done in" keeps its figure after one;
+- a second job of the same settings says how long it has left while it runs;
 - the bake tab: the fitted camera's picture keeps its label whole, clear of its icons; a camera
   file that does not fit the mask ends amber (not a green "Done") saying what to change, and
   the notes say the camera came from the file, with its silhouette's figures (they said "none
@@ -162,6 +166,10 @@ def test_a_model_reopens_from_its_history_row(server, browser, tmp_path):
     ctx, page = open_page(browser, url, 1400, 1000)
     try:
         upload(page, path)
+        # the first job of this server: nothing timed yet, once the workers are up (the status
+        # line refreshes after the job)
+        page.wait_for_function("() => document.querySelector('#kiln-status').innerText"
+                               ".includes('no model timed on this server yet')", timeout=120_000)
         click_image(page, 0.5, 0.5, "Mask:")
         # a textured model for the README (the small settings bake none), and a bake long
         # enough for the running shot
@@ -176,6 +184,9 @@ def test_a_model_reopens_from_its_history_row(server, browser, tmp_path):
         st = wait_state(page, ("done", "failed", "cancelled"))
         assert st[0] == "done", st
         job_id = st[1]
+        done_in = re.search(r"Done in [\d.]+ s", page.inner_text("#kiln-progress")).group(0)
+        # the status line says what the job took without a reload (it said so only after one)
+        page.wait_for_function("() => document.querySelector('#kiln-status').innerText.includes('a model took')")
         page.wait_for_selector("#kiln-dl-glb", state="visible")
         assert_viewer_draws(page)
         page.evaluate("() => window.scrollTo(0, 0)")
@@ -195,6 +206,10 @@ def test_a_model_reopens_from_its_history_row(server, browser, tmp_path):
         page.wait_for_selector("#kiln-upload input[type=file]", state="attached")
         page.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
                                " return e && e.dataset.state === 'done'; }")
+        # one "Done in" figure: the reloaded page's is the one shown when the job ended (10.5 s
+        # then 11.2 s before)
+        again = re.search(r"Done in [\d.]+ s", page.inner_text("#kiln-progress")).group(0)
+        assert again == done_in, (done_in, again)
         _open_history(page)
         row = page.locator(f"#kiln-history .kiln-job[data-job='{job_id}']")
         assert row.get_attribute("data-pick") == "1"
@@ -207,6 +222,57 @@ def test_a_model_reopens_from_its_history_row(server, browser, tmp_path):
         page.screenshot(path=str(ARTIFACTS / "q2_history_reopened.png"), full_page=True)
     finally:
         ctx.close()
+
+
+_RECORD_PROGRESS_JS = """() => {
+  window.kilnProgress = [];
+  const note = () => { const e = document.querySelector('#kiln-progress');
+                       if (e) window.kilnProgress.push(e.dataset.state + '|' + e.innerText); };
+  new MutationObserver(note).observe(document.body, {childList: true, subtree: true, characterData: true});
+}"""
+
+
+def test_a_job_shows_its_estimate_while_it_runs(server, browser, tmp_path):
+    """Generate before a selection is refused naming clicks, a box and "Find the object" (not
+    transparency, for an RGB photo), on the progress line and the status line. Estimates from
+    the job's own settings reach the page: with a job of the same settings done on this
+    server (the history test's; one is made here when run alone), the next one's bar says how
+    long it has left while it runs. Every text the bar showed is recorded as it changes (a
+    MutationObserver), so no state is missed between two looks."""
+    from synthetic import make_object_image
+
+    url, _ = server
+    seen: list[str] = []
+    for i in range(2):
+        ctx, page = open_page(browser, url, 1400, 1000)
+        try:
+            page.wait_for_function("() => /a model took|no model timed/.test("
+                                   "document.querySelector('#kiln-status').innerText)", timeout=120_000)
+            first = "no model timed" in page.inner_text("#kiln-status")
+            rgb, _mask = make_object_image(320, "ellipse", seed=20 + i)   # a new photo: no cached reconstruction
+            upload(page, write_png(tmp_path / f"estimate_{i}.png", rgb))
+            if i == 0:
+                # Generate before any selection: the refusal and the status line name every way
+                # to select (they said "transparency" for an RGB photo, neither named a box or Find)
+                page.click("#kiln-generate")
+                page.wait_for_function("() => document.querySelector('#kiln-progress').dataset.state === 'refused'")
+                said = page.inner_text("#kiln-progress")
+                assert all(w in said for w in ("select the object first", "click on it", "drag a box",
+                                                "Find the object")) and "transparency" not in said, said
+                status = page.inner_text("#kiln-status")
+                assert "drag a box" in status and "Find the object" in status, status
+            click_image(page, 0.5, 0.5, "Mask:")
+            page.locator("#kiln-bake input[type=checkbox]").check()   # the history test's settings
+            page.evaluate(_RECORD_PROGRESS_JS)
+            page.click("#kiln-generate")
+            assert wait_state(page, ("done", "failed", "cancelled"))[0] == "done"
+            seen = page.evaluate("() => window.kilnProgress")
+        finally:
+            ctx.close()
+        if not first:
+            break
+    running = [t for t in seen if t.startswith("running|")]
+    assert any(re.search(r"so far, about \d+ (s|min) left", t) for t in running), running[-5:] or seen[-5:]
 
 
 def _bake_inputs(page, files: dict[str, Path]) -> None:
