@@ -285,10 +285,10 @@ class ColourSpread:
         own = np.isin(group, sorted(clicked))
         if area[own].sum() < self.own * total:
             return 0.0   # the clicked colours are a small part: a many-coloured thing
-        hull = np.zeros(m.shape, np.uint8)
-        cv2.fillConvexPoly(hull, cv2.convexHull(cv2.findNonZero(np.isin(labels, np.array(big)[own]).astype(np.uint8))), 1)
+        drawn = np.zeros(m.shape, np.uint8)
+        cv2.fillConvexPoly(drawn, cv2.convexHull(cv2.findNonZero(np.isin(labels, np.array(big)[own]).astype(np.uint8))), 1)
         r = max(1, int(round(self.margin * max(size))))
-        hull = cv2.dilate(hull, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * r + 1,) * 2)) > 0
+        hull = cv2.dilate(drawn, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * r + 1,) * 2)) > 0
         out = 0.0
         for g in set(group[~own].tolist()):
             pix = np.isin(labels, np.array(big)[group == g])

@@ -75,8 +75,8 @@ class Housekeeper:
                                      self.budgets.cache_bytes, self.budgets.jobs_bytes)
             self.last = report
             if not dry_run and self.after_pass:
-                gone = {r.id for r in report.jobs}
-                live = {st.id for st in jobs if st.removed is None and st.id not in gone}
+                removed_ids = {removal.id for removal in report.jobs}
+                live = {st.id for st in jobs if st.removed is None and st.id not in removed_ids}
                 for hook in self.after_pass:
                     try:
                         hook(live)
