@@ -174,6 +174,11 @@ def test_a_model_reopens_from_its_history_row(server, browser, tmp_path):
         # a textured model for the README (the small settings bake none), and a bake long
         # enough for the running shot
         page.locator("#kiln-bake input[type=checkbox]").check()
+        # the README's picture once the page has settled: the selection drawn, the bake's
+        # settings enabled by the tick (it caught them greyed and the canvas blank)
+        page.wait_for_function("() => { const i = document.querySelector('#kiln-canvas img');"
+                               " const t = document.querySelector('#kiln-texture input');"
+                               " return i && i.complete && i.naturalWidth > 0 && t && !t.disabled; }")
         page.screenshot(path=str(ARTIFACTS / "readme-page-selection.png"), full_page=True)
         page.click("#kiln-generate")
         page.wait_for_function("() => { const e = document.querySelector('#kiln-progress'); return e &&"
