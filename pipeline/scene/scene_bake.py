@@ -1,0 +1,161 @@
+"""Bake a scene: several objects from one photo, one camera, one GLB with a node per object.
+
+Stages: "place" (each object kept where its pose fits the camera, else fitted under it with
+the intrinsics held: ``placement``), "occlusion" (each object's depth from the camera, and the
+photo's pixels it may take: ``occlusion``), then each object's own bake
+(``pipeline.texture.model_bake``: render_views, mesh, uv, bake, export) with its photo mask
+less what the others hide, and "join" (the objects' GLBs as one, ``pipeline.io.scene_glb``).
+Everything is in the photo camera's frame (OpenGL axes, the camera at the origin).
+
+The other formats a bake can write (``export.formats``: OBJ, STL, PLY) come one per object,
+``<name>.<object>.<ext>``, in the same frame: the formats have no named nodes to hold several
+objects apart.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+from kiln.records import PipelineStats, SceneObjectStats
+from kiln.settings import Settings
+
+from pipeline.texture.model_bake import EventFn, ModelBakeResult, ModelInputs
+from pipeline.types import ImageInput, SourceCamera
+from pipeline.validate import StageInputError
+
+if TYPE_CHECKING:
+    from pipeline.backends import Backends
+    from pipeline.raster.rasterize import RasterContext
+    from pipeline.scene.placement import Placement
+
+
+@dataclass(frozen=True)
+class SceneObject:
+    """name: the object's node name (its mesh file's name without the extension); inputs: its
+    files read (``ModelInputs``: mesh, splat in the mesh's frame, photo = the scene's photo with
+    this object's own mask; its camera is ignored: the scene's is used)."""
+
+    name: str
+    inputs: ModelInputs
+
+
+@dataclass(frozen=True)
+class SceneInputs:
+    """objects: two or more (or one) objects of one photo; camera: the photo's camera in the
+    objects' files' frame (each file read as placed in it); camera_fitted_to: the index of the
+    object the camera was fitted to when none was given (its fit in its ``inputs.camera_fit``),
+    else None."""
+
+    objects: tuple[SceneObject, ...]
+    camera: SourceCamera
+    camera_fitted_to: Optional[int] = None
+
+    def check(self) -> None:
+        """Refuse what cannot make a scene, before any work: no objects, names twice, photos or
+        masks of different sizes, or not the camera's size."""
+        if not self.objects:
+            raise StageInputError("a scene needs at least one object")
+        names = [o.name for o in self.objects]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise StageInputError(f"two objects are named {', '.join(twice)}: the scene's nodes need distinct names")
+        size = (self.camera.height, self.camera.width)
+        for o in self.objects:
+            photo = o.inputs.photo
+            if photo is None:
+                raise StageInputError(f"object {o.name} has no photo and mask")
+            if photo.mask.shape != size or photo.rgb.shape[:2] != size:
+                raise StageInputError(f"object {o.name}'s mask is {photo.mask.shape[1]}x{photo.mask.shape[0]}, "
+                                      f"the camera's photo {size[1]}x{size[0]}: every mask must be the photo's size")
+        first = self.objects[0].inputs.photo
+        assert first is not None
+        if any(o.inputs.photo is not None and not np.shares_memory(o.inputs.photo.rgb, first.rgb)
+               and not np.array_equal(o.inputs.photo.rgb, first.rgb) for o in self.objects[1:]):
+            raise StageInputError("the objects of a scene come from one photo")
+
+
+def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out_dir: Path,
+               raster_ctx: "RasterContext", on_event: Optional[EventFn] = None,
+               name: str = "scene") -> ModelBakeResult:
+    """Bake every object of ``scene`` and join them into ``<out_dir>/<name>.glb``; each object's
+    own files are ``<out_dir>/<name>.<object>.*``. ``stats.scene`` gives each object's placement,
+    occlusion and bake; the stats' other figures are the first object's."""
+    from pipeline.io.scene_glb import join_scene
+    from pipeline.scene.occlusion import depth_maps, visible_masks
+    from pipeline.scene.placement import in_camera_frame, moved_mesh, moved_splat, place
+    from pipeline.texture.model_bake import bake_model
+
+    scene.check()
+    emit: EventFn = on_event or (lambda *a: None)
+    timings: dict[str, float] = {}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    emit("place", 0.0, "placing the objects under the photo's camera")
+    placements: list["Placement"] = []
+    for i, o in enumerate(scene.objects):
+        photo = o.inputs.photo
+        assert photo is not None
+        fitted = o.inputs.camera_fit if i == scene.camera_fitted_to else None
+        placements.append(place(raster_ctx, o.inputs.model.mesh, photo.mask, scene.camera,
+                                settings.bake.photo_min_inside, fitted_to_it=fitted))
+        emit("place", (i + 1) / len(scene.objects), f"{o.name}: {placements[-1].how}")
+    timings["place"] = time.perf_counter() - t0
+    camera, _ = in_camera_frame(scene.camera)
+    meshes = [moved_mesh(o.inputs.model.mesh, p.transform) for o, p in zip(scene.objects, placements)]
+    t0 = time.perf_counter()
+    emit("occlusion", 0.0, "the depth test across the objects")
+    masks = [o.inputs.photo.mask for o in scene.objects if o.inputs.photo is not None]
+    seen = visible_masks(depth_maps(raster_ctx, meshes, camera), masks)
+    timings["occlusion"] = time.perf_counter() - t0
+    emit("occlusion", 1.0, "hidden pixels per object: " + ", ".join(
+        f"{o.name} {n}" for o, n in zip(scene.objects, seen.hidden_px)))
+    results: list[ModelBakeResult] = []
+    for i, (o, p, mesh) in enumerate(zip(scene.objects, placements, meshes)):
+        inputs = _placed_inputs(o.inputs, p, mesh, camera, seen.masks[i])
+        res = bake_model(inputs, settings, backends, out, raster_ctx, name=f"{name}.{o.name}",
+                         on_event=lambda stage, f, msg, who=o.name: emit(stage, f, f"{who}: {msg}"))
+        for k, v in res.timings.items():
+            timings[k] = timings.get(k, 0.0) + v
+        results.append(res)
+    t0 = time.perf_counter()
+    emit("join", 0.0, "one GLB, a node per object")
+    glb = join_scene([(o.name, r.glb_path) for o, r in zip(scene.objects, results)], out / f"{name}.glb")
+    timings["join"] = time.perf_counter() - t0
+    emit("join", 1.0, f"{len(results)} objects")
+    objects = tuple(_object_stats(o.name, p, r, seen.hidden_px[i], seen.edge_px[i])
+                    for i, (o, p, r) in enumerate(zip(scene.objects, placements, results)))
+    first = results[0].stats
+    stats = replace(first, faces=sum(r.stats.faces for r in results), vertices=sum(r.stats.vertices for r in results),
+                    glb_bytes=glb.stat().st_size, source_camera=camera.to_dict(), scene=objects,
+                    files=first.files)
+    extra = {f"{key}.{o.name}": path for o, r in zip(scene.objects, results) for key, path in r.extra.items()}
+    return ModelBakeResult(glb_path=glb, timings=timings, stats=stats, extra=extra)
+
+
+def _placed_inputs(inputs: ModelInputs, p: "Placement", mesh, camera: SourceCamera, mask: np.ndarray) -> ModelInputs:
+    """One object's bake inputs in the scene's frame: its moved mesh and splat, the scene's
+    camera, the photo with its own mask less what the others hide."""
+    from pipeline.scene.placement import moved_splat
+
+    photo = inputs.photo
+    assert photo is not None
+    fit = None if p.fit is None else replace(p.fit, camera=camera)
+    how = "fitted" if p.how != "kept" else (inputs.camera_how or "file")
+    return replace(inputs, model=replace(inputs.model, mesh=mesh),
+                   splat=None if inputs.splat is None else moved_splat(inputs.splat, p.transform, p.scale),
+                   photo=ImageInput(photo.rgb, mask), camera=camera, camera_fit=fit, camera_how=how,
+                   more_photos=())
+
+
+def _object_stats(name: str, p: "Placement", r: ModelBakeResult, hidden: int, edge: int) -> SceneObjectStats:
+    bake = r.stats.bake
+    return SceneObjectStats(name=name, placement=p.report(), hidden_px=hidden, edge_px=edge,
+                            faces=r.stats.faces, texels_from=dict(bake.texels_from) if bake is not None else {},
+                            silhouette=r.stats.model.silhouette if r.stats.model is not None else None,
+                            warnings=r.stats.warnings, glb=r.glb_path.name)
