@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from kiln.records import PipelineStats, SceneObjectStats
+from kiln.formats import object_key
+from kiln.records import SceneObjectStats
 from kiln.settings import Settings
 
 from pipeline.texture.model_bake import EventFn, ModelBakeResult, ModelInputs
@@ -134,7 +135,7 @@ def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out
     stats = replace(first, faces=sum(r.stats.faces for r in results), vertices=sum(r.stats.vertices for r in results),
                     glb_bytes=glb.stat().st_size, source_camera=camera.to_dict(), scene=objects,
                     files=first.files)
-    extra = {f"{key}.{o.name}": path for o, r in zip(scene.objects, results) for key, path in r.extra.items()}
+    extra = {object_key(key, o.name): path for o, r in zip(scene.objects, results) for key, path in r.extra.items()}
     return ModelBakeResult(glb_path=glb, timings=timings, stats=stats, extra=extra)
 
 
