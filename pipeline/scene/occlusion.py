@@ -5,8 +5,10 @@ object that another object hides from the camera is hidden, and takes none of th
 colours. Each object's own bake already finds its own nearest surface at every pixel, so the
 test across objects comes down to one thing per pixel: whether this object's nearest surface
 is the nearest of all. Its photo mask loses the pixels where another object lies nearer, and
-a band of ``EDGE_PX`` round them and round every other object's own mask: there the photo's
-pixels mix both objects' colours (and the masks' and meshes' edges do not meet exactly).
+a band of ``EDGE_PX`` round them and round the pixels only another object's mask holds: there
+the photo's pixels mix both objects' colours (and the masks' and meshes' edges do not meet
+exactly). Where two masks overlap (a mask of a whole object, behind what hides it), the depth
+test alone decides.
 The texels that lose their pixels are filled like any the camera does not see, each from its
 own object (``pipeline.texture.unseen``).
 """
@@ -66,13 +68,15 @@ def visible_masks(depths: np.ndarray, masks: Sequence[np.ndarray], edge_px: int 
         nearest_other = others.min(0) if len(others) else np.full(depths.shape[1:], np.inf, np.float32)
         mine = depths[i]
         in_front = np.isfinite(nearest_other) & (nearest_other < mine * (1.0 - DEPTH_SLACK))
-        # the others' own pixels in the photo (their masks reach where their meshes do not)
+        own = masks[i].astype(bool)
+        # the pixels the photo gives only to others (their masks reach where their meshes do
+        # not); where two masks overlap (a mask of the whole object, behind what hides it)
+        # the depth test alone decides
         theirs = np.zeros(mine.shape, bool)
         for j in range(n):
             if j != i:
-                theirs |= masks[j]
+                theirs |= masks[j] & ~own
         band = cv2.dilate((in_front | theirs).astype(np.uint8), kernel) > 0 if edge_px > 0 else in_front | theirs
-        own = masks[i].astype(bool)
         keep = own & ~band
         out.append(keep)
         hidden.append(int((own & in_front).sum()))

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from pipeline.backends import Backends
     from pipeline.raster.rasterize import RasterContext
     from pipeline.scene.placement import Placement
+    from pipeline.texture.model_bake import SilhouetteFit
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out
     from pipeline.io.scene_glb import join_scene
     from pipeline.scene.occlusion import depth_maps, visible_masks
     from pipeline.scene.placement import in_camera_frame, moved_mesh, moved_splat, place
-    from pipeline.texture.model_bake import bake_model
+    from pipeline.texture.model_bake import bake_model, silhouette_fit
 
     scene.check()
     emit: EventFn = on_event or (lambda *a: None)
@@ -116,10 +117,14 @@ def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out
     timings["occlusion"] = time.perf_counter() - t0
     emit("occlusion", 1.0, "hidden pixels per object: " + ", ".join(
         f"{o.name} {n}" for o, n in zip(scene.objects, seen.hidden_px)))
+    # placing gated each object against its whole mask (kept: its silhouette inside it by
+    # photo_min_inside; fitted: by the fit's IoU, fit_min_iou, as the bake gates a fit); the
+    # bake's own gate would measure against the mask less what the others hide and edge bands
+    own = settings.override({"bake.photo_min_inside": 0.0})
     results: list[ModelBakeResult] = []
     for i, (o, p, mesh) in enumerate(zip(scene.objects, placements, meshes)):
         inputs = _placed_inputs(o.inputs, p, mesh, camera, seen.masks[i])
-        res = bake_model(inputs, settings, backends, out, raster_ctx, name=f"{name}.{o.name}",
+        res = bake_model(inputs, own, backends, out, raster_ctx, name=f"{name}.{o.name}",
                          on_event=lambda stage, f, msg, who=o.name: emit(stage, f, f"{who}: {msg}"))
         for k, v in res.timings.items():
             timings[k] = timings.get(k, 0.0) + v
@@ -129,7 +134,8 @@ def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out
     glb = join_scene([(o.name, r.glb_path) for o, r in zip(scene.objects, results)], out / f"{name}.glb")
     timings["join"] = time.perf_counter() - t0
     emit("join", 1.0, f"{len(results)} objects")
-    objects = tuple(_object_stats(o.name, p, r, seen.hidden_px[i], seen.edge_px[i])
+    sils = [silhouette_fit(raster_ctx, m, camera, mask) for m, mask in zip(meshes, masks)]
+    objects = tuple(_object_stats(o.name, p, r, seen.hidden_px[i], seen.edge_px[i], sils[i])
                     for i, (o, p, r) in enumerate(zip(scene.objects, placements, results)))
     first = results[0].stats
     stats = replace(first, faces=sum(r.stats.faces for r in results), vertices=sum(r.stats.vertices for r in results),
@@ -154,9 +160,12 @@ def _placed_inputs(inputs: ModelInputs, p: "Placement", mesh, camera: SourceCame
                    more_photos=())
 
 
-def _object_stats(name: str, p: "Placement", r: ModelBakeResult, hidden: int, edge: int) -> SceneObjectStats:
+def _object_stats(name: str, p: "Placement", r: ModelBakeResult, hidden: int, edge: int,
+                  sil: "SilhouetteFit") -> SceneObjectStats:
+    """``sil``: the placed model (as the file has it, not simplified) against its whole mask."""
     bake = r.stats.bake
     return SceneObjectStats(name=name, placement=p.report(), hidden_px=hidden, edge_px=edge,
                             faces=r.stats.faces, texels_from=dict(bake.texels_from) if bake is not None else {},
-                            silhouette=r.stats.model.silhouette if r.stats.model is not None else None,
+                            silhouette={"inside": round(sil.inside, 4), "coverage": round(sil.coverage, 4),
+                                        "iou": round(sil.iou, 4)},
                             warnings=r.stats.warnings, glb=r.glb_path.name)
