@@ -125,7 +125,7 @@ def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out
     for i, (o, p, mesh) in enumerate(zip(scene.objects, placements, meshes)):
         inputs = _placed_inputs(o.inputs, p, mesh, camera, seen.masks[i])
         res = bake_model(inputs, own, backends, out, raster_ctx, name=f"{name}.{o.name}",
-                         on_event=lambda stage, f, msg, who=o.name: emit(stage, f, f"{who}: {msg}"))
+                         on_event=_named(emit, o.name))
         for k, v in res.timings.items():
             timings[k] = timings.get(k, 0.0) + v
         results.append(res)
@@ -143,6 +143,14 @@ def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out
                     files=first.files)
     extra = {object_key(key, o.name): path for o, r in zip(scene.objects, results) for key, path in r.extra.items()}
     return ModelBakeResult(glb_path=glb, timings=timings, stats=stats, extra=extra)
+
+
+def _named(emit: EventFn, who: str) -> EventFn:
+    """``emit`` with each message saying which object it is about."""
+    def named(stage: str, fraction: float, message: str) -> None:
+        emit(stage, fraction, f"{who}: {message}")
+
+    return named
 
 
 def _placed_inputs(inputs: ModelInputs, p: "Placement", mesh, camera: SourceCamera, mask: np.ndarray) -> ModelInputs:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
+
+OnEvent = Callable[[str, float, str], None]   # (stage, fraction of that stage, message), as bakejob's
 
 if TYPE_CHECKING:
     from kiln.records import Backends
@@ -16,15 +18,13 @@ if TYPE_CHECKING:
     from pipeline.raster.rasterize import RasterContext
     from pipeline.texture.model_bake import ModelBakeResult
 
-    from worker.jobs.bakejob import OnEvent
-
 # a mask copied into the job was checked against the person's own limit before the job; this
 # only stops a file swapped in the folder since from decoding without bound
 MAX_MASK_PIXELS = 400_000_000
 
 
 def scene_folder(job_dir: Path, settings: "Settings", backends: "Backends", raster_ctx: "RasterContext",
-                 on_event: "OnEvent", out_dir: Path, name: str = "model") -> "ModelBakeResult":
+                 on_event: OnEvent, out_dir: Path, name: str = "model") -> "ModelBakeResult":
     """Bake the scene job in ``job_dir`` into ``<out_dir>/<name>.glb`` (and each object's own
     files beside it, ``<name>.<object>.*``)."""
     from kiln.maskfile import load_mask
