@@ -112,7 +112,8 @@ def scene_bake(tmp_path_factory):
         pytest.skip("no EGL OpenGL context here")
     tmp = tmp_path_factory.mktemp("scene")
     out, rep = tmp / "scene.glb", tmp / "scene.json"
-    code = main([*_scene_args(tmp), "--simplify-ratio", "0.97", *FAST, "--format", "obj", "--in-process",
+    # through the worker: the scene's request and stats cross the process boundary as records
+    code = main([*_scene_args(tmp), "--simplify-ratio", "0.97", *FAST, "--format", "obj",
                  "--report", str(rep), "-o", str(out)])
     assert code == 0
     return out, json.loads(rep.read_text())
@@ -131,9 +132,11 @@ def test_the_scene_glb_has_a_named_node_per_object_and_each_objects_fit(scene_ba
     bench = objects["bench_sam3d"]["placement"]
     assert bench["how"] == "fitted" and bench["before"]["iou"] < 0.35
     assert bench["fit"]["silhouette_iou"] >= 0.64 and bench["fit"]["silhouette_coverage"] >= 0.93
-    # --format's files: one per object, beside the GLB
+    # --format's files: one per object, beside the GLB; the placement's picture too
     assert (out.parent / "scene.bench_sam3d.obj.zip").is_file()
     assert (out.parent / "scene.human_sam3d_body.obj.zip").is_file()
+    assert (out.parent / "scene.camera_fit.png").is_file()
+    assert {Path(f["path"]).name for f in report["files"]} >= {"scene.glb", "scene.bench_sam3d.obj.zip"}
 
 
 @needs_human

@@ -57,6 +57,21 @@ class PhotoOption(argparse.Action):
         got = list(getattr(namespace, "photo_options", None) or [])
         got.append((option_string, True if self.nargs == 0 else values))
         namespace.photo_options = got
+        _keep_order(namespace, option_string, True if self.nargs == 0 else values)
+
+
+class ObjectOption(argparse.Action):
+    """--mesh and --splat, kept in order with the photo options (``args.bake_options``), so
+    that ``scene_groups`` can give each --splat and --mask to the --mesh before it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _keep_order(namespace, option_string, values)
+
+
+def _keep_order(namespace, flag: str, value) -> None:
+    got = list(getattr(namespace, "bake_options", None) or [])
+    got.append((flag, value))
+    namespace.bake_options = got
 
 
 @dataclass(frozen=True)
@@ -83,8 +98,6 @@ def photo_groups(options: list) -> list[PhotoArgs]:
     before any --image, or given twice for one photo."""
     groups: list[dict] = []
     for flag, value in options:
-        if flag in _OBJECT_FLAGS:
-            continue
         if flag == "--image":
             groups.append({"image": value, "flags": set()})
             continue
@@ -107,9 +120,6 @@ class ObjectArgs:
     mesh: str
     splat: Optional[str] = None
     mask: Optional[str] = None
-
-
-_OBJECT_FLAGS = ("--mesh", "--splat")
 
 
 def scene_groups(options: list) -> tuple[list[ObjectArgs], PhotoArgs]:
@@ -152,10 +162,10 @@ def add_parser(sub) -> None:
                        description=DESCRIPTION, epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     files = b.add_argument_group("files")
-    files.add_argument("--mesh", required=True, metavar="M", action=PhotoOption,
+    files.add_argument("--mesh", required=True, metavar="M", action=ObjectOption,
                        help="the mesh: GLB/glTF, OBJ (+MTL), PLY or STL, with or without UVs, "
                             "vertex colours, a texture; with --scene, repeat it for each object")
-    files.add_argument("--splat", metavar="S", action=PhotoOption,
+    files.add_argument("--splat", metavar="S", action=ObjectOption,
                        help="its Gaussian splat: a 3DGS PLY (INRIA layout, SH degree 0-3), as 3DGS, SAM 3D, "
                             "TRELLIS and Kiln write; with --scene, the splat of the --mesh before it")
     files.add_argument("--scene", action="store_true",
@@ -231,7 +241,7 @@ def add_parser(sub) -> None:
     add_format_flags(b.add_argument_group("files to write (beside the GLB)"))
     how.add_argument("--in-process", action="store_true",
                      help="run the stages in this process instead of a crash-isolated worker (debugging)")
-    b.set_defaults(func=cmd_bake, uvs="auto", photo_options=None, scene=False)
+    b.set_defaults(func=cmd_bake, uvs="auto", photo_options=None, bake_options=None, scene=False)
 
 
 def cmd_bake(args) -> int:
@@ -244,8 +254,8 @@ def cmd_bake(args) -> int:
         raise CliError(f"-o {out} must end in .glb")
     if args.scene:
         return _bake(args, settings, asked, out, *_scene_files(args))
-    meshes = [v for f, v in args.photo_options or () if f == "--mesh"]
-    splats = [v for f, v in args.photo_options or () if f == "--splat"]
+    meshes = [v for f, v in args.bake_options or () if f == "--mesh"]
+    splats = [v for f, v in args.bake_options or () if f == "--splat"]
     if len(meshes) > 1 or len(splats) > 1:
         raise CliError(f"--mesh is given {len(meshes)} times: several objects of one photo are a scene; "
                        "add --scene (then each --splat and --mask belongs to the --mesh before it)")
@@ -268,7 +278,7 @@ def _scene_files(args) -> tuple:
     from worker.jobs.bakeinputs import BakeFiles
     from worker.jobs.sceneinputs import SceneObjectFiles
 
-    objects, photo = scene_groups(args.photo_options or [])
+    objects, photo = scene_groups(args.bake_options or [])
     first = objects[0]
     files = BakeFiles(mesh=Path(first.mesh), splat=_path(first.splat), image=_path(photo.image),
                       mask=_path(first.mask), camera=_path(photo.camera), focal=photo.focal,

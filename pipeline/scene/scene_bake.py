@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from kiln.records import SceneObjectStats
 from kiln.settings import Settings
 
 from pipeline.texture.model_bake import EventFn, ModelBakeResult, ModelInputs
-from pipeline.types import ImageInput, SourceCamera
+from pipeline.types import ImageInput, Mesh, SourceCamera
 from pipeline.validate import StageInputError
 
 if TYPE_CHECKING:
@@ -81,15 +81,48 @@ class SceneInputs:
             raise StageInputError("the objects of a scene come from one photo")
 
 
+@dataclass(frozen=True)
+class PlacedScene:
+    """A scene's objects placed: camera: the photo's camera in its own frame (where everything
+    now is); placements: how each object was placed; meshes: each object's mesh moved there;
+    masks: each object's whole mask, in the objects' order."""
+
+    camera: SourceCamera
+    placements: tuple["Placement", ...]
+    meshes: tuple[Mesh, ...]
+    masks: tuple[np.ndarray, ...]
+
+
+def place_scene(scene: SceneInputs, settings: Settings, raster_ctx: "RasterContext",
+                emit: EventFn) -> PlacedScene:
+    """Stage "place": each object kept where its pose fits the camera, else fitted under it."""
+    from pipeline.scene.placement import in_camera_frame, moved_mesh, place
+
+    emit("place", 0.0, "placing the objects under the photo's camera")
+    placements: list["Placement"] = []
+    masks = []
+    for i, o in enumerate(scene.objects):
+        photo = o.inputs.photo
+        assert photo is not None
+        fitted = o.inputs.camera_fit if i == scene.camera_fitted_to else None
+        placements.append(place(raster_ctx, o.inputs.model.mesh, photo.mask, scene.camera,
+                                settings.bake.photo_min_inside, fitted_to_it=fitted))
+        masks.append(photo.mask)
+        emit("place", (i + 1) / len(scene.objects), f"{o.name}: {placements[-1].how}")
+    camera, _ = in_camera_frame(scene.camera)
+    meshes = tuple(moved_mesh(o.inputs.model.mesh, p.transform) for o, p in zip(scene.objects, placements))
+    return PlacedScene(camera=camera, placements=tuple(placements), meshes=meshes, masks=tuple(masks))
+
+
 def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out_dir: Path,
                raster_ctx: "RasterContext", on_event: Optional[EventFn] = None,
-               name: str = "scene") -> ModelBakeResult:
+               name: str = "scene", on_placed: Optional[Callable[[PlacedScene], None]] = None) -> ModelBakeResult:
     """Bake every object of ``scene`` and join them into ``<out_dir>/<name>.glb``; each object's
     own files are ``<out_dir>/<name>.<object>.*``. ``stats.scene`` gives each object's placement,
-    occlusion and bake; the stats' other figures are the first object's."""
+    occlusion and bake; the stats' other figures are the first object's. ``on_placed``: called
+    once every object is placed, before anything is baked (a front end draws the fit then)."""
     from pipeline.io.scene_glb import join_scene
     from pipeline.scene.occlusion import depth_maps, visible_masks
-    from pipeline.scene.placement import in_camera_frame, moved_mesh, moved_splat, place
     from pipeline.texture.model_bake import bake_model, silhouette_fit
 
     scene.check()
@@ -98,21 +131,13 @@ def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    emit("place", 0.0, "placing the objects under the photo's camera")
-    placements: list["Placement"] = []
-    for i, o in enumerate(scene.objects):
-        photo = o.inputs.photo
-        assert photo is not None
-        fitted = o.inputs.camera_fit if i == scene.camera_fitted_to else None
-        placements.append(place(raster_ctx, o.inputs.model.mesh, photo.mask, scene.camera,
-                                settings.bake.photo_min_inside, fitted_to_it=fitted))
-        emit("place", (i + 1) / len(scene.objects), f"{o.name}: {placements[-1].how}")
+    placed = place_scene(scene, settings, raster_ctx, emit)
     timings["place"] = time.perf_counter() - t0
-    camera, _ = in_camera_frame(scene.camera)
-    meshes = [moved_mesh(o.inputs.model.mesh, p.transform) for o, p in zip(scene.objects, placements)]
+    if on_placed is not None:
+        on_placed(placed)
+    camera, placements, meshes, masks = placed.camera, placed.placements, placed.meshes, list(placed.masks)
     t0 = time.perf_counter()
     emit("occlusion", 0.0, "the depth test across the objects")
-    masks = [o.inputs.photo.mask for o in scene.objects if o.inputs.photo is not None]
     seen = visible_masks(depth_maps(raster_ctx, meshes, camera), masks)
     timings["occlusion"] = time.perf_counter() - t0
     emit("occlusion", 1.0, "hidden pixels per object: " + ", ".join(

@@ -55,7 +55,7 @@ def bake_folder(job_dir: Path, settings: "Settings", backends: "Backends", raste
     if req.scene:   # several objects of one photo: one GLB with a node each
         from worker.jobs.scenejob import scene_folder
 
-        return scene_folder(job_dir, settings, backends, raster_ctx, on_event, out_dir, name)
+        return scene_folder(job_dir, settings, backends, raster_ctx, on_event, out_dir, name, picture=FIT_IMAGE)
     on_event("read", 0.0, "reading the files")
     t0 = time.perf_counter()
     photo = ImageInput(*load_inputs(job_dir)) if req.photo else None

@@ -24,9 +24,11 @@ MAX_MASK_PIXELS = 400_000_000
 
 
 def scene_folder(job_dir: Path, settings: "Settings", backends: "Backends", raster_ctx: "RasterContext",
-                 on_event: OnEvent, out_dir: Path, name: str = "model") -> "ModelBakeResult":
+                 on_event: OnEvent, out_dir: Path, name: str = "model",
+                 picture: str = "camera_fit.png") -> "ModelBakeResult":
     """Bake the scene job in ``job_dir`` into ``<out_dir>/<name>.glb`` (and each object's own
-    files beside it, ``<name>.<object>.*``)."""
+    files beside it, ``<name>.<object>.*``); ``<out_dir>/<picture>`` shows every object placed
+    over the photo (``pipeline.scene.scene_picture``) as soon as they are, before the bake."""
     from kiln.maskfile import load_mask
     from pipeline.scene.scene_bake import SceneInputs, SceneObject, bake_scene
     from pipeline.texture.model_inputs import place_model, read_model
@@ -57,7 +59,14 @@ def scene_folder(job_dir: Path, settings: "Settings", backends: "Backends", rast
     fitted_to = 0 if first.camera_how == "fitted" else None
     read_s = time.perf_counter() - t0
     on_event("read", 1.0, f"{len(objects)} objects")
+    def draw(placed) -> None:   # the fit picture, before the texture is baked, as a single bake's
+        from kiln.imageio import save_png
+        from pipeline.scene.scene_picture import scene_picture
+
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        save_png(Path(out_dir) / picture, scene_picture(raster_ctx, placed.meshes, placed.masks, rgb, placed.camera))
+
     result = bake_scene(SceneInputs(objects=tuple(objects), camera=first.camera, camera_fitted_to=fitted_to),
-                        settings, backends, out_dir, raster_ctx, on_event=on_event, name=name)
+                        settings, backends, out_dir, raster_ctx, on_event=on_event, name=name, on_placed=draw)
     result.timings = {"read": read_s, **result.timings}
     return result
