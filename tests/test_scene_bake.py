@@ -369,3 +369,57 @@ def test_one_mesh_makes_a_scene_of_one_and_the_records_round_trip():
     stats = PipelineStats(scene=(SceneObjectStats(name="b", placement={"how": "fitted", "scale": 1.4},
                                                   hidden_px=12, texels_from={"photo": 0.2}),))
     assert PipelineStats.from_dict(json.loads(json.dumps(stats.to_dict()))).scene == stats.scene
+
+
+# ---------------------------------------------------------------------- /bake takes a scene
+
+
+@pytest.fixture
+def api_app(tmp_path):
+    pytest.importorskip("gradio", reason="the page's tests need gradio, which is not installed")
+    from kiln.settings import Settings
+    from page_helpers import FakeSup, make_context, png_file
+    from synthetic import make_object_image
+
+    sup = FakeSup(tmp_path / "jobs")
+    ctx = make_context(tmp_path, Settings(), sup)
+    rgb, mask = make_object_image(160, "blob", seed=1)
+    try:
+        yield ctx, sup, png_file(tmp_path, "cutout.png", np.dstack([rgb, mask.astype(np.uint8) * 255])), \
+            png_file(tmp_path, "mask.png", mask.astype(np.uint8) * 255)
+    finally:
+        ctx.shutdown()
+
+
+def _ball(path: Path) -> str:
+    import trimesh
+
+    tm = trimesh.creation.icosphere(subdivisions=2, radius=0.5)
+    tm.vertices[:, 2] -= 3.0   # in front of an OpenGL camera at the origin
+    tm.visual.vertex_colors = np.full((len(tm.vertices), 4), 200, np.uint8)
+    tm.export(path)
+    return str(path)
+
+
+def test_bake_over_the_api_takes_a_scene_and_refuses_a_mesh_without_its_mask(api_app, tmp_path):
+    import gradio as gr
+
+    from app.web.api import bake as api_bake
+    from app.web.api import photo as api
+    from page_helpers import ALICE, caller
+
+    ctx, sup, cutout, mask = api_app
+    a = caller(ALICE, "script-a")
+    api.upload_image(ctx, a, cutout)
+    first, second = _ball(tmp_path / "ball.ply"), _ball(tmp_path / "cup.ply")
+    with pytest.raises(gr.Error) as e:
+        list(api_bake.bake(ctx, a, first, session_image=True, focal=300.0, scene=True, more_meshes=[second],
+                           progress=lambda *_, **__: None))
+    assert "one mask for each mesh" in e.value.message and sup.jobs() == []
+    *_, last = api_bake.bake(ctx, a, first, session_image=True, focal=300.0, scene=True, more_meshes=[second],
+                             more_object_masks=[mask], progress=lambda *_, **__: None)
+    assert last.info["state"] == "done"
+    (checked,) = sup.bakes.values()
+    req = checked.request
+    assert req.scene and req.names["node"] == "ball" and [o.names["node"] for o in req.objects] == ["cup"]
+    assert req.objects[0].mask in checked.copies and req.focal == 300.0

@@ -20,6 +20,8 @@ from worker.jobs.bakeinputs import MESH_DIR, SPLAT_NAME, BakeFiles, CheckedBake,
 from worker.jobs.inputs import InputProblem
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from kiln.settings import Settings
 
 OBJECTS_DIR = "objects"   # inputs/objects/<n>/: the n-th object's mesh, splat and mask (n >= 2)
@@ -49,9 +51,12 @@ def node_names(meshes: list[Path]) -> list[str]:
 
 
 def check_scene(first: BakeFiles, objects: tuple[SceneObjectFiles, ...], settings: "Settings",
-                simplify_asked: bool = False) -> CheckedBake:
+                simplify_asked: bool = False,
+                photo_pixels: Optional[tuple["np.ndarray", "np.ndarray"]] = None) -> CheckedBake:
     """``first``: the scene's photo, its camera and the first object (mesh, splat, mask);
-    ``objects``: the others. Raises ``InputProblem`` before any slow work."""
+    ``objects``: the others. ``photo_pixels``: the photo and the first object's mask already
+    read (the page's image and selection) instead of ``first.image`` and ``first.mask``.
+    Raises ``InputProblem`` before any slow work."""
     from kiln.imageio import ImageError
     from kiln.limits import mask_problem
     from kiln.maskfile import load_mask
@@ -59,12 +64,12 @@ def check_scene(first: BakeFiles, objects: tuple[SceneObjectFiles, ...], setting
     from pipeline.types import ImageInput
     from pipeline.validate import StageInputError
 
-    if first.image is None:
+    if first.image is None and photo_pixels is None:
         raise InputProblem("a scene is baked from one photo: give it (--image P)")
     if first.more_photos:
         raise InputProblem("a scene takes one photo (one --image): its objects share it and its camera")
     meshes = [first.mesh] + [o.mesh for o in objects]
-    masks = [first.mask] + [o.mask for o in objects]
+    masks = [first.mask if photo_pixels is None else Path("selection")] + [o.mask for o in objects]
     given = sum(m is not None for m in masks)
     if given != len(meshes):
         raise InputProblem(f"a scene needs one mask for each mesh (--mesh M --mask K ...): {len(meshes)} "
@@ -74,7 +79,7 @@ def check_scene(first: BakeFiles, objects: tuple[SceneObjectFiles, ...], setting
         for flag, path in (("--mesh", o.mesh), ("--splat", o.splat), ("--mask", o.mask)):
             if path is not None and not Path(path).is_file():
                 raise InputProblem(f"{flag} {path} (object {n}): no such file")
-    checked = check_bake(replace(first, fit_camera=first.fit_camera), settings, simplify_asked=simplify_asked)
+    checked = check_bake(first, settings, simplify_asked=simplify_asked, photo_pixels=photo_pixels)
     assert checked.rgb is not None and checked.mask is not None
     h, w = checked.rgb.shape[:2]
     names = node_names(meshes)
@@ -87,7 +92,7 @@ def check_scene(first: BakeFiles, objects: tuple[SceneObjectFiles, ...], setting
             raise InputProblem(f"mask {o.mask} (object {n}): {e}") from None
         if mask.shape != (h, w):
             raise InputProblem(f"mask {o.mask} (object {n}) is {mask.shape[1]}x{mask.shape[0]} but the photo "
-                               f"{first.image} is {w}x{h}: every mask of a scene must be the photo's size")
+                               f"{first.image or 'image'} is {w}x{h}: every mask of a scene must be the photo's size")
         problem = mask_problem(mask)
         if problem is not None:
             raise InputProblem(f"mask {o.mask} (object {n}) {problem}")
