@@ -423,3 +423,64 @@ def test_bake_over_the_api_takes_a_scene_and_refuses_a_mesh_without_its_mask(api
     req = checked.request
     assert req.scene and req.names["node"] == "ball" and [o.names["node"] for o in req.objects] == ["cup"]
     assert req.objects[0].mask in checked.copies and req.focal == 300.0
+
+
+# ------------------------------------------------------------------- placing one object
+
+
+@needs_gl
+def test_an_object_off_the_camera_is_fitted_under_it_keeping_its_depth():
+    """The board of the synthetic scene, turned 8 degrees and moved sideways in its file: under
+    the photo's camera its pose no longer fits its mask; fitted with the focal length held,
+    its silhouette matches the mask again and its centre keeps the depth the file gave it."""
+    from scipy.spatial.transform import Rotation
+
+    from pipeline.scene.placement import moved_mesh, place
+    from pipeline.texture.model_bake import silhouette_fit
+    from pipeline.types import Mesh
+    from tests.raster_helpers import gl_context
+
+    meshes, cam, _, _, board_mask = _synthetic(Path("."))
+    board = meshes[1]
+    v = board.vertices.astype(np.float64)
+    centre = (v.min(0) + v.max(0)) / 2
+    turned = (v - centre) @ Rotation.from_euler("y", 8, degrees=True).as_matrix().T + centre + [0.35, 0.1, -0.6]
+    off = Mesh(vertices=turned.astype(np.float32), faces=board.faces)
+    p = place(gl_context(), off, board_mask, cam, min_inside=0.9)
+    assert p.how == "fitted" and p.before is not None and p.before["iou"] < 0.8, p.report()
+    assert p.fit is not None and p.fit.iou > 0.95, p.report()
+    placed = moved_mesh(off, p.transform)
+    # the scene's frame is the camera's own (OpenGL axes): depth is -z
+    got = placed.vertices.astype(np.float64)
+    file_depth = -((turned.min(0) + turned.max(0)) / 2)[2]
+    assert -((got.min(0) + got.max(0)) / 2)[2] == pytest.approx(file_depth, rel=0.02)
+    assert p.scale == pytest.approx(file_depth / 3.2, rel=0.05)   # the board truly stood 3.2 away
+    from pipeline.scene.placement import in_camera_frame
+
+    assert silhouette_fit(gl_context(), placed, in_camera_frame(cam)[0], board_mask).iou > 0.95
+
+
+def test_a_splat_moves_with_its_mesh():
+    """The similarity that places a mesh moves its splat alike: centres as the vertices, sizes
+    by the scale, orientations by the rotation."""
+    from scipy.spatial.transform import Rotation
+
+    from pipeline.camera.rotations import quat_to_matrix
+    from pipeline.scene.placement import moved_splat
+    from pipeline.types import Gaussians
+
+    rng = np.random.default_rng(0)
+    n = 50
+    q = rng.normal(size=(n, 4))
+    g = Gaussians(means=rng.normal(size=(n, 3)).astype(np.float32),
+                  scales=rng.uniform(0.01, 0.1, (n, 3)).astype(np.float32),
+                  quats=(q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32),
+                  opacities=np.full(n, 0.5, np.float32), colors=np.full((n, 3), 0.5, np.float32))
+    R = Rotation.from_euler("xyz", [10, -30, 70], degrees=True).as_matrix()
+    T = np.eye(4)
+    T[:3, :3], T[:3, 3] = 1.7 * R, [0.3, -2.0, 5.0]
+    moved = moved_splat(g, T, 1.7)
+    np.testing.assert_allclose(moved.means, g.means @ T[:3, :3].T + T[:3, 3], atol=1e-5)
+    np.testing.assert_allclose(moved.scales, 1.7 * g.scales, rtol=1e-6)
+    for before, after in zip(g.quats[:5], moved.quats[:5]):
+        np.testing.assert_allclose(quat_to_matrix(after), R @ quat_to_matrix(before), atol=1e-5)
