@@ -430,6 +430,26 @@ class SceneObjectStats:
     warnings: tuple[str, ...] = ()
     glb: str = ""
 
+    def describe(self) -> str:
+        """One line for a person (``kiln bake --scene``'s summary, the bake tab's notes): how the
+        object was placed, how it fits its mask, what hides it, where its texels came from."""
+        pl = self.placement
+        fit = pl.get("fit") or {}
+        how = {"kept": "pose kept", "fitted": "pose fitted under the photo's camera",
+               "camera fitted": "the camera fitted to it"}.get(str(pl.get("how", "")), str(pl.get("how", "")))
+        parts = [f"{self.name}: {how}"]
+        if pl.get("how") == "fitted":
+            parts.append(f"scale {float(pl.get('scale', 1.0)):.3g}, fit IoU {float(fit.get('silhouette_iou', 0)):.2f}"
+                         f" in {float(fit.get('fit_seconds', 0)):.1f} s (as its file placed it: IoU "
+                         f"{float((pl.get('before') or {}).get('iou', 0)):.2f})")
+        if self.silhouette:
+            parts.append(f"silhouette IoU {self.silhouette.get('iou', 0):.2f}, covers "
+                         f"{self.silhouette.get('coverage', 0):.0%} of its mask")
+        if self.hidden_px:
+            parts.append(f"{self.hidden_px} px of its mask hidden by other objects")
+        parts.append("texels from " + ", ".join(f"{k} {v:.0%}" for k, v in self.texels_from.items() if v))
+        return "; ".join(parts)
+
     def to_dict(self) -> dict[str, Any]:
         return _without_none({"name": self.name, "placement": dict(self.placement), "hidden_px": self.hidden_px,
                               "edge_px": self.edge_px, "faces": self.faces, "texels_from": dict(self.texels_from),

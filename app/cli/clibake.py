@@ -371,22 +371,8 @@ def summary_lines(p) -> list[str]:
 
 
 def _object_line(o) -> str:
-    """One object of a scene (``kiln.records.SceneObjectStats``): how it was placed, how it fits."""
-    pl = o.placement
-    fit = pl.get("fit") or {}
-    sil = o.silhouette or {}
-    how = {"kept": "pose kept", "fitted": "pose fitted under the photo's camera",
-           "camera fitted": "the camera fitted to it"}.get(pl.get("how", ""), pl.get("how", ""))
-    parts = [f"{o.name}: {how}"]
-    if pl.get("how") == "fitted":
-        parts.append(f"scale {pl.get('scale', 1.0):.3g}, fit IoU {fit.get('silhouette_iou', 0):.2f}, "
-                     f"{fit.get('fit_seconds', 0):.1f} s (as placed: IoU {(pl.get('before') or {}).get('iou', 0):.2f})")
-    if sil:
-        parts.append(f"silhouette IoU {sil.get('iou', 0):.2f}, covers {sil.get('coverage', 0):.0%} of its mask")
-    if o.hidden_px:
-        parts.append(f"{o.hidden_px} px of its mask hidden by others")
-    parts.append("texels from " + ", ".join(f"{k} {v:.0%}" for k, v in o.texels_from.items() if v))
-    return textwrap.shorten("; ".join(parts), 200)
+    """One object of a scene (``kiln.records.SceneObjectStats``), as ``describe`` words it."""
+    return textwrap.shorten(str(o.describe()), 200)
 
 
 def _photo_line(n: int, photo) -> str:

@@ -18,6 +18,8 @@ from app.web.server.context import AppContext
 MorePhoto = tuple[Optional[str], Optional[str], Optional[str]]
 # the page's slots for photos after the first (the API takes any number)
 MORE_PHOTOS = 3
+# the page's slots for a scene's objects after the first (the API takes any number)
+MORE_OBJECTS = 2
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,24 @@ class BakeForm(FitForm):
     texture_format: Any = None
     units: Any = None
     faces: Any = None
+    # a scene's objects after the first ("More objects of this photo"): a mesh, its splat, its mask
+    object_mesh_2: Optional[str] = None
+    object_splat_2: Optional[str] = None
+    object_mask_2: Optional[str] = None
+    object_mesh_3: Optional[str] = None
+    object_splat_3: Optional[str] = None
+    object_mask_3: Optional[str] = None
+
+    def objects(self) -> tuple[tuple[str, Optional[str], Optional[str]], ...]:
+        """Objects 2-3 given, as (mesh, splat, mask); UIError for a splat or mask without its mesh."""
+        out = []
+        for n in range(2, 2 + MORE_OBJECTS):
+            mesh, splat, mask = (getattr(self, f"object_{what}_{n}") for what in ("mesh", "splat", "mask"))
+            if mesh:
+                out.append((mesh, splat, mask))
+            elif splat or mask:
+                raise usertext.UIError(f"object {n}: a splat or mask was given without its mesh")
+        return tuple(out)
 
     def settings_values(self) -> dict:
         """The bake's settings as ``bake_request`` takes them; a simplify ratio of 0 is none."""
