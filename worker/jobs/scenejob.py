@@ -56,7 +56,9 @@ def scene_folder(job_dir: Path, settings: "Settings", backends: "Backends", rast
         read = replace(read_model(sub, folder, own), camera=first.camera, camera_how=first.camera_how)
         objects.append(SceneObject(name=o.names.get("node", f"object-{n}"),
                                    inputs=place_model(read, sub, raster_ctx, backends)))
-    fitted_to = 0 if first.camera_how == "fitted" else None
+    # a camera fitted to the first object (now, or by a fit job before: the page's fit step)
+    # holds that object as fitted; its IoU gates its photo, not the share inside its mask
+    fitted_to = 0 if first.camera_how in ("fitted", "fitted before") and first.camera_fit is not None else None
     read_s = time.perf_counter() - t0
     on_event("read", 1.0, f"{len(objects)} objects")
     def draw(placed) -> None:   # the fit picture, before the texture is baked, as a single bake's
