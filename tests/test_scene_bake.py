@@ -232,33 +232,9 @@ def _texel_colours(v: np.ndarray, f: np.ndarray, tex: np.ndarray, uv: np.ndarray
 
 
 def _synthetic(tmp_path: Path):
-    """A red ball before a blue board, photographed by a 300 px focal length camera at the
-    origin (OpenGL axes). The ball's mask is what the photo shows of it; the board's is its
-    whole outline, the part behind the ball too (an amodal mask): only the depth test across
-    the objects can tell that the ball's pixels are not the board's."""
-    import trimesh
+    from scene_helpers import ball_before_board
 
-    from pipeline.io.camera_file import camera_from_focal
-    from pipeline.raster.rasterize import rasterize_views
-    from pipeline.types import Mesh
-    from tests.raster_helpers import gl_context
-
-    ball = trimesh.creation.icosphere(subdivisions=3, radius=0.35)
-    ball.apply_translation([0.15, 0.0, -2.2])
-    board = trimesh.creation.box(extents=[1.6, 1.0, 0.1]).subdivide().subdivide().subdivide()
-    board.apply_translation([0.0, 0.0, -3.2])
-    meshes = [Mesh(vertices=np.asarray(m.vertices, np.float32), faces=np.asarray(m.faces, np.int32))
-              for m in (ball, board)]
-    w, h = 320, 240
-    cam = camera_from_focal(300.0, w, h, frame="opengl")
-    rasters = [rasterize_views(gl_context(), m, cam.as_cameras()) for m in meshes]
-    depth = [np.where(r.tri_id[0] >= 0, r.depth[0], np.inf) for r in rasters]
-    ball_seen = np.isfinite(depth[0]) & (depth[0] <= depth[1])
-    board_all = np.isfinite(depth[1])
-    rgb = np.full((h, w, 3), 128, np.uint8)
-    rgb[board_all] = (30, 60, 220)
-    rgb[ball_seen] = (220, 40, 30)
-    return meshes, cam, rgb, ball_seen, board_all
+    return ball_before_board()
 
 
 def _reds_and_blues(texture: np.ndarray, seen: np.ndarray) -> tuple[int, int]:

@@ -404,7 +404,8 @@ def _bake_tab(s: Settings) -> BakeTab:
             c["progress"] = gr.HTML(statusview.progress_html(dom_id=BAKE_PROGRESS_ID), elem_id="kiln-bake-progress-box")
             c["notes"] = gr.Markdown("", elem_id="kiln-bake-notes")
             c["fit_view"] = gr.Image(label="The fitted camera: the model's silhouette (blue, orange outline) over "
-                                           "the photo; the mask's outline green", visible=False, interactive=False,
+                                           "the photo; the mask's outline green (a scene: each object's silhouette "
+                                           "and mask in a colour of its own)", visible=False, interactive=False,
                                      elem_id="kiln-bake-fit-view")
             c["fit_info"] = gr.Markdown("", elem_id="kiln-bake-fit-info")
             c["model"] = gr.Model3D(label="Result", elem_id="kiln-bake-model", height=420,
