@@ -113,7 +113,7 @@ def scene_bake(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("scene")
     out, rep = tmp / "scene.glb", tmp / "scene.json"
     # through the worker: the scene's request and stats cross the process boundary as records
-    code = main([*_scene_args(tmp), "--simplify-ratio", "0.97", *FAST, "--format", "obj",
+    code = main([*_scene_args(tmp), "--simplify-ratio", "0.97", *FAST, "--texture-size", "256", "--format", "obj",
                  "--report", str(rep), "-o", str(out)])
     assert code == 0
     return out, json.loads(rep.read_text())
@@ -422,7 +422,7 @@ def test_an_object_off_the_camera_is_fitted_under_it_keeping_its_depth():
     centre = (v.min(0) + v.max(0)) / 2
     turned = (v - centre) @ Rotation.from_euler("y", 8, degrees=True).as_matrix().T + centre + [0.35, 0.1, -0.6]
     off = Mesh(vertices=turned.astype(np.float32), faces=board.faces)
-    p = place(gl_context(), off, board_mask, cam, min_inside=0.9)
+    p = place(gl_context(), off, board_mask, cam, min_inside=0.9, min_iou=0.6)
     assert p.how == "fitted" and p.before is not None and p.before["iou"] < 0.8, p.report()
     assert p.fit is not None and p.fit.iou > 0.95, p.report()
     placed = moved_mesh(off, p.transform)
@@ -434,6 +434,12 @@ def test_an_object_off_the_camera_is_fitted_under_it_keeping_its_depth():
     from pipeline.scene.placement import in_camera_frame
 
     assert silhouette_fit(gl_context(), placed, in_camera_frame(cam)[0], board_mask).iou > 0.95
+    # drawn half its size, all inside its mask: the IoU says it does not fit, and it is fitted
+    half = Mesh(vertices=((v - centre) * 0.5 + centre).astype(np.float32), faces=board.faces)
+    small = place(gl_context(), half, board_mask, cam, min_inside=0.9, min_iou=0.6)
+    assert small.before is not None and small.before["inside"] > 0.99 and small.before["iou"] < 0.3
+    assert small.how == "fitted" and small.fit is not None and small.fit.iou > 0.95, small.report()
+    assert small.scale == pytest.approx(2.0, rel=0.05)   # it keeps its depth, so its size comes back
 
 
 def test_a_splat_moves_with_its_mesh():

@@ -1,8 +1,9 @@
 """Each object of a scene placed under the photo's one camera, in that camera's frame.
 
 An object keeps its pose where it already fits the camera: its silhouette from the camera lies
-inside its own mask by at least ``bake.photo_min_inside`` (the test a single bake gates its
-photo by). Otherwise its pose is fitted under the camera with the intrinsics held
+inside its own mask by at least ``bake.photo_min_inside`` (the test a single bake gates a given
+camera by) and its IoU with the mask is at least ``bake.fit_min_iou`` (the test a fitted camera
+passes; the share inside alone would keep a pose that draws the object too small). Otherwise its pose is fitted under the camera with the intrinsics held
 (``pipeline.camera.fit_under_camera``), keeping the depth its file gives it. Then everything
 is moved into the camera's own frame (OpenGL axes, as glTF and SAM 3D have them: the camera at
 the origin looking down -z, y up), so the scene's GLB opens as the photo saw it.
@@ -61,9 +62,10 @@ def in_camera_frame(camera: SourceCamera) -> tuple[SourceCamera, np.ndarray]:
 
 
 def place(ctx: "RasterContext", mesh: Mesh, mask: np.ndarray, camera: SourceCamera, min_inside: float,
-          fitted_to_it: Optional["CameraFit"] = None) -> Placement:
+          min_iou: float, fitted_to_it: Optional["CameraFit"] = None) -> Placement:
     """Place ``mesh`` (its file's frame) under ``camera`` (in that frame's world): kept when its
-    silhouette lies inside ``mask`` by ``min_inside``, else fitted with the intrinsics held.
+    silhouette lies inside ``mask`` by ``min_inside`` and its IoU with it is ``min_iou``, else
+    fitted with the intrinsics held.
     ``fitted_to_it``: the camera was fitted to this very object (kept as fitted)."""
     from pipeline.camera.fit_under_camera import fit_under_camera
     from pipeline.texture.model_bake import silhouette_fit
@@ -73,7 +75,7 @@ def place(ctx: "RasterContext", mesh: Mesh, mask: np.ndarray, camera: SourceCame
         return Placement(how="camera fitted", transform=to_frame, scale=1.0, before=None, fit=fitted_to_it)
     sil = silhouette_fit(ctx, mesh, camera, mask)
     before = {"inside": round(sil.inside, 4), "coverage": round(sil.coverage, 4), "iou": round(sil.iou, 4)}
-    if sil.inside >= min_inside:
+    if sil.inside >= min_inside and sil.iou >= min_iou:
         return Placement(how="kept", transform=to_frame, scale=1.0, before=before)
     got = fit_under_camera(ctx, mesh, mask, camera)
     return Placement(how="fitted", transform=to_frame @ got.transform, scale=got.scale, before=before, fit=got.fit)

@@ -106,7 +106,7 @@ def place_scene(scene: SceneInputs, settings: Settings, raster_ctx: "RasterConte
         assert photo is not None
         fitted = o.inputs.camera_fit if i == scene.camera_fitted_to else None
         placements.append(place(raster_ctx, o.inputs.model.mesh, photo.mask, scene.camera,
-                                settings.bake.photo_min_inside, fitted_to_it=fitted))
+                                settings.bake.photo_min_inside, settings.bake.fit_min_iou, fitted_to_it=fitted))
         masks.append(photo.mask)
         emit("place", (i + 1) / len(scene.objects), f"{o.name}: {placements[-1].how}")
     camera, _ = in_camera_frame(scene.camera)
@@ -143,7 +143,7 @@ def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out
     emit("occlusion", 1.0, "hidden pixels per object: " + ", ".join(
         f"{o.name} {n}" for o, n in zip(scene.objects, seen.hidden_px)))
     # placing gated each object against its whole mask (kept: its silhouette inside it by
-    # photo_min_inside; fitted: by the fit's IoU, fit_min_iou, as the bake gates a fit); the
+    # photo_min_inside and IoU fit_min_iou; fitted: by the fit's IoU, as the bake gates a fit); the
     # bake's own gate would measure against the mask less what the others hide and edge bands
     own = settings.override({"bake.photo_min_inside": 0.0})
     results: list[ModelBakeResult] = []
