@@ -113,7 +113,7 @@ def scene_bake(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("scene")
     out, rep = tmp / "scene.glb", tmp / "scene.json"
     # through the worker: the scene's request and stats cross the process boundary as records
-    code = main([*_scene_args(tmp), "--simplify-ratio", "0.97", *FAST, "--texture-size", "256", "--format", "obj",
+    code = main([*_scene_args(tmp), "--simplify-ratio", "0.97", *FAST, "--format", "obj",
                  "--report", str(rep), "-o", str(out)])
     assert code == 0
     return out, json.loads(rep.read_text())
