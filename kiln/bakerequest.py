@@ -66,6 +66,32 @@ class PhotoRequest:
 
 
 @dataclass(frozen=True)
+class SceneObjectRequest:
+    """One object of a scene bake after the first (``kiln bake --scene --mesh A --mask MA
+    --mesh B --mask MB``): mesh, splat (or None), mask: the files' names under ``inputs/``
+    (``inputs/objects/<n>/``); source: its splat's frame; uvs: as ``BakeRequest.uvs``; names:
+    the files' names as the person gave them. The photo and its camera are the scene's."""
+
+    mesh: str
+    mask: str
+    splat: Optional[str] = None
+    source: str = "auto"
+    uvs: str = "new"
+    names: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mesh": self.mesh, "mask": self.mask, "splat": self.splat, "source": self.source,
+                "uvs": self.uvs, "names": dict(self.names)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SceneObjectRequest:
+        return cls(mesh=str(data["mesh"]), mask=str(data["mask"]),
+                   splat=None if data.get("splat") is None else str(data["splat"]),
+                   source=str(data.get("source", "auto")), uvs=str(data.get("uvs", "new")),
+                   names={str(k): str(v) for k, v in (data.get("names") or {}).items()})
+
+
+@dataclass(frozen=True)
 class BakeRequest:
     """mesh: the mesh file's name; splat: the splat PLY's name, or None.
     photo: whether the job has a photo and its mask (``inputs/image.png``, ``inputs/mask.png``).
@@ -80,7 +106,10 @@ class BakeRequest:
     source: the splat's source frame, or "auto" to find it. uvs: "keep" | "new" | "auto".
     names: the files' names as the person gave them (for messages and history).
     more_photos: the photos after the first (``PhotoRequest``), each with its own mask and
-    camera; the first photo is the one above (``photo``, ``camera``, ...)."""
+    camera; the first photo is the one above (``photo``, ``camera``, ...).
+    scene: a scene bake (``kiln bake --scene``): the mesh above is its first object (its mask
+    ``inputs/mask.png``), ``objects`` the others (``SceneObjectRequest``), all under the one
+    photo and camera; one GLB with a node per object (``pipeline.scene``)."""
 
     mesh: str
     splat: Optional[str] = None
@@ -95,6 +124,8 @@ class BakeRequest:
     uvs: str = "auto"
     names: Mapping[str, str] = field(default_factory=dict)
     more_photos: tuple[PhotoRequest, ...] = ()
+    scene: bool = False
+    objects: tuple[SceneObjectRequest, ...] = ()
 
     @property
     def camera_given(self) -> bool:
@@ -111,7 +142,8 @@ class BakeRequest:
                 "camera_frame": self.camera_frame, "fit_camera": self.fit_camera,
                 "camera_fitted": self.camera_fitted,
                 "source": self.source, "uvs": self.uvs, "names": dict(self.names),
-                "more_photos": [p.to_dict() for p in self.more_photos]}
+                "more_photos": [p.to_dict() for p in self.more_photos], "scene": self.scene,
+                "objects": [o.to_dict() for o in self.objects]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BakeRequest:
@@ -125,4 +157,6 @@ class BakeRequest:
                    camera_fitted=bool(data.get("camera_fitted", False)), source=str(data.get("source", "auto")),
                    uvs=str(data.get("uvs", "auto")),
                    names={str(k): str(v) for k, v in (data.get("names") or {}).items()},
-                   more_photos=tuple(PhotoRequest.from_dict(p) for p in data.get("more_photos") or ()))
+                   more_photos=tuple(PhotoRequest.from_dict(p) for p in data.get("more_photos") or ()),
+                   scene=bool(data.get("scene", False)),
+                   objects=tuple(SceneObjectRequest.from_dict(o) for o in data.get("objects") or ()))

@@ -38,9 +38,21 @@ def format_of(key: str) -> str:
     return "ply" if key == "mesh_ply" else key
 
 
+def object_key(key: str, name: str) -> str:
+    """The outputs key of one object's file of a scene bake: ``obj@bench``."""
+    return f"{key}@{name}"
+
+
+def base_key(key: str) -> str:
+    """The format's outputs key of ``key``, an object's (``obj@bench`` -> ``obj``) or not."""
+    return key.split("@", 1)[0]
+
+
 def output_name(stem: str, key: str) -> str:
-    """The file name of output ``key`` for a job whose GLB is ``<stem>.glb``."""
-    return stem + OUTPUT_TAIL[key]
+    """The file name of output ``key`` for a job whose GLB is ``<stem>.glb``; a scene object's
+    file (``obj@bench``) is ``<stem>.bench.obj.zip``."""
+    base, _, name = key.partition("@")
+    return stem + (f".{name}" if name else "") + OUTPUT_TAIL[base]
 
 
 def output_path(glb: str | Path, key: str) -> Path:
@@ -95,6 +107,6 @@ def copy_output(key: str, src: str | Path, dst: str | Path) -> Path:
     members are named after ``dst`` (``renamed_obj_zip``)."""
     from kiln.atomic import atomic_copy, atomic_write
 
-    if key == "obj":
+    if base_key(key) == "obj":
         return atomic_write(dst, renamed_obj_zip(src, obj_zip_stem(Path(dst).name)))
     return atomic_copy(src, dst)

@@ -411,6 +411,63 @@ class OutputFile:
 
 
 @dataclass(frozen=True)
+class SceneObjectStats:
+    """One object of a scene bake (``kiln bake --scene``): name (its node in the GLB),
+    placement (how it was placed under the photo's camera: {"how": "kept" | "fitted" |
+    "camera fitted", "scale", "before": its silhouette figures as its file placed it, "fit":
+    the fit's figures when fitted}), hidden_px (pixels of its mask another object lies in front
+    of), edge_px (pixels of its mask left out as a band round the others), faces, texels_from
+    (share of its texels from each source), silhouette (its baked mesh against its mask, as
+    ``ModelStats.silhouette``), warnings, glb (its own GLB's name in the job's outputs)."""
+
+    name: str
+    placement: Mapping[str, Any] = field(default_factory=dict)
+    hidden_px: int = 0
+    edge_px: int = 0
+    faces: int = 0
+    texels_from: Mapping[str, float] = field(default_factory=dict)
+    silhouette: Optional[Mapping[str, float]] = None
+    warnings: tuple[str, ...] = ()
+    glb: str = ""
+
+    def describe(self) -> str:
+        """One line for a person (``kiln bake --scene``'s summary, the bake tab's notes): how the
+        object was placed, how it fits its mask, what hides it, where its texels came from."""
+        pl = self.placement
+        fit = pl.get("fit") or {}
+        how = {"kept": "pose kept", "fitted": "pose fitted under the photo's camera",
+               "camera fitted": "the camera fitted to it"}.get(str(pl.get("how", "")), str(pl.get("how", "")))
+        parts = [f"{self.name}: {how}"]
+        if pl.get("how") == "fitted":
+            parts.append(f"scale {float(pl.get('scale', 1.0)):.3g}, fit IoU {float(fit.get('silhouette_iou', 0)):.2f}"
+                         f" in {float(fit.get('fit_seconds', 0)):.1f} s (as its file placed it: IoU "
+                         f"{float((pl.get('before') or {}).get('iou', 0)):.2f})")
+        if self.silhouette:
+            parts.append(f"silhouette IoU {self.silhouette.get('iou', 0):.2f}, covers "
+                         f"{self.silhouette.get('coverage', 0):.0%} of its mask")
+        if self.hidden_px:
+            parts.append(f"{self.hidden_px} px of its mask hidden by other objects")
+        parts.append("texels from " + ", ".join(f"{k} {v:.0%}" for k, v in self.texels_from.items() if v))
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _without_none({"name": self.name, "placement": dict(self.placement), "hidden_px": self.hidden_px,
+                              "edge_px": self.edge_px, "faces": self.faces, "texels_from": dict(self.texels_from),
+                              "silhouette": None if self.silhouette is None else dict(self.silhouette),
+                              "warnings": list(self.warnings), "glb": self.glb})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SceneObjectStats:
+        sil = data.get("silhouette")
+        return cls(name=str(data["name"]), placement=dict(data.get("placement") or {}),
+                   hidden_px=int(data.get("hidden_px", 0)), edge_px=int(data.get("edge_px", 0)),
+                   faces=int(data.get("faces", 0)),
+                   texels_from={str(k): float(v) for k, v in (data.get("texels_from") or {}).items()},
+                   silhouette=None if sil is None else {str(k): float(v) for k, v in sil.items()},
+                   warnings=tuple(str(w) for w in data.get("warnings") or ()), glb=str(data.get("glb", "")))
+
+
+@dataclass(frozen=True)
 class PipelineStats:
     """What one run of ``pipeline.run.run_pipeline`` measured (``PipelineResult.stats``).
 
@@ -424,6 +481,7 @@ class PipelineStats:
     a result could not be stored in the cache (the job went on without). model: what baking a
     model file found (``kiln bake``), None for a job that reconstructed from a photo. files:
     every file the export wrote, the GLB first (empty in reports from before Kiln wrote more).
+    scene: each object of a scene bake (``SceneObjectStats``), empty otherwise.
     """
 
     backends: Backends = field(default_factory=Backends)
@@ -441,6 +499,7 @@ class PipelineStats:
     views_cache_error: Optional[str] = None
     model: Optional[ModelStats] = None
     files: tuple[OutputFile, ...] = ()
+    scene: tuple[SceneObjectStats, ...] = ()
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -460,6 +519,8 @@ class PipelineStats:
             "model": None if self.model is None else self.model.to_dict()})
         if self.files:
             out["files"] = [f.to_dict() for f in self.files]
+        if self.scene:
+            out["scene"] = [o.to_dict() for o in self.scene]
         if self.bake is not None:
             out.update(self.bake.to_dict())
         return out
@@ -481,7 +542,8 @@ class PipelineStats:
                    reconstruction_cache_error=_opt_str(data.get("reconstruction_cache_error")),
                    views_cache_error=_opt_str(data.get("views_cache_error")),
                    model=ModelStats.from_dict(data["model"]) if data.get("model") else None,
-                   files=tuple(OutputFile.from_dict(f) for f in data.get("files") or () if isinstance(f, Mapping)))
+                   files=tuple(OutputFile.from_dict(f) for f in data.get("files") or () if isinstance(f, Mapping)),
+                   scene=tuple(SceneObjectStats.from_dict(o) for o in data.get("scene") or () if isinstance(o, Mapping)))
 
 
 @dataclass(frozen=True)

@@ -277,3 +277,25 @@ def test_the_api_pairs_more_photos_by_position_and_says_what_does_not_pair():
         listed_photos(["b.png"], ["m1.png", "m2.png"])
     with pytest.raises(UIError, match="more_images: a list of files"):
         listed_photos(7)
+
+
+def test_a_bake_takes_more_objects_of_the_photo_as_one_scene(app):
+    """The tab's "More objects of this photo": object 2's mesh and mask reach the job's request
+    as a scene (one GLB, a node per object, named after the mesh files); a mask without its
+    mesh, or a mesh without its mask, is refused at once."""
+    rgb, mask = make_object_image(160, "blob", seed=3)
+    photo = png_file(app.tmp, "photo.png", rgb)
+    white = (mask * 255).astype(np.uint8)
+    first_mask, second_mask = png_file(app.tmp, "ball_mask.png", white), png_file(app.tmp, "cup_mask.png", white)
+    ball, cup = _ball(app.tmp / "ball.ply"), _ball(app.tmp / "cup.ply")
+    values = replace(form(ball, photo=photo, mask=first_mask, focal=300.0), object_mesh_2=cup,
+                     object_mask_2=second_mask)
+    assert "Starting…" in answer(app, baking.on_bake, values)["progress"]
+    stream(app, baking.run_bake, values)
+    (_, checked), = app.sup.bakes.items()
+    req = checked.request
+    assert req.scene and req.names["node"] == "ball" and [o.names["node"] for o in req.objects] == ["cup"]
+    assert _refused(app, replace(form(ball, photo=photo, mask=first_mask), object_mask_3=second_mask)) == \
+        "object 3: a splat or mask was given without its mesh"
+    assert "one mask for each mesh" in _refused(app, replace(form(ball, photo=photo, mask=first_mask),
+                                                             object_mesh_2=cup))

@@ -57,6 +57,21 @@ class PhotoOption(argparse.Action):
         got = list(getattr(namespace, "photo_options", None) or [])
         got.append((option_string, True if self.nargs == 0 else values))
         namespace.photo_options = got
+        _keep_order(namespace, option_string, True if self.nargs == 0 else values)
+
+
+class ObjectOption(argparse.Action):
+    """--mesh and --splat, kept in order with the photo options (``args.bake_options``), so
+    that ``scene_groups`` can give each --splat and --mask to the --mesh before it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _keep_order(namespace, option_string, values)
+
+
+def _keep_order(namespace, flag: str, value) -> None:
+    got = list(getattr(namespace, "bake_options", None) or [])
+    got.append((flag, value))
+    namespace.bake_options = got
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,40 @@ def photo_groups(options: list) -> list[PhotoArgs]:
     return [PhotoArgs(**{k: v for k, v in g.items() if k != "flags"}) for g in groups]
 
 
+@dataclass(frozen=True)
+class ObjectArgs:
+    """One object of ``kiln bake --scene``: a --mesh and the --splat and --mask after it."""
+
+    mesh: str
+    splat: Optional[str] = None
+    mask: Optional[str] = None
+
+
+def scene_groups(options: list) -> tuple[list[ObjectArgs], PhotoArgs]:
+    """``kiln bake --scene``'s objects (each --mesh with the --splat and --mask after it, up to
+    the next --mesh) and its one photo with its camera options. CliError for a --splat or
+    --mask before any --mesh, one given twice for a mesh, or a second --image."""
+    objects: list[dict] = []
+    photo: dict = {}
+    for flag, value in options:
+        if flag == "--mesh":
+            objects.append({"mesh": value})
+        elif flag in ("--splat", "--mask"):
+            if not objects:
+                raise CliError(f"with --scene, {flag} belongs to the --mesh before it, and none comes before it")
+            key = flag[2:]
+            if key in objects[-1]:
+                raise CliError(f"{flag} is given twice for --mesh {objects[-1]['mesh']}: each object takes one")
+            objects[-1][key] = value
+        else:
+            key = "image" if flag == "--image" else _PHOTO_FIELDS[flag]
+            if key in photo:
+                raise CliError(f"{flag} is given twice: a scene has one photo and one camera"
+                               + (" (its objects share them)" if key == "image" else ""))
+            photo[key] = value
+    return [ObjectArgs(**o) for o in objects], PhotoArgs(**photo)
+
+
 def _principal(text: str) -> tuple[float, float]:
     try:
         cx, cy = (float(v) for v in text.split(","))
@@ -113,11 +162,20 @@ def add_parser(sub) -> None:
                        description=DESCRIPTION, epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     files = b.add_argument_group("files")
-    files.add_argument("--mesh", required=True, metavar="M",
+    files.add_argument("--mesh", required=True, metavar="M", action=ObjectOption,
                        help="the mesh: GLB/glTF, OBJ (+MTL), PLY or STL, with or without UVs, "
-                            "vertex colours, a texture")
-    files.add_argument("--splat", metavar="S", help="its Gaussian splat: a 3DGS PLY (INRIA layout, "
-                                                    "SH degree 0-3), as 3DGS, SAM 3D, TRELLIS and Kiln write")
+                            "vertex colours, a texture; with --scene, repeat it for each object")
+    files.add_argument("--splat", metavar="S", action=ObjectOption,
+                       help="its Gaussian splat: a 3DGS PLY (INRIA layout, SH degree 0-3), as 3DGS, SAM 3D, "
+                            "TRELLIS and Kiln write; with --scene, the splat of the --mesh before it")
+    files.add_argument("--scene", action="store_true",
+                       help="several objects of one photo, textured together into one GLB with a node per "
+                            "object (named after its mesh file) in the photo's camera frame: --scene --mesh A "
+                            "[--splat SA] --mask MA --mesh B [--splat SB] --mask MB ... --image P [--camera C | "
+                            "--focal F]. Each --splat and --mask belongs to the --mesh before it; one photo, one "
+                            "camera (none given: fitted to the first object). An object whose pose does not fit "
+                            "the camera is fitted under it with the intrinsics held; a texel another object hides "
+                            "takes none of its colours. --format's files come one per object (OUT.<object>.obj.zip)")
     files.add_argument("--image", metavar="P", action=PhotoOption,
                        help="a photo of the object, projected onto the surface its camera sees; repeat "
                             "for several photos (--image A [--mask MA] [--camera CA] --image B ...): each "
@@ -183,18 +241,25 @@ def add_parser(sub) -> None:
     add_format_flags(b.add_argument_group("files to write (beside the GLB)"))
     how.add_argument("--in-process", action="store_true",
                      help="run the stages in this process instead of a crash-isolated worker (debugging)")
-    b.set_defaults(func=cmd_bake, uvs="auto", photo_options=None)
+    b.set_defaults(func=cmd_bake, uvs="auto", photo_options=None, bake_options=None, scene=False)
 
 
 def cmd_bake(args) -> int:
-    from worker.jobs.bakeinputs import BakeFiles, PhotoFiles, bake_settings, check_bake
-    from worker.jobs.inputs import InputProblem, check_space, job_bytes, writing_to
+    from worker.jobs.bakeinputs import BakeFiles, PhotoFiles, bake_settings
 
     asked = args.simplify_ratio is not None or bool(args.faces)   # a ratio or an exact count
     settings = bake_settings(settings_from_args(args), simplify_asked=asked)
     out = Path(args.output)
     if out.suffix.lower() != ".glb":
         raise CliError(f"-o {out} must end in .glb")
+    if args.scene:
+        return _bake(args, settings, asked, out, *_scene_files(args))
+    meshes = [v for f, v in args.bake_options or () if f == "--mesh"]
+    splats = [v for f, v in args.bake_options or () if f == "--splat"]
+    if len(meshes) > 1 or len(splats) > 1:
+        raise CliError(f"--mesh is given {len(meshes)} times: several objects of one photo are a scene; "
+                       "add --scene (then each --splat and --mask belongs to the --mesh before it)")
+    args.mesh, args.splat = meshes[0], (splats[0] if splats else None)
     photos = photo_groups(args.photo_options or [])
     first = photos[0] if photos else PhotoArgs()
     files = BakeFiles(mesh=Path(args.mesh), splat=_path(args.splat), image=_path(first.image),
@@ -205,8 +270,33 @@ def cmd_bake(args) -> int:
                                                    focal=p.focal, principal=p.principal,
                                                    camera_frame=p.camera_frame, fit_camera=p.fit_camera)
                                         for p in photos[1:]))
+    return _bake(args, settings, asked, out, files, ())
+
+
+def _scene_files(args) -> tuple:
+    """(the scene's photo and first object as ``BakeFiles``, the other objects)."""
+    from worker.jobs.bakeinputs import BakeFiles
+    from worker.jobs.sceneinputs import SceneObjectFiles
+
+    objects, photo = scene_groups(args.bake_options or [])
+    first = objects[0]
+    files = BakeFiles(mesh=Path(first.mesh), splat=_path(first.splat), image=_path(photo.image),
+                      mask=_path(first.mask), camera=_path(photo.camera), focal=photo.focal,
+                      principal=photo.principal, camera_frame=photo.camera_frame, fit_camera=photo.fit_camera,
+                      source=args.source, uvs=args.uvs)
+    return files, tuple(SceneObjectFiles(mesh=Path(o.mesh), mask=_path(o.mask), splat=_path(o.splat))
+                        for o in objects[1:])
+
+
+def _bake(args, settings, asked: bool, out: Path, files, objects: tuple) -> int:
+    """Check ``files`` (and a scene's further ``objects``), run the job, say what came out."""
+    from worker.jobs.bakeinputs import check_bake
+    from worker.jobs.inputs import InputProblem, check_space, job_bytes, writing_to
+    from worker.jobs.sceneinputs import check_scene
+
     try:
-        bake = check_bake(files, settings, simplify_asked=asked)
+        bake = (check_scene(files, objects, settings, simplify_asked=asked) if args.scene
+                else check_bake(files, settings, simplify_asked=asked))
     except InputProblem as e:
         raise CliError(str(e)) from None
     for note in bake.notes:
@@ -253,6 +343,8 @@ def summary_lines(p) -> list[str]:
     if p is None:
         return []
     lines = [f"faces: {p.faces}, vertices: {p.vertices}"]
+    if p.scene:
+        return lines + [_object_line(o) for o in p.scene]
     m = p.model
     if m is not None:
         lines.append(f"uvs: {m.uvs}" + (f" (mirrored {m.uv_mirrored_fraction:.1%}, overlapping "
@@ -276,6 +368,11 @@ def summary_lines(p) -> list[str]:
                      + (f", {mr.get('texels_fraction', 0):.0%} of texels" if mr.get("used") else
                         f" ({mr.get('why_not', '')})"))
     return [textwrap.shorten(line, 200) for line in lines]
+
+
+def _object_line(o) -> str:
+    """One object of a scene (``kiln.records.SceneObjectStats``), as ``describe`` words it."""
+    return textwrap.shorten(str(o.describe()), 200)
 
 
 def _photo_line(n: int, photo) -> str:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kiln.formats import EXTRA_OUTPUTS, copy_output, output_path
+from kiln.formats import EXTRA_OUTPUTS, base_key, copy_output, output_path
 from kiln.records import JobStats
 from worker.jobs.bakejob import copy_fit_files
 from worker.jobs.inputs import Loaded, NoSpace, no_space, writing_to
@@ -159,8 +159,8 @@ class WorkerRunner:
             ply = out.with_suffix(".ply")
             _copy_atomic(st.outputs["ply"], ply)
         extra = {}
-        for key in EXTRA_OUTPUTS:   # beside the GLB, named after it (kiln.formats)
-            if st.outputs.get(key):
+        for key in st.outputs:   # beside the GLB, named after it (kiln.formats); a scene's, one per object
+            if base_key(key) in EXTRA_OUTPUTS and st.outputs.get(key):
                 extra[key] = output_path(out, key)
                 _copy_atomic(st.outputs[key], extra[key], key)
         with writing_to(out.parent):

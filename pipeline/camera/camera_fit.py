@@ -103,8 +103,9 @@ def _decimated(mesh: Mesh, faces: int) -> Mesh:
 class _Fit:
     """The mesh at the fit's sizes and the mask at the fit's resolutions."""
 
-    def __init__(self, ctx: "RasterContext", mesh: Mesh, mask: np.ndarray):
+    def __init__(self, ctx: "RasterContext", mesh: Mesh, mask: np.ndarray, held: tuple[int, ...] = ()):
         self.ctx = ctx
+        self.held = held   # pose numbers the refinement keeps (``refine_outline``)
         self.mesh = mesh
         self.small = _decimated(mesh, FIT_FACES)
         self.edges = MeshEdges.of(self.small)
@@ -139,7 +140,7 @@ class _Fit:
 
     def _refined(self, pose: Pose, side: int, rounds: int = 5) -> Pose:
         return refine_outline(self.ctx, self.small, self.edges, self.views[side], pose,
-                              drawn=self.views[min(side, OUTLINE_SIDE)], rounds=rounds)
+                              drawn=self.views[min(side, OUTLINE_SIDE)], rounds=rounds, held=self.held)
 
     def fov_restarts(self, pose: Pose) -> list[Pose]:
         """``pose`` at each of RESTART_FOVS_DEG (the size in the image kept), box-fitted; fields

@@ -187,11 +187,13 @@ def _cost(field: MaskField, pose: Pose, pts: np.ndarray) -> float:
 
 
 def refine_outline(ctx: "RasterContext", mesh: Mesh, edges: MeshEdges, view: FitView, pose: Pose,
-                   drawn: Optional[FitView] = None, rounds: int = 5, steps: int = 8) -> Pose:
+                   drawn: Optional[FitView] = None, rounds: int = 5, steps: int = 8,
+                   held: tuple[int, ...] = ()) -> Pose:
     """Levenberg-Marquardt (on reweighted least squares) on the outline's distances to the
     mask's edge at ``view``'s resolution; the outline found again each round, from a
     silhouette drawn at ``drawn``'s (default: ``view``'s). Stops when a round moves the
-    outline by less than STILL_PX."""
+    outline by less than STILL_PX. ``held``: which of the 7 numbers (``Pose.moved``'s order)
+    stay as they are, e.g. (3,) for the focal length of a known camera."""
     field = MaskField(view)
     drawn = drawn or view
     lam = 1e-2
@@ -206,6 +208,8 @@ def refine_outline(ctx: "RasterContext", mesh: Mesh, edges: MeshEdges, view: Fit
             r, J, w, cost = _residuals(field, pose, pts)
             A = J.T @ (w[:, None] * J)
             b = J.T @ (w * r)
+            for k in held:   # a held number's row and column say "no step"
+                A[k, :], A[:, k], A[k, k], b[k] = 0.0, 0.0, 1.0, 0.0
             D = np.diag(np.maximum(np.diag(A), 1e-9))
             improved = False
             while lam < 1e6:

@@ -51,9 +51,13 @@ def bake_folder(job_dir: Path, settings: "Settings", backends: "Backends", raste
 
     from worker.jobs.jobstore import load_inputs, load_request
 
+    req = load_request(job_dir)
+    if req.scene:   # several objects of one photo: one GLB with a node each
+        from worker.jobs.scenejob import scene_folder
+
+        return scene_folder(job_dir, settings, backends, raster_ctx, on_event, out_dir, name, picture=FIT_IMAGE)
     on_event("read", 0.0, "reading the files")
     t0 = time.perf_counter()
-    req = load_request(job_dir)
     photo = ImageInput(*load_inputs(job_dir)) if req.photo else None
     read = read_model(req, Path(job_dir) / "inputs", photo)
     inputs = place_model(read, req, raster_ctx, backends, progress=lambda f, m: on_event("read", f, m))

@@ -15,7 +15,7 @@ from app.web.state import history
 from app.web.state import browser_jobs as jobs
 from app.web.server import usertext
 from app.web.api.photo import JobAnswer, stream_job
-from app.web.bake.bake_form import bake_request, listed_photos
+from app.web.bake.bake_form import bake_request, listed_objects, listed_photos
 from app.web.server.context import AppContext
 from app.web.server.requestinfo import Caller, refusal
 
@@ -40,7 +40,8 @@ def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None
          bake_mode: Optional[str] = None, seed: Optional[int] = None, formats: Any = None,
          texture_format: Optional[str] = None, units: Optional[str] = None, camera_fitted: Optional[bool] = None,
          faces: Optional[int] = None, more_images: Any = None, more_masks: Any = None, more_cameras: Any = None,
-         progress=gr.Progress()) -> Iterator[BakeAnswer]:
+         scene: Optional[bool] = None, more_meshes: Any = None, more_splats: Any = None,
+         more_object_masks: Any = None, progress=gr.Progress()) -> Iterator[BakeAnswer]:
     """Bake a textured GLB from a mesh the script has (GLB/glTF, OBJ, PLY, STL), with its splat
     (3DGS PLY), its photo (image + mask, or the session's image and selection with
     session_image) and the photo's camera (camera: a source_camera JSON, or focal [+
@@ -51,7 +52,10 @@ def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None
     fit's IoU (bake.fit_min_iou). faces: simplify to an exact face count (within 2 %) instead
     of simplify_ratio. more_images, more_masks, more_cameras: photos after the first (lists, the
     n-th mask and camera belonging to the n-th image; a missing or null mask: the image's
-    transparency, camera: fitted). Yields (status, glb, ply, files, camera_fit) as the job
+    transparency, camera: fitted). scene: several objects of the one photo baked into one GLB
+    with a node per object (``kiln bake --scene``): mesh, splat and mask are the first object,
+    more_meshes, more_splats, more_object_masks the others (lists, the n-th splat and mask
+    belonging to the n-th mesh; every object needs its mask). Yields (status, glb, ply, files, camera_fit) as the job
     changes; the last has the GLB and the other formats, and the fitted camera's picture
     when the camera was fitted. Bad files are refused before a job is queued."""
     session = caller.session
@@ -64,7 +68,9 @@ def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None
         checked, settings = bake_request(ctx, session, mesh, splat, image, mask, camera, focal, principal,
                                          camera_frame, fit_camera, source, uvs, session_image, values,
                                          camera_fitted=camera_fitted,
-                                         more_photos=listed_photos(more_images, more_masks, more_cameras))
+                                         more_photos=listed_photos(more_images, more_masks, more_cameras),
+                                         scene=bool(scene),
+                                         objects=listed_objects(more_meshes, more_splats, more_object_masks))
     except usertext.UIError as e:
         raise refusal(usertext.public_text(str(e))) from None
     if not ctx.active.press(session):

@@ -54,6 +54,7 @@ class ApiSlots:
     camera_fitted: Api
     fit_options: tuple
     camera_fit: gr.File
+    scene_objects: tuple = ()
 
 
 def _json_slot(value: Any, schema: dict, label: str) -> Api:
@@ -128,6 +129,11 @@ def api_slots(s: Settings) -> ApiSlots:
                          gr.File(label="more_masks", file_count="multiple", type="filepath")),
         faces=_json_slot(None, {"type": "integer", "description": "an exact face count instead of the "
                                 "simplify ratio (within 2 %; refused above the mesh's own)"}, "faces"),
+        scene_objects=(_json_slot(False, {"type": "boolean", "description": "several objects of one photo: "
+                                          "one GLB with a node per object"}, "scene"),
+                       gr.File(label="more_meshes", file_count="multiple", type="filepath"),
+                       gr.File(label="more_splats", file_count="multiple", type="filepath"),
+                       gr.File(label="more_object_masks", file_count="multiple", type="filepath")),
     )
 
 
@@ -151,7 +157,8 @@ ENDPOINT_TABLE = (
     Endpoint("generate", generate, ("settings", "generate_mask", "export_options", "faces"), JobAnswer._fields,
              queue="job"),
     Endpoint("bake", bake, ("mesh", "splat", "image", "mask", "camera", "bake_options", "export_options",
-                            "camera_fitted", "faces", "more_photos"), BakeAnswer._fields, queue="job"),
+                            "camera_fitted", "faces", "more_photos", "scene_objects"), BakeAnswer._fields,
+             queue="job"),
     Endpoint("fit_camera", fit_camera, ("mesh", "splat", "image", "mask", "fit_options", "more_fit_photos"),
              FitAnswer._fields,
              queue="job"),

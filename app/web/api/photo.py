@@ -23,7 +23,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 import gradio as gr
 
-from kiln.formats import EXTRA_OUTPUTS, OUTPUT_TAIL, format_of, output_key
+from kiln.formats import EXTRA_OUTPUTS, OUTPUT_TAIL, base_key, format_of, output_key
 from kiln.settings import JOB_SETTINGS, Settings, SettingsError
 
 from app.web.photo import form
@@ -86,7 +86,7 @@ def describe_job(st) -> dict:
     if isinstance(total, (int, float)):
         out["total_s"] = round(float(total), 2)
     if st.state == "done":
-        out["outputs"] = sorted(k for k in (st.outputs or {}) if k in OUTPUT_TAIL)
+        out["outputs"] = sorted(k for k in (st.outputs or {}) if base_key(k) in OUTPUT_TAIL)
         fit = fit_figures(st)
         if fit is not None:
             out["camera_fit"] = fit
@@ -140,6 +140,8 @@ def job_answer(st, files: dict[str, str]) -> JobAnswer:
         if path is not None:
             f["bytes"] = Path(path).stat().st_size
     extra = [files[k] for k in EXTRA_OUTPUTS if k in files]
+    # a scene's: one per object (``kiln.formats.object_key``), after them
+    extra += [files[k] for k in sorted(files) if "@" in k and base_key(k) in EXTRA_OUTPUTS]
     return JobAnswer(info, files.get("glb"), files.get("ply"), extra or None)
 
 

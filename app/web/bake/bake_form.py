@@ -18,6 +18,8 @@ from app.web.server.context import AppContext
 MorePhoto = tuple[Optional[str], Optional[str], Optional[str]]
 # the page's slots for photos after the first (the API takes any number)
 MORE_PHOTOS = 3
+# the page's slots for a scene's objects after the first (the API takes any number)
+MORE_OBJECTS = 2
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,24 @@ class BakeForm(FitForm):
     texture_format: Any = None
     units: Any = None
     faces: Any = None
+    # a scene's objects after the first ("More objects of this photo"): a mesh, its splat, its mask
+    object_mesh_2: Optional[str] = None
+    object_splat_2: Optional[str] = None
+    object_mask_2: Optional[str] = None
+    object_mesh_3: Optional[str] = None
+    object_splat_3: Optional[str] = None
+    object_mask_3: Optional[str] = None
+
+    def objects(self) -> tuple[tuple[str, Optional[str], Optional[str]], ...]:
+        """Objects 2-3 given, as (mesh, splat, mask); UIError for a splat or mask without its mesh."""
+        out = []
+        for n in range(2, 2 + MORE_OBJECTS):
+            mesh, splat, mask = (getattr(self, f"object_{what}_{n}") for what in ("mesh", "splat", "mask"))
+            if mesh:
+                out.append((mesh, splat, mask))
+            elif splat or mask:
+                raise usertext.UIError(f"object {n}: a splat or mask was given without its mesh")
+        return tuple(out)
 
     def settings_values(self) -> dict:
         """The bake's settings as ``bake_request`` takes them; a simplify ratio of 0 is none."""
@@ -75,13 +95,16 @@ class BakeForm(FitForm):
 def bake_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Optional[str], image: Optional[str],
                  mask: Optional[str], camera: Optional[str], focal: Any, principal: Any, camera_frame: Any,
                  fit_camera: Any, source: Any, uvs: Any, session_image: Any, settings_values: dict,
-                 camera_fitted: Any = False, more_photos: Sequence[MorePhoto] = ()):
+                 camera_fitted: Any = False, more_photos: Sequence[MorePhoto] = (), scene: Any = False,
+                 objects: Sequence[tuple] = ()):
     """(``worker.jobs.bakeinputs.CheckedBake``, its settings) from a bake's parameters, checked;
     UIError naming the parameter or file that is wrong. ``session_image``: the session's
     image and selection are the photo (the page's first tab, or ``/upload_image``).
     ``camera_fitted``: ``camera`` is a fit's camera.json (the tab's fit, ``/fit_camera``),
     used as fitted. ``more_photos``: the photos after the first, each (image, mask, camera) as
-    files (mask and camera may be None: its transparency, a fitted camera)."""
+    files (mask and camera may be None: its transparency, a fitted camera). ``scene``: a scene
+    of several objects of the one photo (``kiln bake --scene``): the mesh, splat and mask above
+    are the first object, ``objects`` the others ((mesh, splat or None, mask) files each)."""
     from worker.jobs.bakeinputs import BakeFiles, bake_settings, check_bake
     from worker.jobs.inputs import InputProblem
 
@@ -102,9 +125,38 @@ def bake_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Opti
         raise usertext.UIError("focal is a number of pixels and principal [cx, cy]") from None
     pixels = _session_photo(ctx, session) if session_image else None
     try:
+        if scene or objects:
+            from worker.jobs.sceneinputs import SceneObjectFiles, check_scene
+
+            more = tuple(SceneObjectFiles(mesh=Path(m), splat=_path(s), mask=_path(k)) for m, s, k in objects)
+            return check_scene(files, more, settings, simplify_asked, photo_pixels=pixels), settings
         return check_bake(files, settings, simplify_asked, photo_pixels=pixels), settings
     except InputProblem as e:
         raise usertext.UIError(as_parameters(str(e))) from None
+
+
+def listed_objects(meshes: Any, splats: Any = None, masks: Any = None) -> tuple:
+    """A scene's objects after the first as /bake takes them: three lists paired by position
+    ((mesh, splat or None, mask) each); UIError when they are not lists of files, or a splat or
+    mask has no mesh."""
+    def files(value: Any, name: str) -> list:
+        if value in (None, "", []):
+            return []
+        if isinstance(value, (str, dict)):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise usertext.UIError(f"{name}: a list of files, one per object after the first")
+        return [None if v in (None, "") else str(v.get("path") if isinstance(v, dict) else v) for v in value]
+
+    ms, ss, ks = files(meshes, "more_meshes"), files(splats, "more_splats"), files(masks, "more_object_masks")
+    for name, got in (("more_splats", ss), ("more_object_masks", ks)):
+        if len(got) > len(ms):
+            raise usertext.UIError(f"{name}: {len(got)} given for {len(ms)} more_meshes; the n-th belongs to "
+                                   "the n-th mesh")
+    if any(m is None for m in ms):
+        raise usertext.UIError("more_meshes: every entry is a mesh file")
+    pad = len(ms)
+    return tuple(zip(ms, ss + [None] * (pad - len(ss)), ks + [None] * (pad - len(ks))))
 
 
 def fit_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Optional[str], image: Optional[str],

@@ -58,14 +58,14 @@ def _request(ctx: AppContext, session: str, values: BakeForm):
     if stored is not None and not v.camera and not v.focal:
         checked, settings = bake_request(ctx, session, v.mesh, v.splat, v.photo, v.mask, str(stored.camera), None,
                                          None, v.frame, False, v.source, v.uvs, v.reuse, v.settings_values(),
-                                         camera_fitted=True, more_photos=v.more_photos())
+                                         camera_fitted=True, more_photos=v.more_photos(), objects=v.objects())
         if fit_key(checked) == stored.key:
             return checked, settings, fitview.stored_fit_note(stored.report)
         ctx.fits.drop(session)
         note = fitview.DROPPED
     checked, settings = bake_request(ctx, session, v.mesh, v.splat, v.photo, v.mask, v.camera, v.focal or None,
                                      None, v.frame, v.fit, v.source, v.uvs, v.reuse, v.settings_values(),
-                                     more_photos=v.more_photos())
+                                     more_photos=v.more_photos(), objects=v.objects())
     return checked, settings, note
 
 
@@ -148,6 +148,8 @@ def bake_outcome_view(page: Page, out: Optional[Outcome]) -> Updates:
     if not fitted and model is not None:
         fitted = fitview.given_camera_summary(model.camera, model.silhouette)
     lines = [f"- {fitted}"] if fitted else []
+    if pipeline is not None and pipeline.scene:   # a scene: a line per object, as kiln bake --scene says
+        lines = [f"- {usertext.public_text(o.describe())}" for o in pipeline.scene]
     if model is not None and len(model.photos) > 1:   # several photos: a line each, as kiln bake says
         lines += [f"- {usertext.public_text(p.describe(n))}" for n, p in enumerate(model.photos, start=1)]
     lines += [f"- **{usertext.public_text(w)}**" for w in warnings]

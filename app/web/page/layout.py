@@ -13,7 +13,7 @@ import gradio as gr
 
 from kiln.settings import Settings, allowed_range, allowed_values
 
-from app.web.bake.bake_form import MORE_PHOTOS, BakeForm, FitForm
+from app.web.bake.bake_form import MORE_OBJECTS, MORE_PHOTOS, BakeForm, FitForm
 from app.web.photo.form import GenerateForm
 from app.web.state import history
 from app.web.server.file_refs import CheckedBlocks
@@ -64,6 +64,12 @@ class BakeTab:
     texture_format: gr.Radio
     units: gr.Radio
     faces: gr.Number
+    object_mesh_2: gr.File
+    object_splat_2: gr.File
+    object_mask_2: gr.File
+    object_mesh_3: gr.File
+    object_splat_3: gr.File
+    object_mask_3: gr.File
     fit_button: gr.Button
     bake_button: gr.Button
     cancel: gr.Button
@@ -356,6 +362,28 @@ def _bake_tab(s: Settings) -> BakeTab:
                                                    type="filepath", file_types=[".json"],
                                                    elem_id=f"kiln-bake-camera-{n}", elem_classes=["kiln-drop"],
                                                    height=90)
+            with gr.Accordion("More objects of this photo: a scene (optional)", open=False,
+                              elem_id="kiln-bake-objects"):
+                gr.Markdown("Several objects of the one photo (SAM 3D Objects, SAM 3D Body), each with its own "
+                            "mask, baked into one GLB with a node per object, in the photo's camera frame. The "
+                            "mesh, splat and mask above are the first object; the photo and its camera are "
+                            "shared. An object whose pose does not fit the camera is fitted under it; a part "
+                            "another object hides takes none of its colours.")
+                for n in range(2, 2 + MORE_OBJECTS):
+                    with gr.Row():
+                        c[f"object_mesh_{n}"] = gr.File(label=f"Object {n}: mesh", file_count="single",
+                                                        type="filepath",
+                                                        file_types=[".glb", ".gltf", ".obj", ".ply", ".stl"],
+                                                        elem_id=f"kiln-bake-object-mesh-{n}",
+                                                        elem_classes=["kiln-drop"], height=90)
+                        c[f"object_splat_{n}"] = gr.File(label="its splat (optional)", file_count="single",
+                                                         type="filepath", file_types=[".ply"],
+                                                         elem_id=f"kiln-bake-object-splat-{n}",
+                                                         elem_classes=["kiln-drop"], height=90)
+                        c[f"object_mask_{n}"] = gr.File(label="its mask in the photo", file_count="single",
+                                                        type="filepath", file_types=["image"],
+                                                        elem_id=f"kiln-bake-object-mask-{n}",
+                                                        elem_classes=["kiln-drop"], height=90)
         with gr.Column(scale=1):
             with gr.Row():
                 c["uvs"] = gr.Radio(label="UVs", choices=["auto", "keep", "new"], value="auto",
@@ -376,7 +404,8 @@ def _bake_tab(s: Settings) -> BakeTab:
             c["progress"] = gr.HTML(statusview.progress_html(dom_id=BAKE_PROGRESS_ID), elem_id="kiln-bake-progress-box")
             c["notes"] = gr.Markdown("", elem_id="kiln-bake-notes")
             c["fit_view"] = gr.Image(label="The fitted camera: the model's silhouette (blue, orange outline) over "
-                                           "the photo; the mask's outline green", visible=False, interactive=False,
+                                           "the photo; the mask's outline green (a scene: each object's silhouette "
+                                           "and mask in a colour of its own)", visible=False, interactive=False,
                                      elem_id="kiln-bake-fit-view")
             c["fit_info"] = gr.Markdown("", elem_id="kiln-bake-fit-info")
             c["model"] = gr.Model3D(label="Result", elem_id="kiln-bake-model", height=420,

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from kiln.formats import OUTPUT_TAIL, copy_output, output_name
+from kiln.formats import OUTPUT_TAIL, base_key, copy_output, output_name
 
 from app.web.server.browser import browser_of, same_browser
 from app.web.server.usertext import UIError
@@ -88,7 +88,8 @@ class ResultPublisher:
         out = {}
         for kind, src in sorted(st.outputs.items()):
             src = Path(src)
-            if kind not in OUTPUT_TAIL or not src.is_file():
+            # a scene's files are one per object (``obj@bench``: '<stem>.bench.obj.zip')
+            if base_key(kind) not in OUTPUT_TAIL or not src.is_file():
                 continue
             name = output_name(stem, kind)
             with self._lock:
