@@ -164,3 +164,30 @@ def test_the_person_bakes_from_her_photo(tmp_path):
                                    cam.as_cameras(), gl_context())
     psnr = masked_psnr(got[0], rgb / 255.0, covered[0] & m)
     assert psnr >= 20.0, psnr
+
+
+def test_a_mesh_of_one_flat_colour_is_drawn_by_its_tool_and_the_photo_fills_its_far_side(tmp_path):
+    """SAM 3D Body writes every vertex in one light blue: that is how it draws a bare body, not
+    the person's colours. With a photo, the far side is filled from the photo's colours (the
+    surface fill), never painted that blue; a mesh whose colours vary keeps them."""
+    from pipeline.texture.model_bake import flat_colour
+
+    mesh, texture, cam, photo = _truth_scene()
+    blue = np.tile(np.float32([166, 189, 219]) / 255.0, (len(mesh.vertices), 1))
+    painted = Mesh(mesh.vertices, mesh.faces, uvs=mesh.uvs, vertex_colors=blue)
+    model = MeshFile(mesh=painted, texture=None, format="ply")
+    assert flat_colour(model) == (166, 189, 219)
+    varied = blue.copy()
+    varied[::2, 0] = 0.2
+    assert flat_colour(MeshFile(mesh=Mesh(mesh.vertices, mesh.faces, vertex_colors=varied),
+                                texture=None, format="ply")) is None
+
+    s = load(None, {"bake.texture_size": 256, "bake.mirror_fill": "off"})
+    out = bake_model(ModelInputs(model=model, photo=photo, camera=cam, keep_uvs=True), s,
+                     resolve_backends(s), tmp_path, gl_context())
+    shares = out.stats.bake.texels_from
+    assert shares["photo"] > 0.3 and shares["fallback"] == 0 and shares["fill"] > 0.2, shares
+    assert any("one flat colour (166, 189, 219)" in w for w in out.stats.warnings)
+    baked = read_mesh(out.glb_path).texture.reshape(-1, 3).astype(np.int16)
+    near_blue = np.abs(baked - np.int16([166, 189, 219])).max(axis=1) <= 6
+    assert near_blue.mean() < 0.01, near_blue.mean()

@@ -173,6 +173,27 @@ def has_own_colours(model: MeshFile) -> bool:
     return model.mesh.vertex_colors is not None or (model.texture is not None and model.mesh.uvs is not None)
 
 
+# how far (of 1) every vertex colour may lie from their mean for the mesh to count as one
+# flat colour: 8-bit rounding and a tool's own dithering stay well inside it
+FLAT_COLOUR_TOLERANCE = 2.0 / 255.0
+
+
+def flat_colour(model: MeshFile) -> Optional[tuple[int, int, int]]:
+    """The one colour (8-bit RGB) every vertex of the model has, or None when its vertex
+    colours vary or it has none. Tools that draw a bare mesh give it one colour (SAM 3D
+    Body writes its people in (166, 189, 219)): that is how the tool drew it, not what the
+    object looks like, so it must not paint the sides a photo does not see."""
+    colours = model.mesh.vertex_colors
+    if colours is None or len(colours) == 0:
+        return None
+    c = colours[:, :3].astype(np.float64)    # [0, 1], as mesh_file reads them
+    mean = c.mean(axis=0)
+    if float(np.abs(c - mean).max()) > FLAT_COLOUR_TOLERANCE:
+        return None
+    r, g, b = (int(round(v * 255)) for v in mean)
+    return r, g, b
+
+
 def own_colours(model: MeshFile, bake_mesh: Mesh, same_mesh: bool):
     """``pipeline.texture.bake.FallbackColours`` from the model's vertex colours or texture, or None
     when it has neither. ``same_mesh``: ``bake_mesh`` is the model's mesh (its own UVs): the
@@ -277,6 +298,14 @@ def bake_model(inputs: ModelInputs, settings: Settings, backends: "Backends", ou
                                              source_camera=camera,
                                              more_cameras=[p.camera for p in used[1:] if p.camera is not None]))
     fallback = own_colours(inputs.model, mesh, same_mesh=inputs.keep_uvs)
+    flat = flat_colour(inputs.model)
+    if flat is not None and fallback is not None and (photo is not None or views is not None):
+        # the photo's own colours, spread over the surface, say more about the unseen side
+        # than the colour the mesh's tool drew it with
+        fallback = None
+        m["warnings"].append(f"the mesh's vertex colours are one flat colour {flat}, how its tool drew it "
+                             "rather than the object's: not used; what the photo does not see is filled "
+                             "from what it does")
 
     def bake() -> "tuple[Texture, BakeStats]":
         return bake_texture(mesh, views, settings.bake, raster_ctx, device=backends.device, seed=settings.seed,
