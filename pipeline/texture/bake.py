@@ -137,14 +137,14 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
             notes.append("the rendered views showed the object nowhere opaque (a very thin shape at "
                          "the views' resolution): its colour comes from the photo alone")
     seen_views = seen[tex.chart].copy()
-    proj = None
+    proj, blend = None, None
     if use_photo:
         assert photo is not None and source_camera is not None
         t0 = time.perf_counter()
         report(0.85, "projecting the photo")
         if more_photos:
-            proj = _project_photos(tex, mesh, [(photo, source_camera), *more_photos], size, raster_ctx,
-                                   dev, photo_beyond_mask, level_photos, stats)
+            proj, blend = _project_photos(tex, mesh, [(photo, source_camera), *more_photos], size, raster_ctx,
+                                          dev, photo_beyond_mask, level_photos, stats)
         else:
             proj = _project_photo(tex, mesh, photo, source_camera, size, raster_ctx, dev, photo_beyond_mask)
         timings["photo"] = time.perf_counter() - t0
@@ -172,7 +172,9 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
                                        raster_ctx, mask_hides=not photo_beyond_mask)
         if settings.mirror_fill == "auto":
             report(0.87, "looking for the mirror side")
-            from_mirror = _blend_mirror(image, seen, tex, mesh, seen_photo, stats)
+            reader = _photo_reader(tex, mesh, [(photo, source_camera), *more_photos], blend, size, raster_ctx,
+                                   dev, photo_beyond_mask)
+            from_mirror = _blend_mirror(image, seen, tex, mesh, seen_photo, stats, reader)
         timings["mirror"] = time.perf_counter() - t0
 
     photo_weight = np.zeros(len(tex.face_ids), np.float32)
@@ -368,12 +370,12 @@ def _texel_sources(photo_weight: np.ndarray, seen_views: np.ndarray, from_fallba
 # (the logic lives in pipeline.texture.unseen, mirror_fill, surface_fill and symmetry; these two
 # only read and write the bake's image)
 
-def _blend_mirror(image: np.ndarray, seen: np.ndarray, tex: "_Texels", mesh: Mesh, seen_photo, stats: dict
-                  ) -> np.ndarray:
+def _blend_mirror(image: np.ndarray, seen: np.ndarray, tex: "_Texels", mesh: Mesh, seen_photo, stats: dict,
+                  resample=None) -> np.ndarray:
     """Blend the mirror's colours over what lies in ``image`` (S, S, 3) at the chart texels,
     by the mirror's weight (feathered), in place; updates ``seen``, adds ``stats["mirror"]``.
     Returns (N,) bool: the chart texels the mirror coloured (weight over half)."""
-    mirror = unseen_side.mirror_for(mesh, tex.positions, tex.normals, seen_photo)
+    mirror = unseen_side.mirror_for(mesh, tex.positions, tex.normals, seen_photo, resample=resample)
     stats["mirror"] = mirror.report()
     if not mirror.used:
         return np.zeros(len(tex.face_ids), bool)
@@ -595,8 +597,26 @@ def _project_photos(tex: "_Texels", mesh: Mesh, photos: Sequence[tuple[ImageInpu
         return project_photo(mesh, tex.face_ids[idx], tex.bary[idx], tex.positions[idx], tex.normals[idx], photo,
                              camera, size, raster_ctx, str(dev), beyond_mask=beyond_mask)
 
-    proj, stats["photos"] = project_photos(photos, tex.positions, tex.normals, some, level=level)
-    return proj
+    proj, stats["photos"], blend = project_photos(photos, tex.positions, tex.normals, some, level=level)
+    return proj, blend
+
+
+def _photo_reader(tex: "_Texels", mesh: Mesh, photos: Sequence[tuple[ImageInput, SourceCamera]], blend,
+                  size: int, raster_ctx, dev, beyond_mask: bool):
+    """A ``mirror_fill.Resample``: the photos' colours at surface points next to given chart
+    texels, read from each photo as that texel's own colour was (same pyramid level, same
+    depth test), and with several photos blended by that texel's shares and levelling
+    (``blend``, a ``multi_photo.PhotoBlend``; None for one photo)."""
+    from pipeline.texture.photo_projection import project_photo
+
+    def read(texels: np.ndarray, points: np.ndarray, normals: np.ndarray):
+        got = [project_photo(mesh, tex.face_ids[texels], tex.bary[texels], points, normals, photo, camera, size,
+                             raster_ctx, str(dev), beyond_mask=beyond_mask) for photo, camera in photos]
+        if blend is None:
+            return got[0].colors, got[0].weight > 0
+        return blend.combine(texels, [g.colors for g in got], [g.weight for g in got])
+
+    return read
 
 
 def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, proj, size: int,
