@@ -61,6 +61,7 @@ FAST_MIN_WEIGHT = 1e-4         # a texel with less total weight than this counts
 DEPTH_SLOPE_PIXELS = 1.0       # visibility: pixel footprints a slope may stretch (pipeline.texture.visibility)
 FINAL_LR_FRACTION = 0.05       # cosine decay of Adam's lr to this fraction: L1 signs otherwise jitter by ~lr
 INPAINT_RADIUS = 3
+GLANCE_MIN = 0.5              # a grazing photo colour is taken where the photo sees the texel at least this clearly
 PSNR_CAP_DB = 100.0            # identical images would give inf, which JSON cannot carry
 FAST_CHUNK = 1 << 20           # texels per vectorised block in the fast bake
 SAMPLE_CHUNK = 1 << 22         # lookups per block in sample_texture
@@ -178,9 +179,12 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
         timings["mirror"] = time.perf_counter() - t0
 
     photo_weight = np.zeros(len(tex.face_ids), np.float32)
+    from_glance = np.zeros(len(tex.face_ids), bool)
     if proj is not None:
         stats.update(_blend_photo(image, seen, tex.chart, proj, size, have_views=views is not None))
         photo_weight = proj.weight
+        from_glance = _blend_glance(image, seen, tex.chart, proj,
+                                    None if seen_photo is None else seen_photo.trust)
     stats["photo_projection"] = use_photo
     if notes:
         stats["warnings"] = notes + list(stats.get("warnings", ()))
@@ -196,7 +200,7 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
     # what the sources saw, for Texture.seen)
     final = fill_texture(image, seen | tex.chart, tex.chart)
     timings["fill"] = time.perf_counter() - t0
-    stats["texels_from"] = _texel_sources(photo_weight, seen_views, from_fallback, from_mirror)
+    stats["texels_from"] = _texel_sources(photo_weight, seen_views, from_fallback, from_mirror, from_glance)
     if fit is not None:
         t0 = time.perf_counter()
         stats.update(fit.measure(final, dev))
@@ -352,7 +356,7 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
 
 
 def _texel_sources(photo_weight: np.ndarray, seen_views: np.ndarray, from_fallback: np.ndarray,
-                   from_mirror: np.ndarray) -> dict:
+                   from_mirror: np.ndarray, from_glance: Optional[np.ndarray] = None) -> dict:
     """Share of chart texels each source coloured: the photo where its weight is over half, or
     any where no view saw the texel (then nothing else lies under the photo); the mirror where
     its weight is over half under that."""
@@ -361,9 +365,11 @@ def _texel_sources(photo_weight: np.ndarray, seen_views: np.ndarray, from_fallba
     mirror = from_mirror & ~photo
     views = seen_views & ~photo & ~mirror
     fallback = from_fallback & ~photo & ~views & ~mirror
-    fill = ~(photo | views | fallback | mirror)
+    glance = np.zeros_like(photo) if from_glance is None else from_glance & ~(photo | views | fallback | mirror)
+    fill = ~(photo | views | fallback | mirror | glance)
     return {k: round(float(v.sum()) / n, 4) for k, v in
-            (("photo", photo), ("mirror", mirror), ("views", views), ("fallback", fallback), ("fill", fill))}
+            (("photo", photo), ("mirror", mirror), ("views", views), ("fallback", fallback), ("glance", glance),
+             ("fill", fill))}
 
 
 # --------------------------------------------------------------------------- the unseen side
@@ -617,6 +623,29 @@ def _photo_reader(tex: "_Texels", mesh: Mesh, photos: Sequence[tuple[ImageInput,
         return blend.combine(texels, [g.colors for g in got], [g.weight for g in got])
 
     return read
+
+
+def _blend_glance(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, proj, trust: Optional[np.ndarray]
+                  ) -> np.ndarray:
+    """Chart texels no source coloured but a photo sees at a grazing angle (``proj.glance``)
+    take that photo's colour, in ``image`` in place, where it may be trusted (``trust``: not
+    next to a stretch of the mask's edge where something in front hid the object); updates
+    ``seen``. Returns (N,) bool, the texels it coloured. Two photos from opposite sides both
+    see a band around the object's waist only at grazing angles: without this, the fill
+    interpolated across that band from its two edges."""
+    n = int(chart.sum())
+    if proj.glance is None or proj.glance_colors is None:
+        return np.zeros(n, bool)
+    w = proj.glance if trust is None else proj.glance * trust
+    take = (w > GLANCE_MIN) & ~seen[chart]
+    if take.any():
+        chart_image = image[chart]
+        chart_image[take] = proj.glance_colors[take]
+        image[chart] = chart_image
+        chart_seen = seen[chart]
+        chart_seen[take] = True
+        seen[chart] = chart_seen
+    return take
 
 
 def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, proj, size: int,

@@ -109,6 +109,7 @@ def project_photos(photos: Sequence[tuple[ImageInput, SourceCamera]], positions:
         density[best == i] = proj.density[best == i]
     weight = np.max(np.stack([p.weight for p in projs]), axis=0).astype(np.float32)
     colors[weight <= 0] = 0.0
+    glance, glance_colors = _glances(projs, levelling, positions, normals, [camera for _, camera in photos], weight)
     seen = weight > 0
     n = max(len(weight), 1)
     figures = []
@@ -118,7 +119,27 @@ def project_photos(photos: Sequence[tuple[ImageInput, SourceCamera]], positions:
         if len(projs) > 1:   # the median step over the pairs' texels, 0-255, before and after
             lev.update(seam_step_before=levelling.before, seam_step_after=levelling.after)
         figures.append({"texels": round(float(mine.sum()) / n, 4), "levelling": lev})
-    return PhotoProjection(colors.astype(np.float32), weight, density), figures, PhotoBlend(share, levelling)
+    return (PhotoProjection(colors.astype(np.float32), weight, density, glance, glance_colors), figures,
+            PhotoBlend(share, levelling))
+
+
+def _glances(projs: Sequence[PhotoProjection], levelling: Levelling, positions: np.ndarray, normals: np.ndarray,
+             cameras: Sequence[SourceCamera], weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(glance (N,), colours (N, 3)) where no photo has weight: the least grazing photo's
+    glance (``PhotoProjection.glance``), levelled like its weighted colours."""
+    n = len(positions)
+    glance, out = np.zeros(n, np.float32), np.zeros((n, 3), np.float32)
+    if any(p.glance is None for p in projs):
+        return glance, out
+    score = np.stack([np.where(p.glance > 0, np.clip(_cos(positions, normals, cam), 1e-6, 1.0), 0.0)
+                      for p, cam in zip(projs, cameras)])
+    score[:, weight > 0] = 0.0
+    best = score.argmax(axis=0)
+    for i, p in enumerate(projs):
+        mine = (best == i) & (score[i] > 0)
+        glance[mine] = p.glance[mine]
+        out[mine] = levelling.apply(i, p.glance_colors[mine])
+    return glance, out
 
 
 def _project_facing(project: Project, photo: ImageInput, camera: SourceCamera, positions: np.ndarray,
@@ -128,11 +149,14 @@ def _project_facing(project: Project, photo: ImageInput, camera: SourceCamera, p
     cos = _cos(positions, normals, camera)
     idx = np.flatnonzero(cos > CULL_COS)
     n = len(positions)
-    full = PhotoProjection(np.zeros((n, 3), np.float32), np.zeros(n, np.float32), np.zeros(n, np.float32))
+    full = PhotoProjection(np.zeros((n, 3), np.float32), np.zeros(n, np.float32), np.zeros(n, np.float32),
+                           np.zeros(n, np.float32), np.zeros((n, 3), np.float32))
     if len(idx) == 0:
         return full
     got = project(photo, camera, idx)
     full.colors[idx], full.weight[idx], full.density[idx] = got.colors, got.weight, got.density
+    if got.glance is not None and got.glance_colors is not None:
+        full.glance[idx], full.glance_colors[idx] = got.glance, got.glance_colors   # type: ignore[index]
     return full
 
 
