@@ -45,8 +45,6 @@ MEAN_GAIN_WEIGHT = 100.0     # the constraint "mean gain = 1" as a row this heav
 OFFSET_PRIOR = 0.2           # towards offset 0: harder, so a gain explains what a gain can
 HUBER = 0.02                 # colour difference (0-1) beyond which a pair counts as an outlier
 IRLS_ROUNDS = 4
-VISIBLE_STEP = 2.0           # a median step (0-255, largest channel) below this is left alone: well under a
-                             # just noticeable difference (CIE76 deltaE 2.3 is about 3-6 levels of a channel)
 
 
 @dataclass(frozen=True)
@@ -116,12 +114,12 @@ def level_photos(colors: Sequence[np.ndarray], weights: Sequence[np.ndarray], ch
         gain[:, ch], offset[:, ch] = _solve_channel(p, [(i, j, ci[:, ch], cj[:, ch], w) for i, j, ci, cj, w in rows])
     before = _median_step(rows, np.ones((p, 3)), np.zeros((p, 3)))
     after = _median_step(rows, gain, offset)
-    if before < VISIBLE_STEP or after >= before:
-        # nothing to level, or levelling does not help: photos that already agree (renders of
-        # one exposure) leave the gains to what their differences cannot pin down, e.g. thin
-        # coloured lines on black, misregistered by a fraction of a pixel between two
-        # resamplings, and a gain of 0.95 on every line of a photo's own view costs it 5 dB
-        # (bench/allround.py's capsule with 4 photos: median step 1.18 before, 1.32 after)
+    if after >= before:
+        # levelling does not help: photos that already agree (renders of one exposure) leave
+        # the gains to what their differences cannot pin down, e.g. thin coloured lines on
+        # black, misregistered by a fraction of a pixel between two resamplings; gains of
+        # 0.93-1.17 on every line of every photo cost the capsule's 4 photo views 1.4 dB each
+        # (bench/allround.py: median step 1.18 before, 1.32 after)
         return Levelling(gain=np.ones((p, 3)), offset=np.zeros((p, 3)), pairs=tuple(pairs), before=before,
                          after=before, linked=tuple(linked))
     return Levelling(gain=gain, offset=offset, pairs=tuple(pairs), before=before, after=after,
