@@ -129,8 +129,18 @@ def _glances(projs: Sequence[PhotoProjection], levelling: Levelling, positions: 
     glance (``PhotoProjection.glance``), levelled like its weighted colours."""
     n = len(positions)
     glance, out = np.zeros(n, np.float32), np.zeros((n, 3), np.float32)
-    if any(p.glance is None for p in projs):
+    seen = [(p.glance, p.glance_colors) for p in projs if p.glance is not None and p.glance_colors is not None]
+    if len(seen) < len(projs):
         return glance, out
+    score = np.stack([np.where(g > 0, np.clip(_cos(positions, normals, cam), 1e-6, 1.0), 0.0)
+                      for (g, _), cam in zip(seen, cameras)])
+    score[:, weight > 0] = 0.0
+    best = score.argmax(axis=0)
+    for i, (g, c) in enumerate(seen):
+        mine = (best == i) & (score[i] > 0)
+        glance[mine] = g[mine]
+        out[mine] = levelling.apply(i, c[mine])
+    return glance, out
     score = np.stack([np.where(p.glance > 0, np.clip(_cos(positions, normals, cam), 1e-6, 1.0), 0.0)
                       for p, cam in zip(projs, cameras)])
     score[:, weight > 0] = 0.0
