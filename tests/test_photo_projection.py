@@ -313,3 +313,41 @@ def test_texture_size_setting_takes_auto():
         load(overrides={"bake.texture_size": "big"})
     with pytest.raises(SettingsError, match="power of two"):
         load(overrides={"bake.texture_size": 1000})
+
+
+def test_grazing_texels_the_camera_sees_glance_and_hidden_ones_do_not():
+    """``PhotoProjection.glance``: a texel more grazing than COS_ZERO has no photo weight, but
+    where the camera still sees it (depth-tested) it keeps the photo's colour for the bake to
+    use before the fill. Negative controls: the same rim hidden behind a box in front of it,
+    and the side turned away, get none."""
+    import trimesh
+
+    from pipeline.camera.cameras import intrinsics
+    from pipeline.texture.photo_projection import COS_ZERO, project_photo
+
+    ball = trimesh.creation.icosphere(subdivisions=4, radius=0.5)
+    box = trimesh.creation.box(extents=(0.2, 1.2, 0.1))
+    box.apply_translation((0.35, 0.0, 0.9))                 # on the rays to the ball's right rim
+    both = trimesh.util.concatenate([ball, box])
+    mesh = Mesh(both.vertices.astype(np.float32), both.faces.astype(np.int32),
+                uvs=np.zeros((len(both.vertices), 2), np.float32))
+    cam = SourceCamera(look_at(np.array([0.0, 0.0, 3.0])), intrinsics(30.0, 256, 256), 256, 256)
+    covered = rz.rasterize_views(RASTER, mesh, cam.as_cameras()).tri_id[0] >= 0
+    photo = ImageInput(np.tile((RED * 255).astype(np.uint8), (256, 256, 1)), covered)
+    on_ball = np.arange(len(ball.faces))
+    pos = ball.triangles_center.astype(np.float32)
+    nrm = (pos / np.linalg.norm(pos, axis=1, keepdims=True)).astype(np.float32)
+    got = project_photo(mesh, on_ball.astype(np.int32), np.full((len(pos), 3), 1 / 3, np.float32), pos, nrm,
+                        photo, cam, 256, RASTER, beyond_mask=False)
+    to_cam = np.array([0.0, 0.0, 3.0]) - pos
+    cos = (nrm * to_cam).sum(1) / np.linalg.norm(to_cam, axis=1)
+    grazing = (cos > 0.03) & (cos < COS_ZERO - 0.02) & (np.abs(pos[:, 1]) < 0.3)
+    left, right = grazing & (pos[:, 0] < -0.3), grazing & (pos[:, 0] > 0.3)
+    away = cos < -0.05
+    assert left.sum() > 20 and right.sum() > 20
+    assert got.glance is not None and got.glance_colors is not None
+    assert (got.weight[left | right] == 0).all()                       # too grazing for the photo's weight
+    assert (got.glance[left] > 0.5).mean() > 0.9, got.glance[left]     # ... but seen: a glance, red
+    assert np.abs(got.glance_colors[left][got.glance[left] > 0.5] - RED).max() < 0.05
+    assert (got.glance[right] == 0).all()                              # hidden behind the box
+    assert (got.glance[away] == 0).all()                               # turned away

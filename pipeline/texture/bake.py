@@ -61,6 +61,7 @@ FAST_MIN_WEIGHT = 1e-4         # a texel with less total weight than this counts
 DEPTH_SLOPE_PIXELS = 1.0       # visibility: pixel footprints a slope may stretch (pipeline.texture.visibility)
 FINAL_LR_FRACTION = 0.05       # cosine decay of Adam's lr to this fraction: L1 signs otherwise jitter by ~lr
 INPAINT_RADIUS = 3
+GLANCE_MIN = 0.5              # a grazing photo colour is taken where the photo sees the texel at least this clearly
 PSNR_CAP_DB = 100.0            # identical images would give inf, which JSON cannot carry
 FAST_CHUNK = 1 << 20           # texels per vectorised block in the fast bake
 SAMPLE_CHUNK = 1 << 22         # lookups per block in sample_texture
@@ -137,14 +138,14 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
             notes.append("the rendered views showed the object nowhere opaque (a very thin shape at "
                          "the views' resolution): its colour comes from the photo alone")
     seen_views = seen[tex.chart].copy()
-    proj = None
+    proj, blend = None, None
     if use_photo:
         assert photo is not None and source_camera is not None
         t0 = time.perf_counter()
         report(0.85, "projecting the photo")
         if more_photos:
-            proj = _project_photos(tex, mesh, [(photo, source_camera), *more_photos], size, raster_ctx,
-                                   dev, photo_beyond_mask, level_photos, stats)
+            proj, blend = _project_photos(tex, mesh, [(photo, source_camera), *more_photos], size, raster_ctx,
+                                          dev, photo_beyond_mask, level_photos, stats)
         else:
             proj = _project_photo(tex, mesh, photo, source_camera, size, raster_ctx, dev, photo_beyond_mask)
         timings["photo"] = time.perf_counter() - t0
@@ -172,13 +173,18 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
                                        raster_ctx, mask_hides=not photo_beyond_mask)
         if settings.mirror_fill == "auto":
             report(0.87, "looking for the mirror side")
-            from_mirror = _blend_mirror(image, seen, tex, mesh, seen_photo, stats)
+            reader = _photo_reader(tex, mesh, [(photo, source_camera), *more_photos], blend, size, raster_ctx,
+                                   dev, photo_beyond_mask)
+            from_mirror = _blend_mirror(image, seen, tex, mesh, seen_photo, stats, reader)
         timings["mirror"] = time.perf_counter() - t0
 
     photo_weight = np.zeros(len(tex.face_ids), np.float32)
+    from_glance = np.zeros(len(tex.face_ids), bool)
     if proj is not None:
         stats.update(_blend_photo(image, seen, tex.chart, proj, size, have_views=views is not None))
         photo_weight = proj.weight
+        from_glance = _blend_glance(image, seen, tex.chart, proj,
+                                    None if seen_photo is None else seen_photo.trust)
     stats["photo_projection"] = use_photo
     if notes:
         stats["warnings"] = notes + list(stats.get("warnings", ()))
@@ -194,7 +200,7 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
     # what the sources saw, for Texture.seen)
     final = fill_texture(image, seen | tex.chart, tex.chart)
     timings["fill"] = time.perf_counter() - t0
-    stats["texels_from"] = _texel_sources(photo_weight, seen_views, from_fallback, from_mirror)
+    stats["texels_from"] = _texel_sources(photo_weight, seen_views, from_fallback, from_mirror, from_glance)
     if fit is not None:
         t0 = time.perf_counter()
         stats.update(fit.measure(final, dev))
@@ -350,7 +356,7 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
 
 
 def _texel_sources(photo_weight: np.ndarray, seen_views: np.ndarray, from_fallback: np.ndarray,
-                   from_mirror: np.ndarray) -> dict:
+                   from_mirror: np.ndarray, from_glance: Optional[np.ndarray] = None) -> dict:
     """Share of chart texels each source coloured: the photo where its weight is over half, or
     any where no view saw the texel (then nothing else lies under the photo); the mirror where
     its weight is over half under that."""
@@ -359,21 +365,23 @@ def _texel_sources(photo_weight: np.ndarray, seen_views: np.ndarray, from_fallba
     mirror = from_mirror & ~photo
     views = seen_views & ~photo & ~mirror
     fallback = from_fallback & ~photo & ~views & ~mirror
-    fill = ~(photo | views | fallback | mirror)
+    glance = np.zeros_like(photo) if from_glance is None else from_glance & ~(photo | views | fallback | mirror)
+    fill = ~(photo | views | fallback | mirror | glance)
     return {k: round(float(v.sum()) / n, 4) for k, v in
-            (("photo", photo), ("mirror", mirror), ("views", views), ("fallback", fallback), ("fill", fill))}
+            (("photo", photo), ("mirror", mirror), ("views", views), ("fallback", fallback), ("glance", glance),
+             ("fill", fill))}
 
 
 # --------------------------------------------------------------------------- the unseen side
 # (the logic lives in pipeline.texture.unseen, mirror_fill, surface_fill and symmetry; these two
 # only read and write the bake's image)
 
-def _blend_mirror(image: np.ndarray, seen: np.ndarray, tex: "_Texels", mesh: Mesh, seen_photo, stats: dict
-                  ) -> np.ndarray:
+def _blend_mirror(image: np.ndarray, seen: np.ndarray, tex: "_Texels", mesh: Mesh, seen_photo, stats: dict,
+                  resample=None) -> np.ndarray:
     """Blend the mirror's colours over what lies in ``image`` (S, S, 3) at the chart texels,
     by the mirror's weight (feathered), in place; updates ``seen``, adds ``stats["mirror"]``.
     Returns (N,) bool: the chart texels the mirror coloured (weight over half)."""
-    mirror = unseen_side.mirror_for(mesh, tex.positions, tex.normals, seen_photo)
+    mirror = unseen_side.mirror_for(mesh, tex.positions, tex.normals, seen_photo, resample=resample)
     stats["mirror"] = mirror.report()
     if not mirror.used:
         return np.zeros(len(tex.face_ids), bool)
@@ -595,8 +603,49 @@ def _project_photos(tex: "_Texels", mesh: Mesh, photos: Sequence[tuple[ImageInpu
         return project_photo(mesh, tex.face_ids[idx], tex.bary[idx], tex.positions[idx], tex.normals[idx], photo,
                              camera, size, raster_ctx, str(dev), beyond_mask=beyond_mask)
 
-    proj, stats["photos"] = project_photos(photos, tex.positions, tex.normals, some, level=level)
-    return proj
+    proj, stats["photos"], blend = project_photos(photos, tex.positions, tex.normals, some, level=level)
+    return proj, blend
+
+
+def _photo_reader(tex: "_Texels", mesh: Mesh, photos: Sequence[tuple[ImageInput, SourceCamera]], blend,
+                  size: int, raster_ctx, dev, beyond_mask: bool):
+    """A ``mirror_fill.Resample``: the photos' colours at surface points next to given chart
+    texels, read from each photo as that texel's own colour was (same pyramid level, same
+    depth test), and with several photos blended by that texel's shares and levelling
+    (``blend``, a ``multi_photo.PhotoBlend``; None for one photo)."""
+    from pipeline.texture.photo_projection import project_photo
+
+    def read(texels: np.ndarray, points: np.ndarray, normals: np.ndarray):
+        got = [project_photo(mesh, tex.face_ids[texels], tex.bary[texels], points, normals, photo, camera, size,
+                             raster_ctx, str(dev), beyond_mask=beyond_mask) for photo, camera in photos]
+        if blend is None:
+            return got[0].colors, got[0].weight > 0
+        return blend.combine(texels, [g.colors for g in got], [g.weight for g in got])
+
+    return read
+
+
+def _blend_glance(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, proj, trust: Optional[np.ndarray]
+                  ) -> np.ndarray:
+    """Chart texels no source coloured but a photo sees at a grazing angle (``proj.glance``)
+    take that photo's colour, in ``image`` in place, where it may be trusted (``trust``: not
+    next to a stretch of the mask's edge where something in front hid the object); updates
+    ``seen``. Returns (N,) bool, the texels it coloured. Two photos from opposite sides both
+    see a band around the object's waist only at grazing angles: without this, the fill
+    interpolated across that band from its two edges."""
+    n = int(chart.sum())
+    if proj.glance is None or proj.glance_colors is None:
+        return np.zeros(n, bool)
+    w = proj.glance if trust is None else proj.glance * trust
+    take = (w > GLANCE_MIN) & ~seen[chart]
+    if take.any():
+        chart_image = image[chart]
+        chart_image[take] = proj.glance_colors[take]
+        image[chart] = chart_image
+        chart_seen = seen[chart]
+        chart_seen[take] = True
+        seen[chart] = chart_seen
+    return take
 
 
 def _blend_photo(image: np.ndarray, seen: np.ndarray, chart: np.ndarray, proj, size: int,

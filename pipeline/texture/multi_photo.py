@@ -30,6 +30,7 @@ gain and an offset per photo and channel, solved globally over the texels two ph
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -51,9 +52,32 @@ CULL_COS = COS_ZERO - COS_BAND - 0.05
 Project = Callable[[ImageInput, SourceCamera, np.ndarray], PhotoProjection]
 
 
+@dataclass(frozen=True)
+class PhotoBlend:
+    """How the photos were combined over the N texels: share (P, N) float32 of each photo per
+    texel (``selection_shares``) and each photo's ``Levelling``; kept so that other points of
+    the surface (a texel's mirror image) can be read from the photos the same way."""
+
+    share: np.ndarray
+    levelling: Levelling
+
+    def combine(self, texels: np.ndarray, colors: Sequence[np.ndarray], weights: Sequence[np.ndarray]
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Blend the photos' colours (P of (M, 3)) read at M other points, each with the shares
+        of the texel given for it in ``texels`` (M,), over the photos whose weight there is
+        above 0. Returns colours (M, 3) float32 and (M,) bool: some photo gave a colour."""
+        s = self.share[:, texels] * (np.stack(weights) > 0)
+        total = s.sum(axis=0)
+        ok = total > 0
+        out = np.zeros((len(texels), 3), np.float32)
+        for i, c in enumerate(colors):
+            out += np.where(ok, s[i] / np.maximum(total, 1e-12), 0.0)[:, None] * self.levelling.apply(i, c)
+        return out, ok
+
+
 def project_photos(photos: Sequence[tuple[ImageInput, SourceCamera]], positions: np.ndarray,
                    normals: np.ndarray, project: Project, level: bool = True
-                   ) -> tuple[PhotoProjection, list[dict]]:
+                   ) -> tuple[PhotoProjection, list[dict], PhotoBlend]:
     """Project every photo and combine them into one ``PhotoProjection`` of the N texels.
 
     photos:    (photo, its camera) pairs, P >= 1, each checked by ``project``
@@ -64,7 +88,7 @@ def project_photos(photos: Sequence[tuple[ImageInput, SourceCamera]], positions:
     Returns the combined projection (the colour is the photos' levelled colours blended by
     their shares; the weight the largest photo weight, so the hand-over to the splat or the
     fill is each photo's own) and per photo {"texels": share of the N texels where it has the
-    largest share, "levelling": its gain and offset}.
+    largest share, "levelling": its gain and offset}, and the ``PhotoBlend`` that made it.
     """
     if not photos:
         raise StageInputError("no photo to project")
@@ -85,6 +109,7 @@ def project_photos(photos: Sequence[tuple[ImageInput, SourceCamera]], positions:
         density[best == i] = proj.density[best == i]
     weight = np.max(np.stack([p.weight for p in projs]), axis=0).astype(np.float32)
     colors[weight <= 0] = 0.0
+    glance, glance_colors = _glances(projs, levelling, positions, normals, [camera for _, camera in photos], weight)
     seen = weight > 0
     n = max(len(weight), 1)
     figures = []
@@ -94,7 +119,37 @@ def project_photos(photos: Sequence[tuple[ImageInput, SourceCamera]], positions:
         if len(projs) > 1:   # the median step over the pairs' texels, 0-255, before and after
             lev.update(seam_step_before=levelling.before, seam_step_after=levelling.after)
         figures.append({"texels": round(float(mine.sum()) / n, 4), "levelling": lev})
-    return PhotoProjection(colors.astype(np.float32), weight, density), figures
+    return (PhotoProjection(colors.astype(np.float32), weight, density, glance, glance_colors), figures,
+            PhotoBlend(share, levelling))
+
+
+def _glances(projs: Sequence[PhotoProjection], levelling: Levelling, positions: np.ndarray, normals: np.ndarray,
+             cameras: Sequence[SourceCamera], weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(glance (N,), colours (N, 3)) where no photo has weight: the least grazing photo's
+    glance (``PhotoProjection.glance``), levelled like its weighted colours."""
+    n = len(positions)
+    glance, out = np.zeros(n, np.float32), np.zeros((n, 3), np.float32)
+    seen = [(p.glance, p.glance_colors) for p in projs if p.glance is not None and p.glance_colors is not None]
+    if len(seen) < len(projs):
+        return glance, out
+    score = np.stack([np.where(g > 0, np.clip(_cos(positions, normals, cam), 1e-6, 1.0), 0.0)
+                      for (g, _), cam in zip(seen, cameras)])
+    score[:, weight > 0] = 0.0
+    best = score.argmax(axis=0)
+    for i, (g, c) in enumerate(seen):
+        mine = (best == i) & (score[i] > 0)
+        glance[mine] = g[mine]
+        out[mine] = levelling.apply(i, c[mine])
+    return glance, out
+    score = np.stack([np.where(p.glance > 0, np.clip(_cos(positions, normals, cam), 1e-6, 1.0), 0.0)
+                      for p, cam in zip(projs, cameras)])
+    score[:, weight > 0] = 0.0
+    best = score.argmax(axis=0)
+    for i, p in enumerate(projs):
+        mine = (best == i) & (score[i] > 0)
+        glance[mine] = p.glance[mine]
+        out[mine] = levelling.apply(i, p.glance_colors[mine])
+    return glance, out
 
 
 def _project_facing(project: Project, photo: ImageInput, camera: SourceCamera, positions: np.ndarray,
@@ -104,11 +159,14 @@ def _project_facing(project: Project, photo: ImageInput, camera: SourceCamera, p
     cos = _cos(positions, normals, camera)
     idx = np.flatnonzero(cos > CULL_COS)
     n = len(positions)
-    full = PhotoProjection(np.zeros((n, 3), np.float32), np.zeros(n, np.float32), np.zeros(n, np.float32))
+    full = PhotoProjection(np.zeros((n, 3), np.float32), np.zeros(n, np.float32), np.zeros(n, np.float32),
+                           np.zeros(n, np.float32), np.zeros((n, 3), np.float32))
     if len(idx) == 0:
         return full
     got = project(photo, camera, idx)
     full.colors[idx], full.weight[idx], full.density[idx] = got.colors, got.weight, got.density
+    if got.glance is not None and got.glance_colors is not None:
+        full.glance[idx], full.glance_colors[idx] = got.glance, got.glance_colors   # type: ignore[index]
     return full
 
 

@@ -59,6 +59,7 @@ DEPTH_SLOPE_PIXELS = 1.5     # visibility: pixel footprints a slope may stretch 
 CROP_MARGIN = 4              # photo pixels kept around the mask's bounding box
 MAX_SIDE_PER_TEXEL = 2.0     # the photo crop is downscaled to at most this x texture size per side
 CHUNK = 1 << 20              # texels per vectorised block
+GLANCE_OUTSIDE_PIXELS = 1.0  # a grazing texel may fall this far outside the mask (crop pixels) and still glance
 
 
 @dataclass
@@ -69,11 +70,19 @@ class PhotoProjection:
     weight:  (N,)   float32 in [0, 1], trust in that colour (0 = not seen by the photo)
     density: (N,)   float32, photo pixels (of the full-resolution photo) per texel, by area;
              > 1 means the photo holds more detail than the texture can
+    glance:  (N,)   float32 in [0, 1] or None: where ``weight`` is 0 because the surface is
+             too grazing (beyond ``COS_ZERO``) but the camera still sees it (depth-tested,
+             inside the mask), how much: ``glance_colors`` (N, 3) are the photo's colours
+             there. No source in its own right (a grazing view spreads one photo pixel over
+             many texels, and a depth error shifts it along the surface), but a better guess
+             than a fill from the surface around, for what nothing else sees
     """
 
     colors: np.ndarray
     weight: np.ndarray
     density: np.ndarray
+    glance: "np.ndarray | None" = None
+    glance_colors: "np.ndarray | None" = None
 
 
 def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions: np.ndarray,
@@ -133,18 +142,22 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
     pyr = [torch.as_tensor(level, device=dev).permute(2, 0, 1)[None].contiguous() for level in pyramid]
     signed_at = np.zeros(n, np.float32)
     cos_at = np.zeros(n, np.float32)
+    # depth-tested visibility alone: at a smooth silhouette the depth slopes steeply enough
+    # to count as an occlusion edge, so the edge feather is 0 over just the grazing texels
+    sighted = np.zeros(n, np.float32)
     ortho = cam.projection == "orthographic"
     for start in range(0, n, CHUNK):
         sl = slice(start, start + CHUNK)
         p = torch.as_tensor(positions[sl], device=dev)
         nrm = torch.nn.functional.normalize(torch.as_tensor(normals[sl], device=dev), dim=1)
-        c, w, sd, cos = _project_chunk(p, nrm, R, t, K, center, ortho, footprint, depth_t, edges_t,
+        c, w, sd, cos, vis = _project_chunk(p, nrm, R, t, K, center, ortho, footprint, depth_t, edges_t,
                                        pyr, torch.as_tensor(levels[sl], device=dev), signed_t,
                                        cam.width, cam.height)
         out_colors[sl] = c.cpu().numpy()
         out_weight[sl] = w.cpu().numpy()
         signed_at[sl] = sd.cpu().numpy()
         cos_at[sl] = cos.cpu().numpy()
+        sighted[sl] = vis.cpu().numpy()
     out_weight *= _angle_weight(positions, out_weight > 0, cos_at, ramp)
     # a texel spans about 2**level crop pixels
     if beyond_mask:
@@ -152,15 +165,20 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
                                           2.0 + 2.0 * 2.0 ** levels, ramp)
     else:
         out_weight[signed_at <= 0] = 0.0
+    # grazing texels the camera sees: at a silhouette their centres fall up to about a pixel
+    # outside the mask (the pyramid there holds the edge's own colours)
+    glance = np.where((out_weight <= 0) & (cos_at < COS_ZERO) & (signed_at > -GLANCE_OUTSIDE_PIXELS),
+                      sighted, 0.0).astype(np.float32)
+    glance_colors = np.where((glance > 0)[:, None], out_colors, 0.0).astype(np.float32)
     out_colors[out_weight <= 0] = 0.0
-    return PhotoProjection(out_colors, out_weight, density)
+    return PhotoProjection(out_colors, out_weight, density, glance, glance_colors)
 
 
 def _project_chunk(p, nrm, R, t, K, center, ortho: bool, footprint: float, depth, edges, pyr,
                    levels, signed, width: int, height: int):
     """(colors (N, 3), weight (N,) before the view angle's and the mask's, signed distance
-    (N,) in photo pixels from the mask's edge (> 0 inside), cos of the view angle (N,)) for
-    one block of texels."""
+    (N,) in photo pixels from the mask's edge (> 0 inside), cos of the view angle (N,),
+    visibility (N,) 0 or 1) for one block of texels."""
     import torch
 
     cam = p @ R.T + t
@@ -202,7 +220,7 @@ def _project_chunk(p, nrm, R, t, K, center, ortho: bool, footprint: float, depth
     sd = torch.nn.functional.grid_sample(signed[None, None], grid, mode="bilinear",
                                          padding_mode="border", align_corners=False)[0, 0, 0]
     weight = torch.where(visible, edge_w, torch.zeros_like(edge_w))
-    return colors, weight, sd, cos
+    return colors, weight, sd, cos, visible.float()
 
 
 def _sample_pyramid(pyr, grid, levels):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from pipeline.texture.mirror_fill import MirrorFill, MirrorRules, mirror_fill
+from pipeline.texture.mirror_fill import MirrorFill, MirrorRules, Resample, mirror_fill
 from pipeline.texture.surface_fill import SurfaceFill, hidden_edge_trust
 from pipeline.texture.symmetry import SymmetrySearch
 from pipeline.types import ImageInput, Mesh, SourceCamera
@@ -48,10 +48,12 @@ def photo_seen(mesh: Mesh, positions: np.ndarray, colors: np.ndarray, weight: np
 
 
 def mirror_for(mesh: Mesh, positions: np.ndarray, normals: np.ndarray, seen: PhotoSeen,
-               rules: MirrorRules = MirrorRules(), search: SymmetrySearch = SymmetrySearch()) -> MirrorFill:
-    """The mirror's colours for the texels: the mesh's plane, checked against the photos."""
+               rules: MirrorRules = MirrorRules(), search: SymmetrySearch = SymmetrySearch(),
+               resample: Optional[Resample] = None) -> MirrorFill:
+    """The mirror's colours for the texels: the mesh's plane, checked against the photos;
+    ``resample`` reads the photos at the mirror images (``mirror_fill.Resample``)."""
     plane = search.find(mesh.vertices, mesh.faces)
-    return mirror_fill(positions, normals, seen.colors, seen.confidence * seen.trust, plane, rules)
+    return mirror_fill(positions, normals, seen.colors, seen.confidence * seen.trust, plane, rules, resample)
 
 
 def fill_on_surface(positions: np.ndarray, normals: np.ndarray, colors: np.ndarray, known: np.ndarray,
