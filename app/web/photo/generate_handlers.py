@@ -129,7 +129,8 @@ def objects_outcome(ctx: AppContext, session: str, last, waited: Optional[float]
         other = out if job_id == last.id else (job_outcome(ctx, session, st) if st.state == "done" else None)
         if other is not None and other.glb:
             glbs.append(other.glb)
-    note = f"{done} of {len(siblings)} objects made. " + scene_problem(backend or "builtin")
+    why = scene_problem(backend or "builtin")
+    note = f"{done} of {len(siblings)} objects made. {why[:1].upper()}{why[1:]}"
     return with_fields(out, note=_joined(out.note, note), extra=tuple(glbs) + out.extra)
 
 
