@@ -132,3 +132,24 @@ def test_an_object_without_a_pose_is_refused(fake_sam3d, monkeypatch, tmp_path):
     monkeypatch.setattr(sam3d, "load_pipeline", lambda config: SecondUnposed())
     with pytest.raises(StageInputError, match="object 2 has no place in the photo"):
         bake_photo_scene(_photo(masks), masks, s, resolve_backends(s), tmp_path, None)
+
+
+def test_a_scene_jobs_masks_go_through_the_job_store(tmp_path):
+    """The page's scene job keeps every object's mask beside the photo (inputs/mask_2.png, ...)
+    and the worker reads them back in order; a job of one object has none more."""
+    from kiln.settings import Settings
+    from worker.jobs.jobstore import JobStore, load_inputs, load_more_masks
+
+    store = JobStore(tmp_path / "jobs")
+    rgb = np.full((H, W, 3), 40, np.uint8)
+    masks = [np.zeros((H, W), bool) for _ in range(3)]
+    for i, m in enumerate(masks):
+        m[10 + 30 * i:30 + 30 * i, 20:60] = True
+    st = store.create(rgb, masks[0], Settings(), "s", more_masks=tuple(masks[1:]))
+    d = store.job_dir(st.id)
+    _, first = load_inputs(d)
+    more = load_more_masks(d)
+    assert np.array_equal(first, masks[0]) and len(more) == 2
+    assert all(np.array_equal(a, b) for a, b in zip(more, masks[1:]))
+    one = store.create(rgb, masks[0], Settings(), "s")
+    assert load_more_masks(store.job_dir(one.id)) == []
