@@ -81,7 +81,9 @@ def follow_job(ctx, session: str, rgb: np.ndarray, mask: np.ndarray, settings: S
     def submit(sup):
         nonlocal rgb, mask, more_masks
         try:
-            return sup.submit(rgb, mask, settings, session=session, more_masks=tuple(more_masks))
+            if more_masks:   # a scene of several objects: one job
+                return sup.submit(rgb, mask, settings, session=session, more_masks=tuple(more_masks))
+            return sup.submit(rgb, mask, settings, session=session)
         finally:
             del rgb, mask, more_masks   # full size, up to app.max_pixels: the job store has them now
 
