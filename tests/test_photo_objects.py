@@ -67,11 +67,13 @@ def _two_selected(app) -> dict:
     return kept
 
 
-def _generate(app) -> dict:
+def _generate(app) -> tuple[dict, str]:
+    """Generate pressed and followed: (the outcome shown, every progress bar streamed, joined)."""
     answer(app, job.on_generate, A1, FORM)
     steps = stream(app, job.run_job, A1, FORM)
     assert steps[-1] == {"progress": gr.skip()}
-    return answer(app, job.show_outcome, A1)
+    bars = " ".join(s["progress"] for s in steps if s["progress"] != gr.skip())
+    return answer(app, job.show_outcome, A1), bars
 
 
 def test_add_another_object_keeps_the_selection_and_starts_a_new_one(builtin_app):
@@ -109,7 +111,8 @@ def test_add_another_object_keeps_the_selection_and_starts_a_new_one(builtin_app
 def test_builtin_makes_one_model_per_object_and_says_what_a_scene_needs(builtin_app):
     app = builtin_app
     _two_selected(app)
-    out = _generate(app)
+    out, bars = _generate(app)
+    assert "Object 1 of 2: " in bars and "Object 2 of 2: " in bars, bars
     jobs = app.sup.jobs()
     assert len(jobs) == 2, "one job per object"
     first, second = (app.sup.masks[st.id] for st in jobs)
@@ -145,7 +148,8 @@ def test_sam3d_makes_one_scene_job_of_every_object(sam3d_app):
     app = sam3d_app
     kept = _two_selected(app)
     assert "one scene" in kept["mask_info"] and "SAM 3D Objects" in kept["mask_info"]
-    _generate(app)
+    _, bars = _generate(app)
+    assert "Object 1 of" not in bars
     jobs = app.sup.jobs()
     assert len(jobs) == 1, "one scene job"
     masks = app.sup.masks[jobs[0].id]

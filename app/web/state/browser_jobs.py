@@ -377,8 +377,8 @@ def progress_views(ctx, steps, dom_id: str = "kiln-progress", shown: Optional[st
             view = None
         elif st is None:
             view = statusview.progress_html(note=note, dom_id=dom_id)
-        else:
-            view = progress_view(ctx, st, dom_id)
+        else:   # a note beside a status names the object of several (``follow_each``)
+            view = progress_view(ctx, st, dom_id, note=note)
         if view is None or view == shown:
             yield note, st, gr.skip()
         else:
@@ -386,7 +386,7 @@ def progress_views(ctx, steps, dom_id: str = "kiln-progress", shown: Optional[st
             yield note, st, view
 
 
-def progress_view(ctx, st, dom_id: str = "kiln-progress") -> str:
+def progress_view(ctx, st, dom_id: str = "kiln-progress", note: str = "") -> str:
     """The progress bar of a job in progress as a page shows it: a waiting job's place in
     line and the wait to expect (what the running jobs have left, then the jobs ahead), a
     running one's elapsed time and what is left, all from what jobs took here lately."""
@@ -399,7 +399,7 @@ def progress_view(ctx, st, dom_id: str = "kiln-progress") -> str:
     else:
         typical, left = job_estimate_s(ctx, st), None
     return statusview.progress_html(st, dom_id=dom_id, place=place, workers=ctx.workers, typical_s=typical,
-                                    now=now, running_left=left)
+                                    now=now, running_left=left, note=note)
 
 
 def running_left_s(ctx, fallback_s: float, now: float) -> list[float]:
