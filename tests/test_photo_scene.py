@@ -153,3 +153,18 @@ def test_a_scene_jobs_masks_go_through_the_job_store(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(more, masks[1:]))
     one = store.create(rgb, masks[0], Settings(), "s")
     assert load_more_masks(store.job_dir(one.id)) == []
+
+
+def test_the_supervisor_refuses_a_scene_its_reconstruction_cannot_lay_out(tmp_path):
+    """Several masks with the built-in reconstruction: refused at submit with what a scene
+    needs, before any job is written."""
+    from kiln.settings import Settings
+    from worker.pool.supervisor import Supervisor
+
+    sup = Supervisor(Settings(), jobs_dir=tmp_path / "jobs")
+    rgb = np.full((H, W, 3), 40, np.uint8)
+    mask = np.zeros((H, W), bool)
+    mask[20:60, 20:60] = True
+    with pytest.raises(ValueError, match="no depth of its own"):
+        sup.submit(rgb, mask, Settings(), more_masks=(mask,))
+    assert not any((tmp_path / "jobs").iterdir())

@@ -225,15 +225,15 @@ class Supervisor:
         """
         from kiln.stages import scene_problem
 
-        self._check_open()
-        check_inputs(rgb, mask)
         settings = settings or self.settings
-        if more_masks:
+        if more_masks:   # what cannot make a scene is refused before anything else
             problem = scene_problem(settings.reconstruct.backend)
             if problem:
                 raise ValueError(problem)
             for m in more_masks:
                 check_inputs(rgb, m)
+        self._check_open()
+        check_inputs(rgb, mask)
         self._check_room()
         st = self.store.create(rgb, mask, settings, session, more_masks=tuple(more_masks))
         digest = input_digest(rgb, mask)
