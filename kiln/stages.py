@@ -30,3 +30,19 @@ def stages_for(bake_enabled: bool, kind: str = "image") -> tuple[str, ...]:
     if kind == "bake":
         return MODEL_STAGES
     return STAGES if bake_enabled else UNBAKED_STAGES
+
+
+# Reconstruction backends that give each object its place in the photo's camera frame (SAM 3D
+# Objects: a pose per object and the photo's point map). Only these make one scene of several
+# objects selected on one photo (``pipeline.scene.photo_scene``); the page and the worker both
+# say why the others cannot, in these words.
+LAYOUT_BACKENDS = ("sam3d",)
+
+
+def scene_problem(backend: str) -> str:
+    """Why the reconstruction ``backend`` cannot make one scene of several objects ("" when it can)."""
+    if backend in LAYOUT_BACKENDS:
+        return ""
+    return ("a scene of several objects needs a reconstruction that places them (SAM 3D Objects: "
+            "setting reconstruct.backend = sam3d, with reconstruct.sam3d_config); the "
+            f"{backend} reconstruction has no depth of its own, so each object is made as its own model")

@@ -77,6 +77,7 @@ class FakeSup:
         self.ply: dict[str, bool] = {}     # job id -> a .ply was asked for
         self.export: dict = {}             # job id -> its settings' export section
         self.bakes: dict = {}              # job id -> the CheckedBake of a bake job
+        self.masks: dict = {}              # job id -> an image job's masks, the first object's first
 
     # the pool
     def start(self):
@@ -108,12 +109,15 @@ class FakeSup:
         return self.ahead + queued.index(job_id) + 1 if job_id in queued else None
 
     # jobs
-    def submit(self, rgb, mask, settings, session):
+    def submit(self, rgb, mask, settings, session, more_masks=()):
+        """``more_masks[job id]`` keeps a scene job's other objects' masks."""
         if self.refuse is not None:
             raise self.refuse
         assert rgb.dtype == np.uint8 and mask.dtype == bool and rgb.shape[:2] == mask.shape
+        assert all(m.dtype == bool and m.shape == mask.shape for m in more_masks)
         with self.lock:
             job_id = f"job{len(self.statuses)}"
+            self.masks[job_id] = (mask, *more_masks)
             d = self.root / session / job_id
             (d / "outputs").mkdir(parents=True)
             (d / "settings.json").write_text(json.dumps(settings.to_dict()))

@@ -329,3 +329,33 @@ def test_a_bake_that_fitted_its_camera_answers_the_fits_picture_and_figures(app,
     assert info["camera_fit"] == fit
     assert Path(glb).name == "ball-1.glb" and Path(picture).name == "ball-1.camera_fit.png"
     assert Image.open(picture).size == (30, 20)
+
+
+def test_a_scene_bake_answers_the_picture_of_its_placed_objects(app, tmp_path, monkeypatch):
+    """/bake with scene and a given camera (focal): no camera was fitted, yet the picture of the
+    placed objects over the photo comes back as camera_fit (it was None before)."""
+    from dataclasses import replace
+
+    from app.web.api import bake as api_bake
+    from kiln.records import JobStats, PipelineStats, SceneObjectStats
+    from scene_helpers import write_ball_before_board
+    from worker.jobs.bakejob import FIT_IMAGE
+
+    files = write_ball_before_board(tmp_path / "scene")
+    end = app.sup._end
+
+    def placed(st):
+        png_file(app.sup.dirs[st.id] / "outputs", FIT_IMAGE, np.full((24, 32, 3), 90, np.uint8))
+        objects = (SceneObjectStats(name="ball", placement={"how": "kept"}),
+                   SceneObjectStats(name="board", placement={"how": "kept"}))
+        return replace(end(st), stats=JobStats(pipeline=PipelineStats(scene=objects)))
+
+    monkeypatch.setattr(app.sup, "_end", placed)
+    info, glb, _, _, picture = list(api_bake.bake(
+        app.ctx, A, str(files["ball"]), image=str(files["photo"]), mask=str(files["ball_mask"]), focal=300.0,
+        camera_frame="opengl", scene=True, more_meshes=[str(files["board"])],
+        more_object_masks=[str(files["board_mask"])], progress=_no_progress))[-1]
+    assert app.sup.bakes[info["job"]].request.scene
+    assert "camera_fit" not in info, "no camera was fitted: no fit figures"
+    assert Path(picture).name == f"{Path(glb).stem}.camera_fit.png"
+    assert Image.open(picture).size == (32, 24)

@@ -395,9 +395,15 @@ def _reconstruct(job_dir: Path, settings: Settings, backends: Backends, contexts
     from pipeline.run import run_pipeline
     from pipeline.types import ImageInput
 
-    from worker.jobs.jobstore import load_inputs
+    from worker.jobs.jobstore import load_inputs, load_more_masks
 
     rgb, mask = load_inputs(job_dir)
+    more = load_more_masks(job_dir)
+    if more:   # several objects of the photo: one scene, laid out by the reconstruction
+        from pipeline.scene.photo_scene import bake_photo_scene
+
+        return bake_photo_scene(rgb, [mask, *more], settings, backends, job_dir / "outputs",
+                                _raster_context(contexts, backends), on_event=on_event, name="model").bake
     cache_dir = Path(msg.cache_dir) if msg.cache_dir else None
     raster_ctx = _raster_context(contexts, backends) if settings.bake.enabled else None
     return run_pipeline(ImageInput(rgb=rgb, mask=mask), settings, job_dir / "outputs",

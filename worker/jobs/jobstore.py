@@ -178,14 +178,20 @@ class JobStore:
         self._dirs: dict[str, Path] = {}
 
     # -- creating and finding ------------------------------------------------
-    def create(self, rgb: np.ndarray, mask: np.ndarray, settings: Settings, session: str) -> JobStatus:
+    def create(self, rgb: np.ndarray, mask: np.ndarray, settings: Settings, session: str,
+               more_masks: tuple[np.ndarray, ...] = ()) -> JobStatus:
         """Write a new job's inputs and settings; returns its first (queued) status.
 
-        rgb: (H, W, 3) uint8; mask: (H, W) bool.
+        rgb: (H, W, 3) uint8; mask: (H, W) bool. ``more_masks``: the other objects of a scene
+        (each (H, W) bool), written as inputs/mask_2.png, mask_3.png, ...
         """
         check_inputs(rgb, mask)
+        for m in more_masks:
+            check_inputs(rgb, m)
         d, st = self._new(session, "image")
         _write_photo(d, rgb, mask)
+        for n, m in enumerate(more_masks, start=2):
+            _write_mask(d / "inputs" / f"mask_{n}.png", m)
         return self._queued(d, st, settings)
 
     def create_bake(self, request: BakeRequest, copies: Mapping[str, Path], settings: Settings,
@@ -358,7 +364,13 @@ def _write_photo(d: Path, rgb, mask) -> None:
 
     # compress_level 1: these files are read once by the worker; speed beats size
     Image.fromarray(np.ascontiguousarray(rgb), "RGB").save(d / "inputs" / "image.png", compress_level=1)
-    Image.fromarray(mask.astype(np.uint8) * 255, "L").save(d / "inputs" / "mask.png", compress_level=1)
+    _write_mask(d / "inputs" / "mask.png", mask)
+
+
+def _write_mask(path: Path, mask) -> None:
+    from PIL import Image
+
+    Image.fromarray(mask.astype(np.uint8) * 255, "L").save(path, compress_level=1)
 
 
 def load_request(job_dir: Path) -> BakeRequest:
@@ -376,3 +388,18 @@ def load_inputs(job_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     with Image.open(d / "mask.png") as im:
         mask = np.asarray(im.convert("L")) > 127
     return rgb, mask
+
+
+def load_more_masks(job_dir: Path) -> list[np.ndarray]:
+    """The other objects' masks of a scene photo job (inputs/mask_2.png, ...; (H, W) bool each),
+    in order; empty for a job of one object."""
+    from PIL import Image
+
+    d = Path(job_dir) / "inputs"
+    out = []
+    n = 2
+    while (d / f"mask_{n}.png").is_file():
+        with Image.open(d / f"mask_{n}.png") as im:
+            out.append(np.asarray(im.convert("L")) > 127)
+        n += 1
+    return out

@@ -214,17 +214,32 @@ class Supervisor:
 
     # ------------------------------------------------------------------ jobs
     def submit(self, rgb: np.ndarray, mask: np.ndarray, settings: Optional[Settings] = None,
-               session: str = "cli") -> Job:
+               session: str = "cli", more_masks: tuple[np.ndarray, ...] = ()) -> Job:
         """Queue a job. rgb: (H, W, 3) uint8; mask: (H, W) bool. Returns its handle.
+        ``more_masks``: more objects of the same photo (each (H, W) bool): the job makes one
+        scene of them all (``pipeline.scene.photo_scene``), which needs a reconstruction that
+        places objects (``kiln.stages.scene_problem``).
 
-        Raises ValueError for malformed inputs, QueueFullError when too many wait.
+        Raises ValueError for malformed inputs (and a scene its backend cannot lay out),
+        QueueFullError when too many wait.
         """
+        from kiln.stages import scene_problem
+
+        settings = settings or self.settings
+        if more_masks:   # what cannot make a scene is refused before anything else
+            problem = scene_problem(settings.reconstruct.backend)
+            if problem:
+                raise ValueError(problem)
+            for m in more_masks:
+                check_inputs(rgb, m)
         self._check_open()
         check_inputs(rgb, mask)
-        settings = settings or self.settings
         self._check_room()
-        st = self.store.create(rgb, mask, settings, session)
-        return self._enqueue(st, settings, input_digest(rgb, mask))
+        st = self.store.create(rgb, mask, settings, session, more_masks=tuple(more_masks))
+        digest = input_digest(rgb, mask)
+        if more_masks:
+            digest = files_digest([digest.encode(), *(input_digest(rgb, m).encode() for m in more_masks)], [])
+        return self._enqueue(st, settings, digest)
 
     def submit_bake(self, bake: CheckedBake, settings: Optional[Settings] = None,
                     session: str = "cli") -> Job:

@@ -22,7 +22,9 @@ from app.web.server.requestinfo import Caller, refusal
 class BakeAnswer(NamedTuple):
     """What /bake yields: /generate's answer (``JobAnswer``: status, glb, ply, files) and, once
     done, the picture of the fitted camera (the model's silhouette over the photo, PNG) when
-    the bake fitted its camera or was given one fitted before; None otherwise. Its status then
+    the bake fitted its camera or was given one fitted before, and for a scene the picture of
+    its placed objects (each silhouette and mask in a colour of its own over the photo), fitted
+    camera or not; None otherwise. Its status then
     has the fit's figures (``camera_fit``)."""
 
     info: dict
@@ -57,7 +59,7 @@ def bake(ctx: AppContext, caller: Caller, mesh: str, splat: Optional[str] = None
     more_meshes, more_splats, more_object_masks the others (lists, the n-th splat and mask
     belonging to the n-th mesh; every object needs its mask). Yields (status, glb, ply, files, camera_fit) as the job
     changes; the last has the GLB and the other formats, and the fitted camera's picture
-    when the camera was fitted. Bad files are refused before a job is queued."""
+    when the camera was fitted (a scene's picture of its placed objects always). Bad files are refused before a job is queued."""
     session = caller.session
     values = dict(simplify_ratio=simplify_ratio, texture_size=texture_size, views=views,
                   bake_mode=bake_mode, seed=seed, formats=formats, texture_format=texture_format, units=units,
@@ -88,8 +90,14 @@ def _picture(ctx: AppContext, session: str, answer: JobAnswer) -> Optional[str]:
     """A done bake's fitted-camera picture, named after its GLB ('<mesh>-<n>.camera_fit.png')."""
     from app.web.api.fit import published_fit
 
-    if answer.glb is None or "camera_fit" not in answer.info:
+    if answer.glb is None:
         return None
     st = next((j for j in jobs.browser_jobs(ctx, session) if j.id == answer.info["job"]), None)
-    return published_fit(ctx, session, st, Path(answer.glb).stem)[1] if st is not None else None
+    if st is None:
+        return None
+    # a scene draws its placed objects over the photo whether its camera was fitted or given
+    scene = st.stats is not None and st.stats.pipeline is not None and bool(st.stats.pipeline.scene)
+    if "camera_fit" not in answer.info and not scene:
+        return None
+    return published_fit(ctx, session, st, Path(answer.glb).stem)[1]
 

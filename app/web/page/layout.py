@@ -121,6 +121,8 @@ class Page:
     find: gr.Button
     undo: gr.Button
     clear: gr.Button
+    keep: gr.Button
+    drop_kept: gr.Button
     mask_file: gr.File
     box_input: gr.Textbox
     box_button: gr.Button
@@ -160,7 +162,7 @@ class Page:
 
     @property
     def selection_view(self) -> list:
-        return [self.canvas, self.mask_info, self.use_alpha]
+        return [self.canvas, self.mask_info, self.use_alpha, self.drop_kept]
 
 
 def layout(settings: Settings, examples: Optional[list[Path]] = None) -> Page:
@@ -221,6 +223,11 @@ def _image_column(c: dict, upload_limits: str, examples: Optional[list[Path]]) -
         c["find"] = gr.Button("Find the object", size="sm", elem_id="kiln-find", min_width=60)
         c["undo"] = gr.Button("Undo", size="sm", elem_id="kiln-undo", min_width=60)
         c["clear"] = gr.Button("Clear selection", size="sm", elem_id="kiln-clear", min_width=60)
+    # several objects of one photo (app.web.photo.objects): the selection kept, a new one started
+    with gr.Row(elem_id="kiln-object-buttons"):
+        c["keep"] = gr.Button("Add another object", size="sm", elem_id="kiln-keep", min_width=60)
+        c["drop_kept"] = gr.Button("Drop kept objects", size="sm", elem_id="kiln-drop-kept", min_width=60,
+                                   visible=False)
     # the drag-a-box script (pageassets.BOX_JS) writes "x0,y0,x1,y1" here and presses the button
     c["box_input"] = gr.Textbox(elem_id="kiln-box-input", elem_classes=["kiln-hidden"],
                                 show_label=False, container=False)

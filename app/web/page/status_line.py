@@ -113,6 +113,8 @@ def progress_html(st: Any = None, note: str = "", waited_s: float = 0.0, dom_id:
         detail = (st.message or "").removeprefix(f"{st.stage}: ") if st.stage else st.message
         if detail:
             text += f" — {detail}"
+        if note:   # which of several jobs one press made ("object 2 of 3")
+            text = f"{note[:1].upper()}{note[1:]}: {text}"
     elif state == "done":
         pct = 100.0
         timings = st.timings or {}

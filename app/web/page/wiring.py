@@ -90,6 +90,8 @@ def _wire_image(page: Page, ctx: AppContext) -> None:
     page.find.click(on(image.on_find), None, view, **seg)
     page.undo.click(on(image.on_undo), None, view, **seg)
     page.clear.click(on(image.on_clear), None, view, **seg)
+    page.keep.click(on(image.on_keep), None, view, **seg)
+    page.drop_kept.click(on(image.on_drop_kept), None, view, **seg)
     page.use_alpha.input(on(image.on_alpha), [page.use_alpha], view, **seg)
     page.show_mask.input(on(image.on_show_mask), [page.show_mask], view, **seg)
     page.box_button.click(on(image.on_box), [page.box_input], view, **seg)

@@ -230,3 +230,40 @@ def job_request(state: SessionState, base: Settings, form: GenerateForm) -> tupl
     session and ``base`` with the form's values. UIError when either is not usable."""
     rgb, mask = job_inputs(state)
     return rgb, mask, job_settings(base, form.overrides())
+
+
+def check_objects(state: SessionState, base: Settings, form: GenerateForm) -> tuple[Settings, int]:
+    """``check_job_request`` for every object Generate makes (``app.web.photo.objects``: the
+    kept selections and the current one): (the settings, how many objects). A refusal names
+    the object when there are several."""
+    from app.web.photo.objects import objects_of
+
+    used = job_settings(base, form.overrides())
+    objects = objects_of(state)
+    for n, one in enumerate(objects, start=1):
+        try:
+            check_selection(one, used)
+        except UIError as e:
+            if len(objects) == 1:
+                raise
+            raise UIError(f"object {n}: {e}") from None
+    return used, len(objects)
+
+
+def objects_request(state: SessionState, base: Settings,
+                    form: GenerateForm) -> tuple[np.ndarray, list[np.ndarray], Settings]:
+    """(rgb, a full-size mask per object, settings) of a Generate press with several objects
+    (``job_request``'s checks on each; the image decoded once)."""
+    from app.web.photo.objects import objects_of
+
+    objects = objects_of(state)
+    img = require_image(state)
+    rgb, alpha = img.full()
+    masks = []
+    for n, one in enumerate(objects, start=1):
+        mask = full_mask(one, alpha)
+        count = int(mask.sum())
+        if count < MIN_MASK_PIXELS or count == mask.size:
+            raise UIError(f"object {n}'s mask covers {count} of {mask.size} pixels; select it again")
+        masks.append(mask)
+    return rgb, masks, job_settings(base, form.overrides())

@@ -19,9 +19,12 @@ from typing import Iterator, Optional
 
 import gradio as gr
 
+from kiln.stages import scene_problem
+
 from app.web.page import job_flow
 from app.web.page.job_flow import BUSY, JobFlow
 from app.web.photo import form
+from app.web.photo.objects import generate_note
 from app.web.photo.form import GenerateForm
 from app.web.state import history
 from app.web.state import browser_jobs as jobs
@@ -52,10 +55,15 @@ def _check(page: Page, ctx: AppContext, caller: Caller, values: GenerateForm) ->
     st = ctx.sessions.get(caller.session)
     if st.image is None:
         raise refusal("Upload an image first.")
-    used = form.check_job_request(st, s, values)
+    used, count = form.check_objects(st, s, values)
     running, waiting = jobs.queue_load(ctx)
-    if waiting >= s.worker.max_queue:
-        raise refusal(f"The job queue is full ({waiting} waiting); try again in a few minutes.")
+    # the built-in reconstruction makes each object its own job; a scene is one job
+    wanted = count if count > 1 and scene_problem(used.reconstruct.backend) else 1
+    if waiting + wanted > s.worker.max_queue:
+        room = max(0, s.worker.max_queue - waiting)
+        raise refusal(f"The job queue is full ({waiting} waiting); try again in a few minutes." if not room else
+                      f"The job queue has room for {room} more job{'s' if room != 1 else ''} and these "
+                      f"{count} objects make {wanted}; try again in a few minutes, or drop kept objects.")
     note = "Starting…"
     if running + waiting >= ctx.workers:
         note = "Waiting for a free worker" + (f" ({waiting} other job{'s' if waiting != 1 else ''} waiting)…"
@@ -71,6 +79,16 @@ def _submit(ctx: AppContext, session: str, values: GenerateForm, pressed: Option
     info = None
     if st_now.image is not None:
         info = history.JobInfo(st_now.image.name, history.thumbnail_uri(st_now.image.work))
+    if st_now.kept:
+        with ctx.decodes:
+            rgb, masks, settings = form.objects_request(st_now, ctx.settings, values)
+        del st_now
+        if len(masks) == 1:
+            return jobs.follow_job(ctx, session, rgb, masks[0], settings, info=info, pressed_at=pressed)
+        if not scene_problem(settings.reconstruct.backend):   # one scene, laid out by the reconstruction
+            return jobs.follow_job(ctx, session, rgb, masks[0], settings, info=info, pressed_at=pressed,
+                                   more_masks=tuple(masks[1:]))
+        return jobs.follow_each(ctx, session, rgb, masks, settings, info=info, pressed_at=pressed)
     with ctx.decodes:   # the full-size image is decoded again for the job
         request_ = form.job_request(st_now, ctx.settings, values)
     del st_now
@@ -81,7 +99,49 @@ def _submit(ctx: AppContext, session: str, values: GenerateForm, pressed: Option
 
 
 def _outcome(ctx: AppContext, session: str, last, waited: float, note: str) -> Outcome:
-    return job_outcome(ctx, session, last, waited)
+    return objects_outcome(ctx, session, last, waited)
+
+
+def objects_outcome(ctx: AppContext, session: str, last, waited: Optional[float] = None) -> Outcome:
+    """``job_outcome`` of ``last``; for a Generate of several objects each made its own model
+    (``JobInfo.objects``), every object's GLB among the downloads (the viewer shows the last
+    one), the progress line saying how many were made and what a scene would need. A scene job
+    (one GLB with a node per object) says so too."""
+    from dataclasses import replace as with_fields
+
+    out = job_outcome(ctx, session, last, waited)
+    info = jobs.job_infos(ctx, [last]).get(last.id)
+    siblings = info.objects if info is not None else ()
+    backend = _backend_of(ctx, last.id)
+    if len(siblings) < 2:
+        scene = last.stats.pipeline.scene if last.state == "done" and last.stats.pipeline else ()
+        if len(scene) > 1:
+            return with_fields(out, note=_joined(out.note, generate_note("sam3d", len(scene))))
+        return out
+    statuses = {st.id: st for st in jobs.browser_jobs(ctx, session)}
+    glbs, done = [], 0
+    for job_id in siblings:
+        st = statuses.get(job_id)
+        if st is None:
+            continue
+        if st.state == "done":
+            done += 1
+        other = out if job_id == last.id else (job_outcome(ctx, session, st) if st.state == "done" else None)
+        if other is not None and other.glb:
+            glbs.append(other.glb)
+    why = scene_problem(backend or "builtin")
+    note = f"{done} of {len(siblings)} objects made. {why[:1].upper()}{why[1:]}"
+    return with_fields(out, note=_joined(out.note, note), extra=tuple(glbs) + out.extra)
+
+
+def _joined(first: str, second: str) -> str:
+    return f"{first}; {second}" if first else second
+
+
+def _backend_of(ctx: AppContext, job_id: str) -> Optional[str]:
+    settings = jobs.stored_settings(ctx, job_id) or {}
+    value = (settings.get("reconstruct") or {}).get("backend")
+    return str(value) if value else None
 
 
 GENERATE = JobFlow(kind="image", progress=lambda page: page.progress, dom_id="kiln-progress", idle=idle_buttons,
@@ -192,7 +252,7 @@ def follow_on_load(page: Page, ctx: AppContext, caller: Caller) -> Iterator[Upda
             shown.update(zip(page.form, astuple(values)))
     if live is None or not idle:
         if newest is not None and idle:
-            ctx.active.keep_outcome(session, job_outcome(ctx, session, newest, _waited(ctx, newest)))
+            ctx.active.keep_outcome(session, objects_outcome(ctx, session, newest, _waited(ctx, newest)))
         yield shown
         return
     first = jobs.progress_view(ctx, live)
@@ -201,7 +261,7 @@ def follow_on_load(page: Page, ctx: AppContext, caller: Caller) -> Iterator[Upda
     for _, last, view in jobs.progress_views(ctx, jobs.follow_existing(ctx, session, live.id), shown=first):
         yield {page.progress: view}
     if last.terminal:
-        ctx.active.keep_outcome(session, job_outcome(ctx, session, last, _waited(ctx, live)))
+        ctx.active.keep_outcome(session, objects_outcome(ctx, session, last, _waited(ctx, live)))
     yield {page.progress: gr.skip()}
 
 

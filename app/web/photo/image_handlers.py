@@ -31,7 +31,7 @@ from kiln.limits import MIN_IMAGE_SIDE
 # what each handler's action is called on the page, for the sentence a fault leaves
 ACTIONS = {"on_upload": "The upload", "on_replace": "The upload", "on_upload_cleared": "Removing the image",
            "on_click": "The click", "on_find": "Find the object", "on_undo": "Undo",
-           "on_clear": "Clear selection", "on_alpha": "Use transparency as mask",
+           "on_clear": "Clear selection", "on_keep": "Add another object", "on_drop_kept": "Drop kept objects", "on_alpha": "Use transparency as mask",
            "on_show_mask": "Show selection", "on_box": "The box", "on_mask_file": "The mask file",
            "on_restore": "Taking over the image from before the reload"}
 
@@ -40,7 +40,8 @@ def selection_view(page: Page, st: uploads.SessionState) -> Updates:
     """The image with its selection drawn on it, the mask info, and the transparency box
     (offered only for an image that has transparency)."""
     return {page.canvas: selection.render_overlay(st), page.mask_info: selection.mask_summary(st),
-            page.use_alpha: gr.update(visible=bool(st.image and st.image.has_alpha), value=st.use_alpha)}
+            page.use_alpha: gr.update(visible=bool(st.image and st.image.has_alpha), value=st.use_alpha),
+            page.drop_kept: gr.update(visible=bool(st.kept))}
 
 
 def canvas_as_file(page: Page, ctx: AppContext, caller: Caller, answer: Updates) -> Updates:
@@ -237,3 +238,24 @@ def prepare_restored(ctx: AppContext, caller: Caller) -> None:
     computes its embedding), so the first click is quick."""
     selection.prepare_segmenter(ctx.sessions.get(caller.session), ctx.segmenter)
 
+
+
+def on_keep(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """"Add another object": the selection kept as the next object of the photo and a new
+    selection started (``app.web.photo.objects``); the mask info lists the kept ones and says
+    what Generate will make of them with this server's reconstruction."""
+    from app.web.photo.objects import generate_note, keep_object
+
+    view = edit_selection(page, ctx, caller, keep_object)
+    count = len(ctx.sessions.get(caller.session).kept) + 1
+    note = generate_note(ctx.settings.reconstruct.backend, count)
+    if note:
+        view[page.mask_info] = f"{view[page.mask_info]}  \n{usertext.md_text(note[:1].upper() + note[1:])}."
+    return view
+
+
+def on_drop_kept(page: Page, ctx: AppContext, caller: Caller) -> Updates:
+    """"Drop kept objects": back to one object, the current selection."""
+    from app.web.photo.objects import drop_kept
+
+    return edit_selection(page, ctx, caller, drop_kept)

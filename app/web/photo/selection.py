@@ -174,6 +174,10 @@ def render_overlay(state: SessionState) -> Optional[np.ndarray]:
         out[(edge == 2) & outside] = (255, 255, 255)
     else:
         out = work.copy()
+    if state.kept:
+        from app.web.photo.objects import kept_outlines
+
+        kept_outlines(out, state.kept, max(1, max(out.shape[:2]) // 400))
     if state.box is not None:
         x0, y0, x1, y1 = (int(round(v)) for v in state.box)
         t = max(1, max(out.shape[:2]) // 400)
@@ -265,8 +269,18 @@ def mask_summary(state: SessionState) -> str:
         return "Upload an image, or pick an example below."
     h, w = img.size
     head = f"**{html.escape(img.name)}** — {w}x{h}"
+    if state.kept:
+        from app.web.photo.objects import kept_summary
+
+        return f"{kept_summary(state)}  \n{_selection_summary(state, head)}"
+    return _selection_summary(state, head)
+
+
+def _selection_summary(state: SessionState, head: str) -> str:
+    img = require_image(state)
     if state.mask is None or not state.mask.any():
-        return f"{head}. {nothing_found_hint(state.clicks, state.box)}."
+        text = f"{head}. {nothing_found_hint(state.clicks, state.box)}."
+        return f"{text}  \n{md_text(public_text(state.mask_note))}" if state.mask_note and state.kept else text
     clicked = not state.use_alpha and not state.mask_file
     mc = assess_mask(state.mask, state.clicks if clicked else (), img.work)
     if state.use_alpha:

@@ -61,10 +61,12 @@ def watch_job(job, poll_s: float = 0.25, beat_s: Optional[float] = None,
 
 def follow_job(ctx, session: str, rgb: np.ndarray, mask: np.ndarray, settings: Settings,
                info: Optional[JobInfo] = None, pressed_at: Optional[float] = None,
-               poll_s: float = 0.25) -> Iterator[tuple[str, Any]]:
+               poll_s: float = 0.25, more_masks: tuple = ()) -> Iterator[tuple[str, Any]]:
     """Submit a job for ``session`` once the worker pool is up, then follow it.
 
     ``ctx``: an ``app.web.server.context.AppContext``; rgb (H, W, 3) uint8, mask (H, W) bool;
+    ``more_masks``: the photo's other objects, for one scene job (a reconstruction that
+    places objects: ``worker.pool.supervisor.Supervisor.submit``);
     ``info``: what the page keeps with the job (image name, thumbnail; the settings
     summary is added here, and the time from ``pressed_at``, when Generate was pressed,
     to the submit: "Done in" counts it). Yields ``(note, None)`` while the pool starts or when the job
@@ -77,13 +79,72 @@ def follow_job(ctx, session: str, rgb: np.ndarray, mask: np.ndarray, settings: S
     ``app.orphan_grace_s``.
     """
     def submit(sup):
-        nonlocal rgb, mask
+        nonlocal rgb, mask, more_masks
         try:
+            if more_masks:   # a scene of several objects: one job
+                return sup.submit(rgb, mask, settings, session=session, more_masks=tuple(more_masks))
             return sup.submit(rgb, mask, settings, session=session)
         finally:
-            del rgb, mask   # full size, up to app.max_pixels: the job store has them now
+            del rgb, mask, more_masks   # full size, up to app.max_pixels: the job store has them now
 
     yield from _submit_and_follow(ctx, session, submit, settings, info, pressed_at, poll_s)
+
+
+def follow_each(ctx, session: str, rgb: np.ndarray, masks: list, settings: Settings,
+                info: Optional[JobInfo] = None, pressed_at: Optional[float] = None,
+                poll_s: float = 0.25) -> Iterator[tuple[str, Any]]:
+    """One job per object of one photo (``masks``: (H, W) bool each), all submitted at once and
+    followed in turn, as ``follow_job`` follows one: ``(note, status)`` with the note saying which
+    object, ending with the last one's terminal status. Each job's ``JobInfo.objects`` lists them
+    all, so its outcome (here or on a reloaded page) shows every object's model. Every poll
+    counts as following each of them, so the reaper leaves the waiting ones alone."""
+    while not ctx.sup_ready.is_set():
+        yield WAITING_FOR_POOL, None
+        ctx.sup_ready.wait(1.0)
+    sup = ctx.sup
+    if sup is None:
+        yield ctx.sup_error or "the worker pool is not running", None
+        return
+    handles: list = []
+    try:
+        for mask in masks:
+            handles.append(sup.submit(rgb, mask, settings, session=session))
+    except Exception as e:  # noqa: BLE001 - queue full or a refused input: the person reads why
+        log.warning("submit failed: %s", e)
+        for job in handles:   # all or none: half a Generate is not what was asked for
+            _cancel(job, "another object of the same Generate could not be submitted")
+        yield f"Could not start the jobs: {public_text(str(e))}", None
+        return
+    finally:
+        del rgb, masks
+    summary = settings_summary(settings)
+    ids = tuple(job.id for job in handles)
+    waited = max(0.0, time.time() - pressed_at) if pressed_at is not None else 0.0
+    for n, job in enumerate(handles, start=1):
+        ctx.summaries[job.id] = f"object {n} of {len(handles)}; {summary}"
+        if info is not None:
+            _save_info(job, replace(info, summary=ctx.summaries[job.id], waited_s=waited, objects=ids))
+        ctx.active.add(session, job.id)
+    _ensure_reaper(ctx)
+    if ctx.active.cancel_wanted(session):
+        for job in handles:
+            _cancel(job)
+
+    def touch_all() -> None:
+        for i in ids:
+            ctx.active.touch(i)
+
+    for n, job in enumerate(handles, start=1):
+        last = None
+        try:
+            for last in watch_job(job, poll_s, BEAT_S, on_poll=touch_all):
+                yield f"object {n} of {len(handles)}", last
+        finally:
+            if last is not None and last.terminal:
+                ctx.active.finished(job.id)
+            elif ctx.active.cancel_wanted(session):
+                for other in handles[n - 1:]:
+                    _cancel(other)
 
 
 def follow_bake(ctx, session: str, bake, settings: Settings, info: Optional[JobInfo] = None,
@@ -316,8 +377,8 @@ def progress_views(ctx, steps, dom_id: str = "kiln-progress", shown: Optional[st
             view = None
         elif st is None:
             view = statusview.progress_html(note=note, dom_id=dom_id)
-        else:
-            view = progress_view(ctx, st, dom_id)
+        else:   # a note beside a status names the object of several (``follow_each``)
+            view = progress_view(ctx, st, dom_id, note=note)
         if view is None or view == shown:
             yield note, st, gr.skip()
         else:
@@ -325,7 +386,7 @@ def progress_views(ctx, steps, dom_id: str = "kiln-progress", shown: Optional[st
             yield note, st, view
 
 
-def progress_view(ctx, st, dom_id: str = "kiln-progress") -> str:
+def progress_view(ctx, st, dom_id: str = "kiln-progress", note: str = "") -> str:
     """The progress bar of a job in progress as a page shows it: a waiting job's place in
     line and the wait to expect (what the running jobs have left, then the jobs ahead), a
     running one's elapsed time and what is left, all from what jobs took here lately."""
@@ -338,7 +399,7 @@ def progress_view(ctx, st, dom_id: str = "kiln-progress") -> str:
     else:
         typical, left = job_estimate_s(ctx, st), None
     return statusview.progress_html(st, dom_id=dom_id, place=place, workers=ctx.workers, typical_s=typical,
-                                    now=now, running_left=left)
+                                    now=now, running_left=left, note=note)
 
 
 def running_left_s(ctx, fallback_s: float, now: float) -> list[float]:

@@ -37,6 +37,9 @@ class JobInfo:
     summary: str = ""
     waited_s: float = 0.0
     cancel_reason: str = ""
+    # the jobs one Generate made, one per object of the photo (the built-in reconstruction makes
+    # each object its own model: ``app.web.photo.objects``), this one among them; () for one
+    objects: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -46,7 +49,10 @@ class JobInfo:
         try:
             data = json.loads(text)
             known = {f.name for f in fields(cls)}
-            return cls(**{k: v for k, v in data.items() if k in known})
+            values = {k: v for k, v in data.items() if k in known}
+            if "objects" in values:
+                values["objects"] = tuple(str(j) for j in values["objects"] or ())
+            return cls(**values)
         except (ValueError, TypeError):
             return None
 

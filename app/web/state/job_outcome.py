@@ -80,7 +80,8 @@ class Outcome:
 
     def sizes_markdown(self) -> str:
         """Each published file and its size, one line ("" when there are none)."""
-        paths = [p for p in (self.glb, *self.extra, self.ply) if p]
+        # each once: a Generate of several objects lists the viewer's GLB among the others
+        paths = list(dict.fromkeys(p for p in (self.glb, *self.extra, self.ply) if p))
         return files_markdown(paths)
 
 

@@ -52,11 +52,26 @@ class WorkImage:
 
 
 @dataclass(frozen=True)
+class KeptObject:
+    """A selection kept as one object of the photo while the next is selected ("Add another
+    object"): the ``SessionState`` selection fields as they were (mask (h, w) bool on the working
+    copy; a mask file is read again at full size for the job, as the current selection's is)."""
+
+    mask: np.ndarray
+    clicks: tuple[Click, ...] = ()
+    box: Optional[Box] = None
+    use_alpha: bool = False
+    mask_file: Optional[str] = None
+    mask_note: str = ""
+
+
+@dataclass(frozen=True)
 class SessionState:
     """Per-tab state. clicks are (x, y, label) and box (x0, y0, x1, y1) in ``image.work``
     pixels; mask (h, w) bool. ``mask_file``: an uploaded mask file the mask was read from
     (read again at full size for a job), ``mask_note`` how it was read. ``show_mask``:
-    off shows the photo alone."""
+    off shows the photo alone. ``kept``: the objects selected before this one on the same image
+    ("Add another object"), in order; a new image starts without any."""
 
     image: Optional[WorkImage] = None
     clicks: tuple[Click, ...] = ()
@@ -66,10 +81,13 @@ class SessionState:
     mask_file: Optional[str] = None
     mask_note: str = ""
     show_mask: bool = True
+    kept: tuple[KeptObject, ...] = ()
 
 
-# the small SessionState fields a session store keeps beside image, clicks, mask and use_alpha
-STATE_EXTRA_FIELDS = ("box", "mask_file", "mask_note", "show_mask")
+# the SessionState fields a session store keeps in memory beside image, clicks, mask and
+# use_alpha ("kept" holds a few working-copy masks: at most app.web.photo.objects.MAX_OBJECTS - 1
+# of <= 1 MB each)
+STATE_EXTRA_FIELDS = ("box", "mask_file", "mask_note", "show_mask", "kept")
 
 
 def downscale(arr: np.ndarray, max_side: int) -> np.ndarray:
