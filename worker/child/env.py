@@ -28,6 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, MutableMapping, Optional
 
+from kiln.threads import passive_openmp
+
 _RELEASE_RE = re.compile(r"release (\d+)\.(\d+)")
 
 
@@ -177,7 +179,7 @@ def prepare(env: MutableMapping[str, str], gpu: Optional[str], device: str) -> d
 
     gpu: the CUDA_VISIBLE_DEVICES entry this worker owns, or None to leave it alone.
     Returns notes for the capability report: 'torch_cuda', 'cuda_home', 'toolkit',
-    'torch_extensions_dir', 'torch_cuda_arch_list'.
+    'torch_extensions_dir', 'torch_cuda_arch_list', 'omp_wait_policy'.
     """
     notes: dict[str, Any] = {}
     # before pinning CUDA_VISIBLE_DEVICES: the arch list covers the machine's GPUs, so a
@@ -190,6 +192,8 @@ def prepare(env: MutableMapping[str, str], gpu: Optional[str], device: str) -> d
     elif gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     env["PYTHONFAULTHANDLER"] = "1"
+    # before torch loads libgomp: idle threads sleep instead of spinning (kiln.threads)
+    notes["omp_wait_policy"] = "passive" if passive_openmp(env) else "as set"
     want = torch_cuda_version()
     notes["torch_cuda"] = want
     if want is None or device == "cpu":
