@@ -79,7 +79,7 @@ class WorkerRunner:
         self.jobs_dir = Path(settings.app.jobs_dir)
         self.sup: "Supervisor | None" = None
         self.startup = 0.0
-        self._t0 = 0.0   # when start_early spawned the worker
+        self.t0 = 0.0   # perf_counter when start_early spawned the worker (0: it did not)
         # --resume: an image this command's job store has done (or has waiting after a
         # restart) with the same settings is taken from there instead of made again
         self.resume = resume
@@ -92,7 +92,7 @@ class WorkerRunner:
         A caller that refuses the inputs calls ``close``: the worker is stopped, no job made."""
         from worker.pool.supervisor import Supervisor
 
-        self._t0 = time.perf_counter()
+        self.t0 = time.perf_counter()
         sup = Supervisor(self.settings, jobs_dir=self.jobs_dir, cache_dir=Path(self.settings.app.cache_dir))
         try:
             sup.start(wait=False)
@@ -107,7 +107,7 @@ class WorkerRunner:
         from worker.pool.supervisor import Supervisor, WorkerStartError
 
         early = self.sup is not None
-        t0 = self._t0 if early else time.perf_counter()
+        t0 = self.t0 if early else time.perf_counter()
         if not early:
             self.sup = Supervisor(self.settings, jobs_dir=self.jobs_dir,
                                   cache_dir=Path(self.settings.app.cache_dir))
@@ -216,6 +216,7 @@ class InProcessRunner:
     """The stages in this process (debugging: a crash takes the CLI with it)."""
 
     startup = 0.0
+    t0 = 0.0   # no early start
 
     def __init__(self, settings):
         self.settings = settings
