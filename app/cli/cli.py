@@ -15,7 +15,7 @@ from pathlib import Path
 from kiln import settings as settings_mod
 from kiln.formats import human_bytes
 from kiln.limits import MIN_EXACT_FACES
-from kiln.threads import passive_openmp
+from worker.child.env import passive_openmp
 from worker.jobs.inputs import InputProblem, Loaded, NoSpace, is_no_space, no_space
 
 from app.cli.cliargs import add_format_flags, settings_from_args
@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # before anything imports torch (--in-process, segmentation); workers inherit it (kiln.threads)
+    # before anything imports torch (--in-process, segmentation); workers inherit it (worker.child.env)
     passive_openmp(os.environ)
     if argv[:1] == ["selftest"]:
         from worker.checks.selftest import main as selftest_main
