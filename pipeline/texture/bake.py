@@ -654,7 +654,7 @@ def _opt_texture_size(size: int, chart_texels: int, pixels: int) -> int:
 def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_ctx: "RasterContext",
                      pixel_uv: np.ndarray, target: np.ndarray,
                      settings: BakeSettings, dev, progress: ProgressFn, sample_chunk: int
-                     ) -> tuple[np.ndarray, np.ndarray, float]:
+                     ) -> tuple[np.ndarray, np.ndarray, float, int]:
     """Optimise a correction at ``opt_size`` (what the views can determine) and add it,
     upsampled, to the full-resolution ``init`` (S, S, 3), which keeps the detail the
     back-projection found. Returns what ``_optimise`` returns, at full resolution."""
@@ -689,7 +689,7 @@ def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_ctx: "R
 
 def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target: np.ndarray,
               settings: BakeSettings, dev, progress: ProgressFn, bounds: tuple = (0.0, 1.0)
-              ) -> tuple[np.ndarray, np.ndarray, float]:
+              ) -> tuple[np.ndarray, np.ndarray, float, int]:
     """Adam on the texture against the compact list of target pixels.
 
     init (S, S, 3) float32, chart (S, S) bool, pixel_uv (M, 2), target (M, 3).
