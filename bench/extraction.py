@@ -14,6 +14,7 @@ settings: <= 1.5 s in all (issue 20).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -24,6 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kiln.stages import STAGES  # noqa: E402 - after the sys.path line above
+from worker.child.env import passive_openmp  # noqa: E402
+
+# the stages run in this process: its OpenMP threads sleep as a worker's do, before torch loads
+passive_openmp(os.environ)
 
 EXTRACTION = [s for s in STAGES if s != "reconstruct"]
 TARGET_S = 1.5

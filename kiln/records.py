@@ -183,8 +183,9 @@ class BakeStats:
     for a bake without views: a model baked from its photo and its own colours).
     texels_seen_fraction: seen / chart texels; texels_chart_fraction: chart / all texels.
     timings: step -> seconds ("rasterize", "fast", "opt", "photo", "fill", "psnr").
-    fast_psnr_db, opt_texture_size (opt only): the same PSNR for the fast result opt starts
-    from, and the size opt solves at.
+    fast_psnr_db, opt_texture_size, opt_steps (opt only): the same PSNR for the fast result opt
+    starts from, the size opt solves at, and the steps it took (fewer than ``bake.steps`` when
+    its loss stalled: ``pipeline.texture.bake._StallSchedule``).
     photo_projection: whether the photo was blended in; then photo_texels_fraction (chart
     texels with photo weight > 0.5) and photo_pixels_per_texel (median over those), and when
     the photo holds clearly more detail than the texture, texture_size_suggested and a warning.
@@ -208,6 +209,7 @@ class BakeStats:
     timings: Mapping[str, float] = field(default_factory=dict)
     fast_psnr_db: Optional[float] = None
     opt_texture_size: Optional[int] = None
+    opt_steps: Optional[int] = None
     photo_projection: bool = False
     photo_texels_fraction: Optional[float] = None
     photo_pixels_per_texel: Optional[float] = None
@@ -224,7 +226,7 @@ class BakeStats:
             "bake_pixels": self.pixels, "texels_seen_fraction": self.texels_seen_fraction,
             "texels_chart_fraction": self.texels_chart_fraction, "bake_timings": dict(self.timings),
             "bake_fast_psnr_db": self.fast_psnr_db, "bake_opt_texture_size": self.opt_texture_size,
-            "photo_projection": self.photo_projection,
+            "bake_opt_steps": self.opt_steps, "photo_projection": self.photo_projection,
             "photo_texels_fraction": self.photo_texels_fraction,
             "photo_pixels_per_texel": self.photo_pixels_per_texel,
             "texture_size_suggested": self.texture_size_suggested,
@@ -241,6 +243,7 @@ class BakeStats:
                    timings=_float_map(data.get("bake_timings")),
                    fast_psnr_db=_opt_float(data.get("bake_fast_psnr_db")),
                    opt_texture_size=_opt_int(data.get("bake_opt_texture_size")),
+                   opt_steps=_opt_int(data.get("bake_opt_steps")),
                    photo_projection=bool(data.get("photo_projection", False)),
                    photo_texels_fraction=_opt_float(data.get("photo_texels_fraction")),
                    photo_pixels_per_texel=_opt_float(data.get("photo_pixels_per_texel")),

@@ -224,10 +224,11 @@ def views_code_version() -> str:
     return h.hexdigest()[:16]
 
 
-def views_key(recon_key: str, settings: Settings, backend: str, device: str) -> str:
+def views_key(recon_key: str, settings: Settings, backend: str, device: str, skip_front: bool = False) -> str:
     """Cache key (64 hex chars) of the bake views: the reconstruction key, every
     ``views.*`` setting but the requested backend (the resolved ``backend`` and
-    ``device`` take its place: "auto" may mean either), and views_code_version()."""
+    ``device`` take its place: "auto" may mean either), views_code_version(), and
+    ``skip_front``: the front view left out (the photo shows it)."""
     views = dict(settings.to_dict()["views"])
     views.pop("backend", None)
     h = hashlib.sha256(b"views;")
@@ -235,6 +236,8 @@ def views_key(recon_key: str, settings: Settings, backend: str, device: str) -> 
     h.update(json.dumps(views, sort_keys=True).encode())
     h.update(f"backend={backend};device={device};".encode())
     h.update(views_code_version().encode())
+    if skip_front:
+        h.update(b"without the front view;")
     return h.hexdigest()
 
 

@@ -201,14 +201,19 @@ def _render_views_cached(image: ImageInput, recon: Reconstruction, settings: Set
     """(bake views, whether they came from the cache)."""
     from pipeline import cache as cache_mod
     from pipeline.views import render_views
-    from pipeline.camera.cameras import sphere_cameras
+    from pipeline.camera.cameras import photo_shows_front, sphere_cameras
+    from pipeline.types import Cameras
 
     v = settings.views
     cams = sphere_cameras(v.count, v.radius, v.fov_deg, v.resolution)
+    skip_front = len(cams) > 1 and settings.bake.photo_projection and recon.source_camera is not None \
+        and photo_shows_front(recon.source_camera, cams)
+    if skip_front:   # the photo gives what the first (front) view would, sharper: not rendered
+        cams = Cameras(viewmats=cams.viewmats[1:], Ks=cams.Ks[1:], width=cams.width, height=cams.height)
     key = None
     if cache_dir is not None:
         key = cache_mod.views_key(cache_mod.reconstruction_key(image, settings), settings,
-                                  backends.render, backends.device)
+                                  backends.render, backends.device, skip_front=skip_front)
         views = cache_mod.load_views(Path(cache_dir), key, cams)
         if views is not None:
             return views, True

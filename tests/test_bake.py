@@ -218,7 +218,54 @@ def test_opt_reports_monotonic_progress(opt_bake):
     assert len(fractions) >= 20                      # at least one report per 5 % of the steps
     assert fractions == sorted(fractions)
     assert fractions[0] == 0.0 and fractions[-1] == 1.0
-    assert any("step 150/150" in m for _, m in PROGRESS)
+    steps = opt_bake[1].opt_steps
+    assert steps is not None and steps <= 150
+    assert any(f"step {steps}/{steps}" in m for _, m in PROGRESS)
+
+
+def test_stall_schedule_ends_after_a_stalled_loss_with_the_lr_annealed():
+    sch = bake._StallSchedule(120, window=12, drop=0.005, tail=8)
+    losses = {12: 0.0146, 24: 0.0131, 36: 0.0124, 48: 0.01225, 60: 0.0121, 72: 0.01208}
+    step = 0
+    while step < sch.end:
+        if sch.wants_loss(step):
+            sch.observe(step, losses[step])
+        step += 1
+    # 60 -> 72 dropped 0.17 %, under 0.5 %: a stall at 72, 8 steps of tail, not 120 steps
+    assert (sch.stalled_at, sch.end, step) == (72, 80, 80)
+    # the cosine runs on from where it was to its end within the tail
+    assert sch.fraction(71) == pytest.approx(71 / 119)
+    assert sch.fraction(72) == pytest.approx(72 / 119)
+    assert sch.fraction(79) == pytest.approx(1.0)
+    # a loss that keeps dropping by more than 0.5 % a window runs every step
+    sch = bake._StallSchedule(120, window=12, drop=0.005, tail=8)
+    for step in range(120):
+        if sch.wants_loss(step):
+            sch.observe(step, 1.0 - 0.01 * step)
+    assert (sch.stalled_at, sch.end) == (0, 120)
+    # a stall in the last tail's worth of steps changes nothing
+    sch = bake._StallSchedule(40, window=12, drop=0.005, tail=8)
+    for step in (12, 24, 36):
+        sch.observe(step, 0.5)
+    assert (sch.stalled_at, sch.end) == (24, 32)
+
+
+def test_opt_stops_early_on_a_stalled_loss_and_runs_on_while_it_drops(scene):
+    """Views with strong noise of their own (sigma 0.25, independent per view) leave opt a
+    floor it reaches within a few windows: its L1 stalls and it ends after the tail, not
+    after 400 steps. The clean views keep its L1 dropping (to 0): it runs every step."""
+    mesh, cams, _, views = scene
+    rng = np.random.default_rng(0)
+    noisy = Views(np.clip(views.rgb + rng.normal(0, 0.25, views.rgb.shape), 0, 1).astype(np.float32),
+                  views.alpha, cams)
+    msgs: list = []
+    _, stats = bake.bake_texture(mesh, noisy, settings("opt", steps=400), RASTER, "cpu", seed=0,
+                                 progress=lambda f, m: msgs.append(m))
+    assert stats.opt_steps is not None and stats.opt_steps < 100
+    assert any(f"stalled at step {stats.opt_steps - bake.STALL_TAIL}" in m for m in msgs)
+    assert stats.psnr_db >= stats.fast_psnr_db     # no worse than where it started
+    _, clean = bake.bake_texture(mesh, views, settings("opt", steps=400), RASTER, "cpu", seed=0)
+    assert clean.opt_steps == 400 and clean.psnr_db > clean.fast_psnr_db + 3.0
 
 
 def test_opt_pixel_subset_is_seeded(scene, monkeypatch):

@@ -1,4 +1,4 @@
-"""`kiln run` refuses unusable inputs (and a full disk) before any worker starts, pairs
+"""`kiln run` refuses unusable inputs (and a full disk) before any job is made, pairs
 images with masks for a batch, and names a full disk in words."""
 
 from __future__ import annotations
@@ -30,8 +30,14 @@ def _workdirs(tmp_path):
 
 
 def _no_worker_started(tmp_path) -> bool:
-    # a supervisor writes var/workers/worker-N.log (var = jobs_dir/..) before anything else
-    return not (tmp_path / "workers").exists() and not (tmp_path / "jobs").exists()
+    """No job was made and no worker is left running. ``kiln run`` spawns its worker before
+    it checks the inputs (the start overlaps the checks) and stops it on a refusal; the
+    tests run the CLI in this process (``kiln_in_process``), so its worker would be our child."""
+    import multiprocessing as mp
+
+    jobs = tmp_path / "jobs"
+    made = [p for p in jobs.rglob("status.json")] if jobs.exists() else []
+    return not made and not mp.active_children()
 
 
 @pytest.fixture
@@ -48,7 +54,7 @@ def _save(path: Path, arr: np.ndarray, mode: str | None = None) -> Path:
     return path
 
 
-# -- refused before any worker starts (exit 2, no traceback) ----------------------------
+# -- refused before any job is made (exit 2, no traceback) ----------------------------
 
 def test_a_1x1_image_with_a_mask_is_refused_up_front(tmp_path):
     img = _save(tmp_path / "one.png", np.full((1, 1, 3), 200, np.uint8))
@@ -76,6 +82,28 @@ def test_unusable_masks_are_refused_up_front(toy, tmp_path, make, needle):
     r = kiln_in_process("run", toy / "toy_rgb.png", "--mask", mask, "-o", tmp_path / "o.glb", *_workdirs(tmp_path))
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr and "m.png" in r.stderr and "Traceback" not in r.stderr
+    assert _no_worker_started(tmp_path)
+
+
+def test_the_worker_starts_while_the_inputs_are_checked_and_stops_on_a_refusal(toy, tmp_path, monkeypatch):
+    """The worker's start (~2 s) overlaps the input checks: it is spawned before they begin;
+    a refusal still exits 2 with its reason, no job made and no worker left."""
+    import multiprocessing as mp
+
+    import app.cli.cli as cli_mod
+
+    at_check: list[int] = []
+    validate = cli_mod._validate
+
+    def counting(*a, **k):
+        at_check.append(len(mp.active_children()))
+        return validate(*a, **k)
+
+    monkeypatch.setattr(cli_mod, "_validate", counting)
+    mask = _save(tmp_path / "m.png", np.zeros((256, 256), np.uint8))
+    r = kiln_in_process("run", toy / "toy_rgb.png", "--mask", mask, "-o", tmp_path / "o.glb", *_workdirs(tmp_path))
+    assert r.returncode == 2 and "is empty" in r.stderr, r.stderr
+    assert at_check == [1], "the worker was not spawned before the checks"
     assert _no_worker_started(tmp_path)
 
 

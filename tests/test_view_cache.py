@@ -174,3 +174,45 @@ def test_views_kept_as_tensors_store_the_same_cache_and_bake_the_same(tmp_path, 
         return np.asarray(geom.visual.material.baseColorTexture)
 
     assert np.array_equal(texture(a.glb_path), texture(b.glb_path))
+
+
+def test_the_front_view_is_not_rendered_where_the_photo_shows_it(tmp_path, monkeypatch):
+    """The built-in reconstruction's photo looks at the object's front, along the first bake
+    view: with the photo projected that view is not rendered (the bake takes the photo's
+    pixels there); without the photo it is. The two sets of views are cached apart."""
+    from pipeline.views import render_views
+    from pipeline.run import run_pipeline
+
+    counts: list[int] = []
+    real = render_views.render_gaussians
+
+    def counting(g, cameras, *a, **k):
+        counts.append(len(cameras))
+        return real(g, cameras, *a, **k)
+
+    monkeypatch.setattr(render_views, "render_gaussians", counting)
+    img, s = _input(), small_settings()
+    n = s.views.count
+    c = tmp_path / "cache"
+    with_photo = run_pipeline(img, s, tmp_path / "a", cache_dir=c)
+    without = run_pipeline(img, s.override({"bake.photo_projection": False}), tmp_path / "b", cache_dir=c)
+    assert counts == [n - 1, n]
+    assert not with_photo.stats.views_cached and not without.stats.views_cached
+    assert run_pipeline(img, s, tmp_path / "c", cache_dir=c).stats.views_cached and counts == [n - 1, n]
+
+
+def test_photo_shows_front_within_five_degrees():
+    import math
+
+    from pipeline.camera.cameras import look_at, photo_shows_front
+    from pipeline.types import SourceCamera
+
+    cams = sphere_cameras(4, 2.4, 40.0, 16)
+    K = np.array([[20.0, 0, 8], [0, 20.0, 8], [0, 0, 1]], np.float32)
+
+    def photo(deg: float) -> SourceCamera:
+        eye = 3.0 * np.array([math.sin(math.radians(deg)), 0.0, math.cos(math.radians(deg))])
+        return SourceCamera(viewmat=look_at(eye).astype(np.float32), K=K, width=16, height=16)
+
+    assert photo_shows_front(photo(0.0), cams) and photo_shows_front(photo(4.0), cams)
+    assert not photo_shows_front(photo(6.0), cams) and not photo_shows_front(photo(180.0), cams)

@@ -240,3 +240,23 @@ def test_a_failed_start_stops_what_it_started(tmp_path):
     assert mp.active_children() == []
     with pytest.raises(RuntimeError, match="not running"):
         sup.submit(*image(), small_settings())
+
+
+def test_a_stopped_worker_exits_cleanly_without_teardown(tmp_path):
+    """A worker told to stop ends at once (os._exit: no interpreter teardown, which took
+    0.5-0.8 s with torch and Mesa loaded) and still exits 0 with its log complete."""
+    sup = Supervisor(small_settings(), tmp_path / "jobs", None).start()
+    job = sup.submit(*image(), small_settings(bake__enabled=False))
+    assert job.wait(timeout=120).state == "done"
+    slot = sup._dispatcher.slots[0]
+    proc, log_path = slot.proc, slot.log_path
+    codes, close = [], proc.close   # the supervisor closes the process object once it is joined
+
+    def record_then_close():
+        codes.append(proc.exitcode)
+        close()
+
+    proc.close = record_then_close
+    sup.shutdown()
+    assert codes == [0]
+    assert log_path.read_text().rstrip().splitlines()[-1].endswith("stopping")

@@ -299,6 +299,36 @@ def test_prepare_for_a_cpu_worker_hides_gpus_and_keeps_a_user_extension_dir(tmp_
     assert env["TORCH_EXTENSIONS_DIR"] == "/mine"
 
 
+def test_prepare_makes_openmp_threads_sleep_unless_the_person_chose(tmp_path):
+    env = {"PATH": "/usr/bin"}
+    notes = wenv.prepare(env, gpu=None, device="cpu")
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and notes["omp_wait_policy"] == "passive"
+    env = {"PATH": "/usr/bin", "OMP_WAIT_POLICY": "ACTIVE"}
+    assert wenv.prepare(env, gpu=None, device="cpu")["omp_wait_policy"] == "as set"
+    assert env["OMP_WAIT_POLICY"] == "ACTIVE"
+    env = {"PATH": "/usr/bin", "GOMP_SPINCOUNT": "300000"}   # libgomp's own knob: left to it
+    wenv.prepare(env, gpu=None, device="cpu")
+    assert "OMP_WAIT_POLICY" not in env and env["GOMP_SPINCOUNT"] == "300000"
+
+
+def test_torch_in_a_prepared_process_reads_the_passive_wait_policy():
+    """libgomp reads OMP_WAIT_POLICY once, when torch loads it: a process that prepares its
+    environment first and imports torch after gets it (libgomp prints what it read with
+    OMP_DISPLAY_ENV)."""
+    import subprocess
+    import sys
+
+    code = ("import os; from worker.child.env import prepare; prepare(os.environ, None, 'cpu'); "
+            "import torch; torch.ones(4).sum()")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**env, "OMP_DISPLAY_ENV": "TRUE"}, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr
+    if "OMP_WAIT_POLICY" not in out.stdout + out.stderr:
+        pytest.skip("this torch's OpenMP does not print its environment (not libgomp)")
+    assert "OMP_WAIT_POLICY = 'PASSIVE'" in out.stdout + out.stderr
+
+
 def test_torch_cuda_version_is_read_without_importing_torch():
     import subprocess
     import sys

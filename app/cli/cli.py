@@ -6,6 +6,7 @@ Heavy libraries are imported inside the commands so ``kiln --help`` stays instan
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 from kiln import settings as settings_mod
 from kiln.formats import human_bytes
 from kiln.limits import MIN_EXACT_FACES
+from worker.child.env import passive_openmp
 from worker.jobs.inputs import InputProblem, Loaded, NoSpace, is_no_space, no_space
 
 from app.cli.cliargs import add_format_flags, settings_from_args
@@ -27,7 +29,7 @@ EXIT_CODES = ("Exit status: 0 the GLB was written (every GLB, with several image
               "failed (a stage error, a worker crash or hang, no worker could start, no space "
               "left on a disk) or, with several images, any of them failed; 2 a usage or input "
               "problem (bad flag, setting, image or mask, or a stage rejected the input), found "
-              "before any worker starts; 130 interrupted by Ctrl-C (the running job is cancelled "
+              "before any job is made (the worker that starts beside the checks is stopped); 130 interrupted by Ctrl-C (the running job is cancelled "
               "and its worker stopped).")
 
 __all__ = ["main", "build_parser", "CliError", "CliJobFailed", "Cancelled", "ProgressLine", "timing_table"]
@@ -77,13 +79,37 @@ def _space_check(items, settings) -> None:
 
 
 def cmd_run(args) -> int:
-    from worker.jobs.inputs import AUTO, load, plan, writing_to
+    from worker.jobs.inputs import load, plan
 
     settings = settings_from_args(args)
     try:
         items, batch = plan(args.image, args.mask, args.mask_dir, args.output)
     except InputProblem as e:
         raise CliError(str(e)) from None
+    if args.resume and args.in_process:
+        raise CliError("--resume reads the job store of crash-isolated workers; it cannot be used with --in-process")
+    runner = InProcessRunner(settings) if args.in_process else WorkerRunner(settings, resume=args.resume)
+    if isinstance(runner, WorkerRunner):
+        # the worker starts (~2 s: interpreter, torch, probes) while the inputs are read and
+        # checked below; a refusal stops it again before any job is made
+        runner.start_early()
+    try:
+        loaded, find_mask = _check_inputs(items, batch, settings, args)
+    except BaseException:
+        runner.close()
+        raise
+    if not batch:
+        return _run_one(runner, items[0], loaded[0], args)
+    return _run_batch(runner, items, lambda item: load(item, settings.app.max_pixels, settings.reconstruct,
+                                                     args.mask_dir, find_mask), args)
+
+
+def _check_inputs(items, batch: bool, settings, args):
+    """Read and check every input, say what the person should know of each, check the free
+    space and make the output folders; raises CliError (or NoSpace) to refuse them all.
+    Returns (the loaded inputs, --mask auto's finder or None)."""
+    from worker.jobs.inputs import AUTO, writing_to
+
     find_mask = None
     if args.mask == AUTO:
         from app.cli.cliautomask import AutoMasker
@@ -100,19 +126,15 @@ def cmd_run(args) -> int:
     for out_dir in sorted({item.output.parent for item in items}):
         with writing_to(out_dir):
             out_dir.mkdir(parents=True, exist_ok=True)
-    if args.resume and args.in_process:
-        raise CliError("--resume reads the job store of crash-isolated workers; it cannot be used with --in-process")
-    runner = InProcessRunner(settings) if args.in_process else WorkerRunner(settings, resume=args.resume)
-    if not batch:
-        return _run_one(runner, items[0], loaded[0], args)
-    return _run_batch(runner, items, lambda item: load(item, settings.app.max_pixels, settings.reconstruct,
-                                                     args.mask_dir, find_mask), args)
+    return loaded, find_mask
 
 
 def _run_one(runner, item, got, args) -> int:
     """One image: per-stage bars, then the timing table and stats."""
     progress = ProgressLine()
-    t0 = time.perf_counter()
+    # from the worker's early start when there was one: its start is in the table, and the
+    # checks it overlapped are then in "other"
+    t0 = runner.t0 or time.perf_counter()
     try:
         startup = runner.start()
         result = runner.run(got, item.output, progress)
@@ -155,7 +177,7 @@ def _stats_lines(p) -> list[tuple[str, object]]:
 def _run_batch(runner, items, load_item, args) -> int:
     """Several images through one worker: a line each, a summary table, 1 if any failed."""
     results = [ItemResult(image=item.image, output=item.output) for item in items]
-    t0 = time.perf_counter()
+    t0 = runner.t0 or time.perf_counter()   # from the worker's early start, as in _run_one
     interrupted = None
     try:
         runner.start()
@@ -314,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # before anything imports torch (--in-process, segmentation); workers inherit it (worker.child.env)
+    passive_openmp(os.environ)
     if argv[:1] == ["selftest"]:
         from worker.checks.selftest import main as selftest_main
 

@@ -79,27 +79,58 @@ class WorkerRunner:
         self.jobs_dir = Path(settings.app.jobs_dir)
         self.sup: "Supervisor | None" = None
         self.startup = 0.0
+        self.t0 = 0.0   # perf_counter when start_early spawned the worker (0: it did not)
         # --resume: an image this command's job store has done (or has waiting after a
         # restart) with the same settings is taken from there instead of made again
         self.resume = resume
 
+    def start_early(self) -> None:
+        """Spawn the worker now and do not wait for it: its interpreter, torch and probes
+        (~2 s) run while this process reads and checks the inputs. Whatever goes wrong here
+        is left for ``start`` to meet again and report, after the inputs' own problems
+        (a full disk is named by the space check, not by a worker that could not log).
+        A caller that refuses the inputs calls ``close``: the worker is stopped, no job made."""
+        from worker.pool.supervisor import Supervisor
+
+        self.t0 = time.perf_counter()
+        sup = Supervisor(self.settings, jobs_dir=self.jobs_dir, cache_dir=Path(self.settings.app.cache_dir))
+        try:
+            sup.start(wait=False)
+        except Exception:  # noqa: BLE001 - start() tries again and says what is wrong
+            sup.shutdown()
+            return
+        self.sup = sup
+
     def start(self) -> float:
+        """The worker ready (started now, or waited for after ``start_early``); returns the
+        seconds this took, from the early start when there was one."""
         from worker.pool.supervisor import Supervisor, WorkerStartError
 
-        t0 = time.perf_counter()
-        self.sup = Supervisor(self.settings, jobs_dir=self.jobs_dir,
-                              cache_dir=Path(self.settings.app.cache_dir))
+        early = self.sup is not None
+        t0 = self.t0 if early else time.perf_counter()
+        if not early:
+            self.sup = Supervisor(self.settings, jobs_dir=self.jobs_dir,
+                                  cache_dir=Path(self.settings.app.cache_dir))
+        assert self.sup is not None
         try:
             with writing_to(self.jobs_dir):
-                self.sup.start()   # on failure (or Ctrl-C) it has already stopped what it started
+                if early:
+                    self.sup.wait_ready()
+                else:
+                    self.sup.start()   # on failure (or Ctrl-C) it has already stopped what it started
         except WorkerStartError as e:
-            self.sup = None
+            self._stop_failed(early)
             raise CliJobFailed(f"the worker could not start: {e}") from None
         except BaseException:
-            self.sup = None
+            self._stop_failed(early)
             raise
         self.startup = time.perf_counter() - t0
         return self.startup
+
+    def _stop_failed(self, early: bool) -> None:
+        if early and self.sup is not None:   # start(wait=False) leaves stopping to its caller
+            self.sup.shutdown()
+        self.sup = None
 
     def close(self) -> None:
         if self.sup is not None:
@@ -185,6 +216,7 @@ class InProcessRunner:
     """The stages in this process (debugging: a crash takes the CLI with it)."""
 
     startup = 0.0
+    t0 = 0.0   # no early start
 
     def __init__(self, settings):
         self.settings = settings

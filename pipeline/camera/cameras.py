@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from pipeline.types import Cameras
+from pipeline.types import Cameras, SourceCamera
 
 WORLD_UP = np.array([0.0, 1.0, 0.0])
 
@@ -90,6 +90,21 @@ def sphere_cameras(count: int, radius: float, fov_deg: float, resolution: int,
     viewmats = np.stack([look_at(d * radius) for d in dirs])
     return Cameras(viewmats=viewmats.astype(np.float32), Ks=np.repeat(K[None], count, 0),
                    width=resolution, height=resolution)
+
+
+# the photo's camera stands in for the first bake view when their viewing directions are
+# this close: the first view then sees nothing the photo does not show, at the photo's own
+# resolution (the bake takes the photo's pixels there: pipeline.texture.photo_projection)
+FRONT_MATCH_DEG = 5.0
+
+
+def photo_shows_front(source: SourceCamera, cameras: Cameras) -> bool:
+    """Whether the photo's camera ``source`` looks at the object along the first of
+    ``cameras`` (``sphere_cameras``' front view), within FRONT_MATCH_DEG."""
+    photo_forward = np.asarray(source.viewmat, np.float64)[2, :3]   # camera +z in world, rows are axes
+    front_forward = np.asarray(cameras.viewmats[0], np.float64)[2, :3]
+    cos = float(photo_forward @ front_forward) / max(float(np.linalg.norm(photo_forward) * np.linalg.norm(front_forward)), 1e-12)
+    return cos >= math.cos(math.radians(FRONT_MATCH_DEG))
 
 
 def project(points: np.ndarray, viewmat: np.ndarray, K: np.ndarray):

@@ -132,7 +132,7 @@ class SymmetrySearch:
             s = p @ n - o
             mirrored = p - 2.0 * s[:, None] * n
             radius = tol * (1.0 + 4.0 * (1.0 - it / max(self.iterations - 1, 1)))
-            dist, idx = tree.query(mirrored + centre, distance_upper_bound=radius)
+            dist, idx = tree.query(mirrored + centre, distance_upper_bound=radius, workers=-1)
             ok = np.isfinite(dist)
             ok[ok] &= ((nrm[ok] - 2.0 * (nrm[ok] @ n)[:, None] * n) * tgt_n[idx[ok]]).sum(axis=1) \
                 >= self.normal_cos
@@ -160,7 +160,7 @@ class SymmetrySearch:
         n, offset = plane
         mirrored = pts - 2.0 * (pts @ n - offset)[:, None] * n
         mirrored_n = nrm - 2.0 * (nrm @ n)[:, None] * n
-        dist, idx = tree.query(mirrored)
+        dist, idx = tree.query(mirrored, workers=-1)
         agree = (mirrored_n * tgt_n[idx]).sum(axis=1) >= self.normal_cos
         on = (dist <= tol) & agree
         return MirrorPlane(normal=(float(n[0]), float(n[1]), float(n[2])), offset=float(offset),

@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, MutableMapping, Optional
 
+
 _RELEASE_RE = re.compile(r"release (\d+)\.(\d+)")
 
 
@@ -172,12 +173,37 @@ def share_extension_env(env: Optional[MutableMapping[str, str]] = None) -> dict[
     return shared
 
 
+# --------------------------------------------------------------------------- OpenMP threads
+# torch's CPU build runs its parallel ops on GNU OpenMP (libgomp), whose idle threads spin
+# for a while at the end of every parallel region before they sleep. The CPU stages run
+# thousands of short ops (the splat renderer alone ~15k a job), so on a machine whose cores
+# are busy with other work a spinning thread takes the time slice its partner needs to
+# finish, and every op waits a scheduler quantum. Measured on the 2-core machine at load
+# average 9-11 (docs/benchmarks.md, "Issue 36 item 1"): the 16 bake views took 150-163 s
+# wall and 47-54 s CPU with libgomp's default, 16-22 s and 6.5-6.7 s with
+# OMP_WAIT_POLICY=PASSIVE (GOMP_SPINCOUNT=10000: 37 s, 9.5 s). libgomp reads the variable
+# once, when torch loads it, so it has to be in the environment before the first import.
+
+# the variables through which a person may already have chosen how OpenMP threads wait
+# (libgomp's two, and Intel's OpenMP's): any of them set, Kiln leaves the choice alone
+WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def passive_openmp(env: MutableMapping[str, str]) -> bool:
+    """Put ``OMP_WAIT_POLICY=PASSIVE`` into ``env`` (normally ``os.environ``) unless one of
+    ``WAIT_VARS`` is set. Returns whether it was put there."""
+    if any(env.get(name) for name in WAIT_VARS):
+        return False
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True
+
+
 def prepare(env: MutableMapping[str, str], gpu: Optional[str], device: str) -> dict[str, Any]:
     """Adjust ``env`` (normally ``os.environ``) in place for a worker about to import torch.
 
     gpu: the CUDA_VISIBLE_DEVICES entry this worker owns, or None to leave it alone.
     Returns notes for the capability report: 'torch_cuda', 'cuda_home', 'toolkit',
-    'torch_extensions_dir', 'torch_cuda_arch_list'.
+    'torch_extensions_dir', 'torch_cuda_arch_list', 'omp_wait_policy'.
     """
     notes: dict[str, Any] = {}
     # before pinning CUDA_VISIBLE_DEVICES: the arch list covers the machine's GPUs, so a
@@ -190,6 +216,8 @@ def prepare(env: MutableMapping[str, str], gpu: Optional[str], device: str) -> d
     elif gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     env["PYTHONFAULTHANDLER"] = "1"
+    # before torch loads libgomp: idle threads sleep instead of spinning (passive_openmp)
+    notes["omp_wait_policy"] = "passive" if passive_openmp(env) else "as set"
     want = torch_cuda_version()
     notes["torch_cuda"] = want
     if want is None or device == "cpu":

@@ -243,6 +243,18 @@ def worker_main(cfg: WorkerConfig, inbox: Any, outbox: Any) -> None:
             _run_job(msg, cfg, caps, send, contexts)
     _release_contexts(contexts)
     print(f"--- worker {cfg.slot} pid {os.getpid()} stopping", flush=True)
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """End the process without the interpreter's teardown. Everything this worker made is
+    on disk already (jobs are written atomically, the log flushed) and its messages are in
+    the pipe (a SimpleQueue writes before ``put`` returns); what teardown would do after a
+    Stop is free torch's, Mesa's and numpy's memory one object at a time: 0.5-0.8 s measured
+    on the 2-core machine, which ``kiln run`` waited for after every model."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # --------------------------------------------------------------------------- jobs

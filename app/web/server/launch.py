@@ -610,6 +610,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     from kiln import settings as settings_mod
+    from worker.child.env import passive_openmp
+
+    passive_openmp(os.environ)   # before segmentation imports torch (worker.child.env)
 
     try:
         settings = settings_mod.load(args.config, {**settings_mod.parse_set(args.set),
