@@ -139,24 +139,10 @@ def listed_objects(meshes: Any, splats: Any = None, masks: Any = None) -> tuple:
     """A scene's objects after the first as /bake takes them: three lists paired by position
     ((mesh, splat or None, mask) each); UIError when they are not lists of files, or a splat or
     mask has no mesh."""
-    def files(value: Any, name: str) -> list:
-        if value in (None, "", []):
-            return []
-        if isinstance(value, (str, dict)):
-            value = [value]
-        if not isinstance(value, (list, tuple)):
-            raise usertext.UIError(f"{name}: a list of files, one per object after the first")
-        return [None if v in (None, "") else str(v.get("path") if isinstance(v, dict) else v) for v in value]
-
-    ms, ss, ks = files(meshes, "more_meshes"), files(splats, "more_splats"), files(masks, "more_object_masks")
-    for name, got in (("more_splats", ss), ("more_object_masks", ks)):
-        if len(got) > len(ms):
-            raise usertext.UIError(f"{name}: {len(got)} given for {len(ms)} more_meshes; the n-th belongs to "
-                                   "the n-th mesh")
-    if any(m is None for m in ms):
+    listed = _paired_lists("object", ("more_meshes", meshes), ("more_splats", splats), ("more_object_masks", masks))
+    if any(m is None for m, _, _ in listed):
         raise usertext.UIError("more_meshes: every entry is a mesh file")
-    pad = len(ms)
-    return tuple(zip(ms, ss + [None] * (pad - len(ss)), ks + [None] * (pad - len(ks))))
+    return listed
 
 
 def fit_request(ctx: AppContext, session: str, mesh: Optional[str], splat: Optional[str], image: Optional[str],
@@ -212,22 +198,32 @@ def listed_photos(images: Any, masks: Any = None, cameras: Any = None) -> tuple:
     """The photos after the first as /bake and /fit_camera take them: three lists paired by
     position ((image, mask, camera) each); UIError when they are not lists of files or a mask
     or camera has no image."""
+    return _paired_lists("photo", ("more_images", images), ("more_masks", masks), ("more_cameras", cameras))
+
+
+def _paired_lists(what: str, lead: tuple[str, Any], *rest: tuple[str, Any]) -> tuple:
+    """API lists of files paired by position with the ``lead`` list ((name, value) each): the
+    n-th of each belongs to the n-th of the lead; the shorter ones are padded with None. A
+    single file stands for a list of one; UIError for anything else, or a list longer than the
+    lead's."""
     def files(value: Any, name: str) -> list:
         if value in (None, "", []):
             return []
         if isinstance(value, (str, dict)):
             value = [value]
         if not isinstance(value, (list, tuple)):
-            raise usertext.UIError(f"{name}: a list of files, one per photo after the first")
+            raise usertext.UIError(f"{name}: a list of files, one per {what} after the first")
         return [None if v in (None, "") else str(v.get("path") if isinstance(v, dict) else v) for v in value]
 
-    imgs, msks, cams = files(images, "more_images"), files(masks, "more_masks"), files(cameras, "more_cameras")
-    for name, got in (("more_masks", msks), ("more_cameras", cams)):
-        if len(got) > len(imgs):
-            raise usertext.UIError(f"{name}: {len(got)} given for {len(imgs)} more_images; the n-th belongs "
-                                   "to the n-th image")
-    pad = len(imgs)
-    return tuple(zip(imgs, msks + [None] * (pad - len(msks)), cams + [None] * (pad - len(cams))))
+    lead_name, lead_files = lead[0], files(lead[1], lead[0])
+    columns = [lead_files]
+    for name, value in rest:
+        got = files(value, name)
+        if len(got) > len(lead_files):
+            raise usertext.UIError(f"{name}: {len(got)} given for {len(lead_files)} {lead_name}; the n-th "
+                                   f"belongs to the n-th {'image' if what == 'photo' else 'mesh'}")
+        columns.append(got + [None] * (len(lead_files) - len(got)))
+    return tuple(zip(*columns))
 
 
 def _path(value) -> Optional[Path]:
