@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Iterator, Optional
+from typing import Any, Generator, Iterator, Optional
 
 import numpy as np
 
@@ -98,12 +98,8 @@ def follow_each(ctx, session: str, rgb: np.ndarray, masks: list, settings: Setti
     object, ending with the last one's terminal status. Each job's ``JobInfo.objects`` lists them
     all, so its outcome (here or on a reloaded page) shows every object's model. Every poll
     counts as following each of them, so the reaper leaves the waiting ones alone."""
-    while not ctx.sup_ready.is_set():
-        yield WAITING_FOR_POOL, None
-        ctx.sup_ready.wait(1.0)
-    sup = ctx.sup
+    sup = yield from _worker_pool(ctx)
     if sup is None:
-        yield ctx.sup_error or "the worker pool is not running", None
         return
     handles: list = []
     try:
@@ -162,16 +158,23 @@ def follow_fit(ctx, session: str, fit, settings: Settings, info: Optional[JobInf
                                   settings, info, pressed_at, poll_s)
 
 
-def _submit_and_follow(ctx, session: str, submit, settings: Settings, info: Optional[JobInfo],
-                       pressed_at: Optional[float], poll_s: float,
-                       summary: Optional[str] = None) -> Iterator[tuple[str, Any]]:
+def _worker_pool(ctx) -> Generator[tuple[str, Any], None, Any]:
+    """The supervisor, once the pool is up (``sup = yield from _worker_pool(ctx)``), saying
+    so while it starts; None, said why, when it could not start."""
     while not ctx.sup_ready.is_set():
         # a yield per second lets Gradio drop a closed tab's generator while it waits
         yield WAITING_FOR_POOL, None
         ctx.sup_ready.wait(1.0)
-    sup = ctx.sup
-    if sup is None:
+    if ctx.sup is None:
         yield ctx.sup_error or "the worker pool is not running", None
+    return ctx.sup
+
+
+def _submit_and_follow(ctx, session: str, submit, settings: Settings, info: Optional[JobInfo],
+                       pressed_at: Optional[float], poll_s: float,
+                       summary: Optional[str] = None) -> Iterator[tuple[str, Any]]:
+    sup = yield from _worker_pool(ctx)
+    if sup is None:
         return
     try:
         job = submit(sup)
