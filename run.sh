@@ -2,7 +2,7 @@
 # Kiln launcher. Sets the machine up on first use (idempotent: a second run installs
 # nothing), then:
 #   ./run.sh                 start the web UI on http://127.0.0.1:7860
-#   ./run.sh test [ARGS]     run the test suite (pytest ARGS; two phases, see run_tests)
+#   ./run.sh test [ARGS]     run the test suite (pytest ARGS)
 #   ./run.sh example         run the CLI on a generated example image, print where the GLB went
 #   ./run.sh kiln ARGS       any kiln command, e.g. ./run.sh kiln run photo.png -o out.glb
 #   ./run.sh setup           only set up
@@ -84,41 +84,6 @@ setup_python() {
     fi
 }
 
-# The suite in two phases (docs/testing.md): the tests not marked `timing` on
-# $KILN_TEST_WORKERS processes (pytest-xdist, 2 by default: the CI machine's cores), each
-# module whole in one of them; then the `timing` ones (wall-clock bounds, stall and stage
-# deadlines of seconds) in one process with nothing else of the suite running beside them.
-# ARGS go to both; a --junitxml=F gets the second phase's report as F less .xml plus
-# -timing.xml. ARGS that choose marks or processes themselves (-m, -n, -p) get one plain run.
-run_tests() {
-    local a
-    for a in "$@"; do
-        case "$a" in -m|-m*|-n|-n*|--numprocesses*|-p|-p*) exec "$PY" -m pytest "$@" ;; esac
-    done
-    local first=() second=() next_is_xml=""
-    for a in "$@"; do
-        if [ -n "$next_is_xml" ]; then
-            first+=("$a"); second+=("${a%.xml}-timing.xml"); next_is_xml=""; continue
-        fi
-        case "$a" in
-            --junitxml=*|--junit-xml=*) first+=("$a"); second+=("${a%.xml}-timing.xml") ;;
-            --junitxml|--junit-xml) first+=("$a"); second+=("$a"); next_is_xml=1 ;;
-            *) first+=("$a"); second+=("$a") ;;
-        esac
-    done
-    local rc1=0 rc2=0
-    log "tests, phase 1 of 2: those not marked timing, on ${KILN_TEST_WORKERS:-2} processes"
-    "$PY" -m pytest -n "${KILN_TEST_WORKERS:-2}" --dist loadgroup -m "not timing" "${first[@]}" || rc1=$?
-    log "tests, phase 2 of 2: those marked timing, alone"
-    "$PY" -m pytest -m timing "${second[@]}" || rc2=$?
-    # 5 is pytest's "no tests collected": ARGS may name tests of one phase only
-    if [ "$rc1" = 5 ] && [ "$rc2" = 5 ]; then exit 5; fi
-    [ "$rc1" = 5 ] && rc1=0
-    [ "$rc2" = 5 ] && rc2=0
-    [ "$rc1" = 0 ] && exit "$rc2"
-    exit "$rc1"
-}
-
 need_debs
 setup_python
 export PATH="$VENV/bin:$PATH"
@@ -128,7 +93,7 @@ case "$mode" in
         log "set up; nothing else to do" ;;
     test)
         shift || true
-        run_tests "$@" ;;
+        exec "$PY" -m pytest "$@" ;;
     example)
         mkdir -p var/examples var/out
         "$PY" -m kiln.examples var/examples

@@ -97,7 +97,7 @@ def ray_head():
     return _shared("ray_head", _ray_cluster)
 
 
-# Under pytest-xdist (``-n N --dist loadgroup``, what ./run.sh test's first phase runs) each
+# Under pytest-xdist (``-n N --dist loadgroup -m "not timing"``, docs/testing.md) each
 # module runs whole in one worker, its tests in their order (most modules share a costly
 # fixture among their tests: a pool, a server), and the modules that share one of the things
 # above, or one folder, run in one worker one after another: the browser modules (the shared

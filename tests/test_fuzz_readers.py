@@ -28,7 +28,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import fuzz_targets as ft  # noqa: E402
 
-# the serial phase (docs/testing.md): a wall-clock bound on every reader
+# run alone (the timing mark, docs/testing.md): a wall-clock bound on every reader
 pytestmark = pytest.mark.timing(reason="each reader must finish within fuzz_targets.TIME_LIMIT_S")
 
 FIXTURES = Path(__file__).parent.parent.parent / "shared" / "fixtures"

@@ -16,7 +16,7 @@ from worker.jobs.jobstore import DONE
 from worker.pool.supervisor import Supervisor
 from worker_helpers import image, small_settings
 
-# no deadline of its own: in the serial phase beside test_ray_engine, so one Ray head serves both
+# no deadline of its own: marked like test_ray_engine, so a run of either mark starts one Ray head
 pytestmark = pytest.mark.timing(reason="shares the Ray head with test_ray_engine")
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-# the serial phase (docs/testing.md): the soak's workers have a 5 s stall window
+# run alone (the timing mark, docs/testing.md): the soak's workers have a 5 s stall window
 pytestmark = pytest.mark.timing(reason="workers with a 5 s stall window under random SIGSTOPs")
 
 ROOT = Path(__file__).resolve().parent.parent

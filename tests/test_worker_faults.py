@@ -102,7 +102,7 @@ FAULTS = [
 ]
 
 
-# hang and freeze are found by a 5 s worker.stage_timeout_s: the serial phase (docs/testing.md)
+# hang and freeze are found by a 5 s worker.stage_timeout_s: run alone (the timing mark, docs/testing.md)
 STAGE_TIMEOUT_FAULTS = ("hang", "freeze")
 
 
