@@ -393,7 +393,11 @@ def run_soak(jobs: int = 200, clients: int = 4, restarts: int = 3, workers: int 
     server.worker_pids()
     rss = list(server.rss)
     server.stop()
-    time.sleep(2.0)   # orphaned workers notice their parent is gone
+    # orphaned workers notice their parent is gone within a heartbeat or two: wait for that
+    # event, with a deadline for a loaded machine, rather than guess how long it takes
+    gone_by = time.monotonic() + 30.0
+    while any(_alive(p) for p in server.seen_workers) and time.monotonic() < gone_by:
+        time.sleep(0.1)
     return SoakReport(
         jobs=jobs, outcomes=sorted(outcomes, key=lambda o: o.index), faults=faults,
         restarts=done_restarts[0], orphans=[p for p in server.seen_workers if _alive(p)],

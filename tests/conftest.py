@@ -97,20 +97,34 @@ def ray_head():
     return _shared("ray_head", _ray_cluster)
 
 
-# Under pytest-xdist (``-n N --dist loadgroup``) each module runs whole in one worker, its tests
-# in their order (most modules share a costly fixture among their tests: a pool, a server),
-# and the modules that share one of the things above, or one folder, run in one worker one
-# after another: the browser modules (the shared app and Chromium, test-artifacts/browser),
-# the Ray modules (one loopback cluster), the type check (its two mypy runs share
-# .mypy_cache). The glTF validator and three.js are installed by npm at their first use, each
-# by one module.
+# Under pytest-xdist (``-n N --dist loadgroup -m "not timing"``, docs/testing.md) each
+# module runs whole in one worker, its tests in their order (most modules share a costly
+# fixture among their tests: a pool, a server), and the modules that share one of the things
+# above, or one folder, run in one worker one after another: the browser modules (the shared
+# app and Chromium, test-artifacts/browser), the Ray modules (one loopback cluster). The glTF
+# validator and three.js are installed by npm at their first use, each by one module.
 XDIST_GROUPS = {"test_browser_": "browser", "test_ray_": "ray"}
 
 
-def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        name = item.path.name
-        group = next((g for prefix, g in XDIST_GROUPS.items() if name.startswith(prefix)), name)
-        item.add_marker(pytest.mark.xdist_group(group))
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in: its module's, or the one XDIST_GROUPS gives its module."""
+    path = nodeid.split("::", 1)[0]
+    name = path.rsplit("/", 1)[-1]
+    return next((g for prefix, g in XDIST_GROUPS.items() if name.startswith(prefix)), path)
+
+
+# xdist's own loadgroup reads xdist_group marks by renaming each test's node id, which pytest
+# 9.2 no longer lets it do (Node.nodeid is read from another attribute): every test then went
+# alone to either worker, and a module's pool or server was started in both. So the groups are
+# given to xdist's scheduler directly, through its public hook.
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return ByGroup(config, log)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 # loaded by path: putting bench/ on sys.path would let bench/app.py shadow the app package
 _spec = importlib.util.spec_from_file_location(
     "kiln_bench_flood", Path(__file__).resolve().parent.parent / "bench" / "flood.py")
@@ -16,6 +18,7 @@ _spec.loader.exec_module(_flood)
 run_flood = _flood.run_flood
 
 
+@pytest.mark.timing(reason="the page must keep answering within its clients' timeouts during the flood")
 def test_a_flood_of_tabs_and_uploads_is_refused_politely_within_a_memory_bound():
     res = run_flood(sessions=10, uploads=12, megapixels=20.0, upload_mb=2.0, bound_mb=1024.0,
                     settings=("app.max_sessions_per_client=4", "app.upload_mb_per_client_hour=16"))

@@ -723,6 +723,7 @@ def test_broken_sam2_checkpoint_falls_back_to_grabcut_with_reason(tmp_path):
     assert "does not exist" in missing.reason
 
 
+@pytest.mark.timing(reason="a click with a cached embedding must take under 5 s")
 def test_sam2_segmenter_caches_embedding_and_never_touches_cuda(tmp_path, monkeypatch, blob):
     torch = pytest.importorskip("torch")
     ckpt = tmp_path / "sam2.1_hiera_tiny.pt"
@@ -906,6 +907,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.timing(reason="app.orphan_grace_s is 3 s: the closed page's job must still run when the next tab looks")
 def test_served_app_guards_files_and_uploads_frees_workers_and_stays_off_cuda(tmp_path):
     import json
     import os

@@ -35,6 +35,7 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
 
 # -- the border model: found ------------------------------------------------------------
 
+@pytest.mark.timing(reason="each find must take under 10 s")
 @pytest.mark.parametrize("bg", ["grey", "white", "gradient", "vignette"])
 @pytest.mark.parametrize("kind", ["toy", "pebble", "blob"])
 def test_an_object_on_a_plain_or_smooth_background_is_found(kind, bg):

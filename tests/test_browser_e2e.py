@@ -86,7 +86,7 @@ def _download_url(page) -> str:
 
 def _wait_toast(page, text: str) -> None:
     page.wait_for_function("(t) => Array.from(document.querySelectorAll('.toast-body'))"
-                           ".some(e => e.innerText.includes(t))", arg=text, timeout=10000)
+                           ".some(e => e.innerText.includes(t))", arg=text)
 
 
 def _textures(glb: Path) -> list:
@@ -151,13 +151,13 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         # "Show selection" off: the photo alone; on again: the selection
         a.locator("#kiln-show-mask input").uncheck()
         a.wait_for_function("() => true")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while np.abs(_shown_image(a).astype(int) - rgb_a).mean() > 6:
             assert time.monotonic() < deadline, "photo alone not shown"
             a.wait_for_timeout(200)
         a.screenshot(path=str(ARTIFACTS / "a1b_photo_alone.png"), full_page=True)
         a.locator("#kiln-show-mask input").check()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while _shown_image(a)[~gt_a].mean() > 0.6 * rgb_a[~gt_a].mean():
             assert time.monotonic() < deadline, "selection not shown again"
             a.wait_for_timeout(200)
@@ -208,10 +208,10 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         glb1_url = _download_url(a)
         a.locator("#kiln-bake input").check()
         a.click("#kiln-generate")
-        a.wait_for_selector("#kiln-dl-glb", state="hidden", timeout=5000)   # the old result's button
+        a.wait_for_selector("#kiln-dl-glb", state="hidden")   # the old result's button
         # the press's own note first ("Waiting for a free worker…"), then the job in line
         a.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
-                            " return e && e.dataset.state === 'queued'; }", timeout=15000)
+                            " return e && e.dataset.state === 'queued'; }")
         waiting_a = _progress(a)
         assert _progress(b)[0] == "running", "B's job ended before A pressed Generate"
         a.screenshot(path=str(ARTIFACTS / "a1b_waiting.png"), full_page=True)
@@ -230,7 +230,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         b.locator("#kiln-views input[type=number]").press("Enter")
         b.click("#kiln-generate")
         b.wait_for_function("() => /Waiting for a free worker|Rendering|Reconstructing|Done/.test("
-                            "document.querySelector('#kiln-progress').innerText)", timeout=15000)
+                            "document.querySelector('#kiln-progress').innerText)")
         b.screenshot(path=str(ARTIFACTS / "b3_waiting.png"), full_page=True)
         st2 = _wait_new_job(a, st1[1], ("done", "failed", "cancelled"))
         assert st2[0] == "done", st2
@@ -284,7 +284,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
 
         # -- clear the image, upload another: the old result leaves the page (the history keeps it)
         a.locator("#kiln-upload button[aria-label='Clear']").first.click()
-        a.wait_for_selector("#kiln-dl-glb", state="hidden", timeout=5000)
+        a.wait_for_selector("#kiln-dl-glb", state="hidden")
         _upload(a, img_b)
         assert _progress(a)[0] == "idle"
         assert a.locator("#kiln-model canvas").count() == 0, "the old model is still in the viewer"

@@ -347,7 +347,7 @@ def test_a_typed_value_out_of_range_is_named_when_the_slider_clamps_it(server, b
         box.fill("1.5")
         box.press("Tab")
         page.wait_for_function("() => { const n = document.querySelector('#kiln-simplify .kiln-range-note');"
-                               " return n && n.innerText.includes('outside'); }", timeout=10_000)
+                               " return n && n.innerText.includes('outside'); }")
         note = page.inner_text("#kiln-simplify .kiln-range-note")
         assert "Simplify ratio" in note and "1.5 is outside 0 to 0.999" in note and "set to 0.999" in note, note
         assert float(box.input_value()) == pytest.approx(0.999)      # Gradio's clamp, now said
@@ -355,7 +355,7 @@ def test_a_typed_value_out_of_range_is_named_when_the_slider_clamps_it(server, b
         box.fill("0.9")
         box.press("Tab")
         page.wait_for_function("() => { const n = document.querySelector('#kiln-simplify .kiln-range-note');"
-                               " return n && n.innerText.trim() === ''; }", timeout=10_000)
+                               " return n && n.innerText.trim() === ''; }")
         assert not page.locator("#kiln-simplify .kiln-range-note").is_visible()
     finally:
         ctx.close()

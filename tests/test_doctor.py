@@ -69,6 +69,7 @@ def test_default_config_passes_here_without_touching_cuda(capsys, monkeypatch):
     assert report["summary"].startswith("kiln doctor: ok")
 
 
+@pytest.mark.timing(reason="the summary must take under 15 s")
 def test_summary_is_one_quick_line(capsys):
     t0 = time.perf_counter()
     code = doctor.main(["--summary"])
@@ -187,6 +188,7 @@ def test_small_shm_warns_with_docker_hint():
     assert doctor.check_shm("/dev/shm", min_bytes=1).status == "ok"
 
 
+@pytest.mark.timing(reason="a 1 s probe timeout, and the whole under 60 s")
 def test_probes_report_crash_and_timeout_and_the_rest_still_run():
     """The worker's own probes in a child (worker.checks.proberun): a probe that kills its process
     or hangs in native code (SIGSTOP: no Python alarm can fire) is that probe's result, and

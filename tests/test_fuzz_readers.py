@@ -28,6 +28,9 @@ from hypothesis import strategies as st  # noqa: E402
 
 import fuzz_targets as ft  # noqa: E402
 
+# run alone (the timing mark, docs/testing.md): a wall-clock bound on every reader
+pytestmark = pytest.mark.timing(reason="each reader must finish within fuzz_targets.TIME_LIMIT_S")
+
 FIXTURES = Path(__file__).parent.parent.parent / "shared" / "fixtures"
 # Sized so the whole file runs in well under a minute on a 2-core machine.
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,

@@ -245,6 +245,7 @@ def test_clicks_on_a_drawing_choose_the_closed_shapes(seg):
     assert 0.8 <= _iou(holed, gt) < 0.95, _iou(holed, gt)
 
 
+@pytest.mark.timing(reason="one box must take under 3 s")
 def test_drawing_on_full_size_input_is_fast(seg):
     """The segmenter downscales first: a 27 MP drawing handed over whole costs little
     more than its working copy."""

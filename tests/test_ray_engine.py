@@ -25,6 +25,9 @@ from worker.jobs.jobstore import CANCELLED, DONE, FAILED
 from worker.pool.supervisor import Supervisor
 from worker_helpers import image, small_settings
 
+# run alone (the timing mark, docs/testing.md): every job here has a 4 s stall window
+pytestmark = pytest.mark.timing(reason="worker.stall_timeout_s is 4 s for every job here")
+
 # Read by Ray when it is imported, so set first. On Linux, Ray swaps 127.0.0.1 for the host's
 # routable address and the test hangs dialling it unless told not to; no usage report either
 # (nothing outside can be reached). Only Ray reads these.

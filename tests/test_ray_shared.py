@@ -16,6 +16,9 @@ from worker.jobs.jobstore import DONE
 from worker.pool.supervisor import Supervisor
 from worker_helpers import image, small_settings
 
+# no deadline of its own: marked like test_ray_engine, so a run of either mark starts one Ray head
+pytestmark = pytest.mark.timing(reason="shares the Ray head with test_ray_engine")
+
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kiln3d[ray]')")

@@ -325,6 +325,7 @@ def test_progress_is_monotonic_and_finishes():
     assert all(isinstance(m, str) and m for _, m in events)
 
 
+@pytest.mark.timing(reason="the reconstruction must take under 5 s")
 def test_default_settings_are_fast():
     rgb, mask = make_object_image(512, "blob")
     settings = ReconstructSettings()

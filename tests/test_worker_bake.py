@@ -82,6 +82,7 @@ def test_a_bake_job_that_crashes_each_time_fails_naming_the_stage(env):
     assert st.state == "failed" and st.error == "worker crashed with SIGSEGV during stage 'read'"
 
 
+@pytest.mark.timing(reason="the cancel must take under 5 s")
 def test_a_running_bake_job_is_cancelled_at_once(env):
     sup, root = env
     bake, _ = _bake(root, "cancel", seed=3)

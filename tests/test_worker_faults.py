@@ -102,7 +102,13 @@ FAULTS = [
 ]
 
 
-@pytest.mark.parametrize("kind,stage,reason,in_log", FAULTS, ids=[f[0] for f in FAULTS])
+# hang and freeze are found by a 5 s worker.stage_timeout_s: run alone (the timing mark, docs/testing.md)
+STAGE_TIMEOUT_FAULTS = ("hang", "freeze")
+
+
+@pytest.mark.parametrize("kind,stage,reason,in_log", [
+    pytest.param(*f, id=f[0], marks=pytest.mark.timing(reason="a 5 s worker.stage_timeout_s")
+                 if f[0] in STAGE_TIMEOUT_FAULTS else ()) for f in FAULTS])
 def test_fault_fails_job_and_fresh_worker_runs_next(env, kind, stage, reason, in_log):
     sup = env.sup
     pid0 = worker_pid(sup)
@@ -219,6 +225,7 @@ def test_worker_killed_from_outside_mid_job(env):
     assert worker_pid(sup) != pid
 
 
+@pytest.mark.timing(reason="a 2 s stall window, caught within stall + 4 s")
 def test_a_worker_stopped_mid_bake_is_caught_by_its_cpu_time_and_the_job_retried(env):
     # SIGSTOP (the `freeze` fault) during bake: no heartbeats, no CPU time. The stage deadline
     # stays at its default (600 s); the CPU-time check must catch it within its own window.
@@ -269,6 +276,7 @@ def test_a_worker_stopped_mid_bake_is_caught_by_its_cpu_time_and_the_job_retried
     assert "in fire" in job.log()
 
 
+@pytest.mark.timing(reason="a 1 s stall window the native call must never be taken for")
 def test_a_long_native_call_holding_the_gil_is_not_taken_for_a_frozen_worker(tmp_path):
     # xatlas unwrapping ~20k faces runs for seconds without a progress event, but CPU time
     # grows. With a 1 s stall window it must run to the end, untouched. The worker's

@@ -82,6 +82,7 @@ SERVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.timing(reason="the orphaned worker must exit within 10 s")
 def test_server_killed_mid_job_orphan_worker_exits_and_job_is_recovered(tmp_path):
     script = tmp_path / "server.py"
     jobs = tmp_path / "jobs"
@@ -132,6 +133,7 @@ def test_server_killed_mid_job_orphan_worker_exits_and_job_is_recovered(tmp_path
                             "was running when a worker or the server went down 2 times")
 
 
+@pytest.mark.timing(reason="shutdown must take under 10 s")
 def test_shutdown_ends_running_and_queued_jobs_with_a_reason(tmp_path):
     # the running job hangs in render_views, so shutdown always finds it there
     sup = Supervisor(small_settings(), tmp_path / "jobs", None,
@@ -187,6 +189,7 @@ def test_a_probe_that_crashed_once_is_probed_again_and_keeps_its_backend(tmp_pat
         assert st.backends.rasterize == "moderngl"
 
 
+@pytest.mark.timing(reason="the worker's report must reach the pipe within a 1 s slack")
 def test_shutdown_keeps_what_already_happened(tmp_path):
     # Shutdown comes before the dispatcher has read what the workers did last: a result
     # already reported still makes its job done, a cancel already under way still cancels.
