@@ -90,6 +90,8 @@ class BakeSettings:
     texture_size: int | str = field(default=1024, metadata={**_num(256, 4096), "power_of_two": True,
                                                              "auto": True})
     steps: int = field(default=120, metadata=_num(1, 5000))
+    # opt ends once its L1 stalls; false runs every step (comparisons, a test's long job)
+    stop_when_stalled: bool = True
     lr: float = field(default=0.03, metadata=_num(1e-4, 1.0))
     tv_weight: float = field(default=0.02, metadata=_num(0.0, 10.0))
     gutter: int = field(default=4, metadata=_num(1, 32))

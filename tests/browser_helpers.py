@@ -35,7 +35,7 @@ SMALL_CONFIG = """
 reconstruct: {{resolution: 64, num_gaussians: 3000, max_image_side: 256}}
 views: {{count: 4, resolution: 128}}
 mesh: {{simplify_ratio: 0.9}}
-bake: {{enabled: false, texture_size: 256, mode: fast, steps: 400}}
+bake: {{enabled: false, texture_size: 256, mode: fast, steps: 400, stop_when_stalled: false}}
 worker: {{count: 1, device: cpu}}
 app: {{jobs_dir: {var}/jobs, cache_dir: {var}/cache}}
 """

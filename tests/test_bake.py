@@ -264,6 +264,10 @@ def test_opt_stops_early_on_a_stalled_loss_and_runs_on_while_it_drops(scene):
     assert stats.opt_steps is not None and stats.opt_steps < 100
     assert any(f"stalled at step {stats.opt_steps - bake.STALL_TAIL}" in m for m in msgs)
     assert stats.psnr_db >= stats.fast_psnr_db     # no worse than where it started
+    # bake.stop_when_stalled false: the same noisy views run every step
+    _, every = bake.bake_texture(mesh, noisy, settings("opt", steps=150, stop_when_stalled=False), RASTER, "cpu",
+                                 seed=0)
+    assert every.opt_steps == 150
     _, clean = bake.bake_texture(mesh, views, settings("opt", steps=400), RASTER, "cpu", seed=0)
     assert clean.opt_steps == 400 and clean.psnr_db > clean.fast_psnr_db + 3.0
 

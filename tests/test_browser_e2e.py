@@ -181,7 +181,8 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         assert _textures(glb1) == [], "baking was off: expected vertex colours"
         _assert_viewer_draws(a)
 
-        # -- B: a slow job (opt bake, many views), cancelled while it runs --------
+        # -- B: a slow job (opt bake, many views, 400 steps: the browser config runs every
+        # step, not stopping when the loss stalls), cancelled while it runs --------
         b.locator("#kiln-bake input").check()     # bake mode is disabled until baking is on
         b.locator("#kiln-mode label:not(.disabled)", has_text="opt").click()
         b.locator("#kiln-views input[type=number]").fill("48")

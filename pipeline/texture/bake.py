@@ -775,7 +775,8 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
     adam = _Adam(tex)
     steps = int(settings.steps)
     report_every = max(1, steps // 20)
-    schedule = _StallSchedule(steps)
+    # a window longer than the run never measures a stall: every step runs
+    schedule = _StallSchedule(steps, window=STALL_WINDOW if settings.stop_when_stalled else steps + 1)
     step = 0
     while step < schedule.end:
         # cosine decay: L1's sign gradients otherwise keep Adam's steps near lr to the end
