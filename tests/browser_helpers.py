@@ -58,6 +58,9 @@ def free_port() -> int:
 # The app that several browser modules share (tests/conftest.py's ``shared_server``): their
 # tests together may hold more tabs from 127.0.0.1 than the per-client limit (8) at once, and
 # none of them is about that limit (tests/test_app_sessions.py is)
+# the seed that holds a job in its bake on the shared server until it is cancelled (conftest)
+HELD_SEED = 424242
+
 SHARED_CONFIG = SMALL_CONFIG.replace("cache_dir: {var}/cache}}",
                                      "cache_dir: {var}/cache, max_sessions_per_client: 200}}")
 assert SHARED_CONFIG != SMALL_CONFIG

@@ -53,12 +53,14 @@ def pytest_sessionfinish(session):
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory):
     """``python -m app`` with browser_helpers' small settings, shared by the browser modules
-    whose tests need the plain app (no fault rule, no login); (url, workdir, log path,
-    process)."""
-    from browser_helpers import SHARED_CONFIG, require_browser, serve
+    whose tests need the plain app (no login); (url, workdir, log path, process). One fault
+    rule: a job whose seed is ``HELD_SEED`` sleeps in its bake until cancelled (a job that
+    must still run when the test acts on it, however fast the machine); no other job has it."""
+    from browser_helpers import HELD_SEED, SHARED_CONFIG, require_browser, serve
 
     require_browser()
-    return _shared("shared_server", lambda: serve(tmp_path_factory, "shared-server", config=SHARED_CONFIG))
+    return _shared("shared_server", lambda: serve(tmp_path_factory, "shared-server", config=SHARED_CONFIG,
+                                                  extra_env={"KILN_TEST_FAULTS": f"hang@bake:seed={HELD_SEED}"}))
 
 
 @pytest.fixture(scope="module")

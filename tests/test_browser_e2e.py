@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from browser_helpers import ARTIFACTS, require_browser, serve as _serve
+from browser_helpers import ARTIFACTS, HELD_SEED, require_browser, serve as _serve
 from browser_helpers import (assert_viewer_draws as _assert_viewer_draws, click_image as _click_image,
                              open_page, progress as _progress, shown_image as _shown_image, upload as _upload,
                              wait_state as _wait_state, write_png as _write_png)
@@ -181,12 +181,14 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         assert _textures(glb1) == [], "baking was off: expected vertex colours"
         _assert_viewer_draws(a)
 
-        # -- B: a slow job (opt bake, many views, 400 steps: the browser config runs every
-        # step, not stopping when the loss stalls), cancelled while it runs --------
+        # -- B: a job held in its bake until cancelled (its seed picks the shared server's
+        # one fault rule: the job sleeps there, so it is still running however fast it is)
         b.locator("#kiln-bake input").check()     # bake mode is disabled until baking is on
         b.locator("#kiln-mode label:not(.disabled)", has_text="opt").click()
         b.locator("#kiln-views input[type=number]").fill("48")
         b.locator("#kiln-views input[type=number]").press("Enter")
+        b.locator("#kiln-seed input").fill(str(HELD_SEED))
+        b.locator("#kiln-seed input").press("Enter")
         b.click("#kiln-generate")
         running = _wait_state(b, ("running", "done", "failed"))
         assert running[0] == "running", running
@@ -229,6 +231,8 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         b.locator("#kiln-mode label", has_text="fast").click()
         b.locator("#kiln-views input[type=number]").fill("4")
         b.locator("#kiln-views input[type=number]").press("Enter")
+        b.locator("#kiln-seed input").fill("0")      # not held this time
+        b.locator("#kiln-seed input").press("Enter")
         b.click("#kiln-generate")
         b.wait_for_function("() => /Waiting for a free worker|Rendering|Reconstructing|Done/.test("
                             "document.querySelector('#kiln-progress').innerText)")

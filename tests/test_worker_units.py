@@ -195,6 +195,20 @@ def test_fault_specs_parse_and_match():
     assert plan.pick("t1", 2) is None
     assert plan.pick("t2", 5) == "oom@mesh"
     assert plan.pick("other", 1) is None
+    held = FaultPlan(["hang@bake:seed=424242"])
+    assert held.needs_seed and not plan.needs_seed
+    assert held.pick("any", 1, seed=424242) == "hang@bake"
+    assert held.pick("any", 1, seed=0) is None and held.pick("any", 1) is None
+
+
+def test_the_dispatcher_reads_a_jobs_seed_for_a_rule_that_picks_by_it(tmp_path):
+    import json
+
+    from worker.pool.dispatcher import _job_seed
+
+    (tmp_path / "settings.json").write_text(json.dumps({"seed": 424242, "bake": {}}))
+    assert _job_seed(tmp_path) == 424242
+    assert _job_seed(tmp_path / "missing") is None
 
 
 @pytest.mark.parametrize("spec", ["boom@bake", "segv", "segv@bake:attempt=x", "segv@bake:colour=red",

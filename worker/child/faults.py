@@ -8,7 +8,7 @@ callback, so ``pipeline/`` itself carries no fault code.
 
 Spec grammar, comma-separated rules::
 
-    KIND@STAGE[:attempt=N][:session=NAME][:input=HEX]
+    KIND@STAGE[:attempt=N][:session=NAME][:input=HEX][:seed=N]
 
 KIND is one of ``KINDS``; STAGE a pipeline stage name, or ``probe:NAME`` for a
 start-up backend probe (``worker.child.probe.PROBES``) or ``probe:imports`` for the
@@ -17,7 +17,9 @@ start-up step after the probes, where a worker imports the stages' libraries
 that attempt of a job (1 = first run, 2 = the retry), or for a probe rule to that
 start of the worker slot (1 = its first worker); ``session`` to jobs submitted
 under that session name; ``input`` to jobs whose input digest (``kiln.digest``: image
-and mask) starts with HEX, the way one bad photo in a batch trips a library.
+and mask) starts with HEX, the way one bad photo in a batch trips a library; ``seed`` to
+jobs whose settings' ``seed`` is N (a browser test picks out its own job by the page's Seed
+box, where it cannot know its session or input).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Fault:
     attempt: Optional[int] = None
     session: Optional[str] = None
     input: Optional[str] = None
+    seed: Optional[int] = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -63,10 +66,11 @@ class Fault:
         """What crosses the queue to the worker: ``kind@stage``."""
         return f"{self.kind}@{self.stage}"
 
-    def matches(self, session: str, attempt: int, digest: str = "") -> bool:
+    def matches(self, session: str, attempt: int, digest: str = "", seed: Optional[int] = None) -> bool:
         return ((self.attempt is None or self.attempt == attempt)
                 and (self.session is None or self.session == session)
-                and (self.input is None or digest.startswith(self.input)))
+                and (self.input is None or digest.startswith(self.input))
+                and (self.seed is None or self.seed == seed))
 
 
 def parse(text: str) -> list[Fault]:
@@ -89,6 +93,8 @@ def parse(text: str) -> list[Fault]:
                 kw["session"] = value
             elif name == "input" and re.fullmatch(r"[0-9a-f]{4,64}", value):
                 kw["input"] = value
+            elif name == "seed" and value.isdigit():
+                kw["seed"] = int(value)
             else:
                 raise ValueError(f"fault rule {raw!r}: unknown option {opt!r}")
         rules.append(Fault(kind.strip(), stage.strip(), **kw))
@@ -108,9 +114,14 @@ class FaultPlan:
         text = os.environ.get(ENV_VAR, "")
         return cls(parse(text)) if text.strip() else None
 
-    def pick(self, session: str, attempt: int, digest: str = "") -> Optional[str]:
+    @property
+    def needs_seed(self) -> bool:
+        """Whether a rule picks jobs by their settings' seed (read only then)."""
+        return any(r.seed is not None for r in self.rules)
+
+    def pick(self, session: str, attempt: int, digest: str = "", seed: Optional[int] = None) -> Optional[str]:
         for rule in self.rules:
-            if not rule.stage.startswith(PROBE_PREFIX) and rule.matches(session, attempt, digest):
+            if not rule.stage.startswith(PROBE_PREFIX) and rule.matches(session, attempt, digest, seed):
                 return rule.spec
         return None
 

@@ -302,7 +302,9 @@ class Dispatcher:
                 continue
             job = self.queue[0]
             attempt = job.attempt + 1
-            fault = self.faults.pick(job.status.session, attempt, job.digest) if self.faults else None
+            fault = (self.faults.pick(job.status.session, attempt, job.digest,
+                                      _job_seed(job.dir) if self.faults.needs_seed else None)
+                     if self.faults else None)
             run = Run(job=job.status.id, dir=str(job.dir), attempt=attempt, overrides=job.overrides,
                       chunk_scale=job.chunk_scale,
                       cache_dir=str(self.cache_dir) if self.cache_dir else None, fault=fault,
@@ -543,6 +545,18 @@ class Dispatcher:
         # restarted server continues from it); fsync only for state/stage changes.
         self.store.write_status(st, fsync=changed)
         self.cond.notify_all()
+
+
+def _job_seed(job_dir: Path) -> Optional[int]:
+    """The seed in a job's settings.json (for a fault rule that picks jobs by it); None when
+    unreadable."""
+    import json
+
+    try:
+        seed = json.loads((Path(job_dir) / "settings.json").read_text()).get("seed")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return seed if isinstance(seed, int) else None
 
 
 def _lacking(path: Optional[str]) -> str:
