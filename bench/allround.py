@@ -7,8 +7,10 @@ Ground truths are textured models whose every side is known:
   (default ~/.cache/kiln-bench/trimesh-models; never committed: see ``MODELS_HOWTO``), and
 * procedural ones made here, deterministically: ``sym`` (a mirror-symmetric body with a
   mirror-symmetric picture), ``lopsided`` (neither shape nor picture symmetric: the negative
-  control for a mirror fill) and ``card`` (a shape symmetric about its middle plane with
-  different pictures on its two faces: a mirror fill must not copy one onto the other).
+  control for a mirror fill), ``card`` (a shape symmetric about its middle plane with
+  different pictures on its two faces: a mirror fill must not copy one onto the other) and
+  ``smooth`` (a lopsided body whose colours change slowly: issue 34's "model with a smooth
+  texture", on which two photos from opposite sides must give every view back at 30 dB).
 
 For each model:
 
@@ -288,7 +290,28 @@ def card_model(h: int = 512) -> Model:
                  note="procedural, symmetric shape, different pictures front and back")
 
 
-PROCEDURAL = {"sym": sym_model, "lopsided": lopsided_model, "card": card_model}
+def smooth_model(h: int = 512) -> Model:
+    """Issue 34's "model with a smooth texture": a lumpy, lopsided body (no mirror plane, so
+    no mirror fill) whose colour is a smooth function of where a texel lies on it, a few
+    slow waves of hue and brightness and no edges. Two photos from opposite sides must give
+    every view back at 30 dB or more: what neither sees (the underside from 15 degrees up)
+    is filled along the surface from colours that change slowly."""
+    def pos(theta, phi):
+        r = 1.0 + 0.3 * _bump(theta, phi, 1.2, 0.9, 0.5) + 0.2 * _bump(theta, phi, 2.0, -2.0, 0.45) \
+            + 0.05 * np.sin(2 * phi + 0.3) * np.sin(theta)
+        return _sphere_dir(theta, phi) * r[..., None] * np.array([0.9, 1.0, 0.8])
+    verts, faces, uvs = surface_grid(pos)
+    u, v = _canvas(h, 2 * h)
+    d = _sphere_dir(np.pi * (1.0 - v), 2.0 * np.pi * u - np.pi)     # each texel's direction
+    x, y, z = d[..., 0], d[..., 1], d[..., 2]
+    img = np.stack([0.55 + 0.25 * np.sin(1.4 * x + 0.8 * y + 0.3),
+                    0.5 + 0.2 * np.cos(1.1 * y - 0.9 * z),
+                    0.45 + 0.25 * np.sin(1.2 * z + 0.6 * x + 1.1)], -1) * 255
+    return Model("smooth", verts, faces, uvs, np.clip(img, 0, 255).astype(np.uint8),
+                 note="procedural, asymmetric, smooth colours (issue 34's two-photo target)")
+
+
+PROCEDURAL = {"sym": sym_model, "lopsided": lopsided_model, "card": card_model, "smooth": smooth_model}
 REAL = ("fuze", "capsule")
 MODEL_NAMES = REAL + tuple(PROCEDURAL)
 
