@@ -152,6 +152,17 @@ def test_the_card_is_a_symmetric_shape_with_other_pictures_on_its_two_sides():
     assert front.sum() > 100 and (~front).sum() > 100
 
 
+def test_the_smooth_model_has_no_mirror_plane_and_no_edges_in_its_picture():
+    m = allround.smooth_model()
+    for axis in range(3):
+        assert _mirror_gap(m.vertices, axis) > 0.05, axis      # no mirror fill applies to it
+    tex = m.texture.astype(float)
+    # neighbouring texels differ by under 2 levels everywhere: slow waves, not a picture
+    # with edges (the other models' stripes and discs step by 100+ levels)
+    assert np.abs(np.diff(tex, axis=0)).max() < 2.0 and np.abs(np.diff(tex, axis=1)).max() < 2.0
+    assert tex.reshape(-1, 3).std(0).max() > 30.0              # but it does change over the body
+
+
 def test_the_ground_truths_are_deterministic_and_closed(tmp_path):
     import trimesh
 
