@@ -34,7 +34,9 @@ def output_key(fmt: str) -> str:
 
 
 def format_of(key: str) -> str:
-    """The ``--format`` name of an outputs key ("mesh_ply" -> "ply")."""
+    """The ``--format`` name of an outputs key ("mesh_ply" -> "ply"), a scene object's too
+    ("mesh_ply@bench" -> "ply")."""
+    key = base_key(key)
     return "ply" if key == "mesh_ply" else key
 
 

@@ -278,6 +278,39 @@ def test_a_texel_hidden_by_another_object_takes_none_of_its_colours(tmp_path):
     assert red > 500, red
 
 
+@needs_gl
+def test_a_scenes_files_name_the_joined_glb_and_each_objects_own_formats(tmp_path):
+    """``stats.files`` (what --report and /bake's status list) is the scene's GLB, with every
+    object's faces, then each object's other formats under its own key: not the first
+    object's files standing for the scene's."""
+    from kiln.formats import format_of
+    from kiln.settings import load
+    from pipeline.backends import resolve_backends
+    from pipeline.io.mesh_file import MeshFile
+    from pipeline.scene.scene_bake import SceneInputs, SceneObject, bake_scene
+    from pipeline.texture.model_bake import ModelInputs
+    from pipeline.types import ImageInput
+    from tests.raster_helpers import gl_context
+
+    meshes, cam, rgb, ball_mask, board_mask = _synthetic(tmp_path)
+    s = load(None, {"bake.texture_size": 256, "bake.mode": "fast", "bake.mirror_fill": "off",
+                    "mesh.simplify_ratio": 0.0, "export.formats": ["glb", "stl"]})
+    objects = tuple(SceneObject(name=name, inputs=ModelInputs(model=MeshFile(mesh=m, texture=None, format="ply"),
+                                                              photo=ImageInput(rgb, mask), camera=cam,
+                                                              camera_how="focal"))
+                    for name, m, mask in (("ball", meshes[0], ball_mask), ("board", meshes[1], board_mask)))
+    res = bake_scene(SceneInputs(objects=objects, camera=cam), s, resolve_backends(s), tmp_path / "scene",
+                     gl_context(), name="scene")
+    files = res.stats.files
+    assert [f.key for f in files] == ["glb", "stl@ball", "stl@board"]
+    assert files[0].name == res.glb_path.name == "scene.glb"
+    assert files[0].bytes == res.glb_path.stat().st_size
+    assert files[0].faces == res.stats.faces == sum(o.faces for o in res.stats.scene)
+    for f in files[1:]:
+        assert res.extra[f.key].name == f.name and res.extra[f.key].stat().st_size == f.bytes
+        assert format_of(f.key) == "stl"
+
+
 def _used(baked) -> np.ndarray:
     """(S, S) bool: the texels a baked mesh's UV triangles cover (OpenCV fill)."""
     import cv2

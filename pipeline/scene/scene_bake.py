@@ -17,12 +17,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
 from kiln.formats import object_key
-from kiln.records import SceneObjectStats
+from kiln.records import OutputFile, SceneObjectStats
 from kiln.settings import Settings
 
 from pipeline.texture.model_bake import EventFn, ModelBakeResult, ModelInputs
@@ -165,9 +165,23 @@ def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out
     first = results[0].stats
     stats = replace(first, faces=sum(r.stats.faces for r in results), vertices=sum(r.stats.vertices for r in results),
                     glb_bytes=glb.stat().st_size, source_camera=camera.to_dict(), scene=objects,
-                    files=first.files)
+                    files=_scene_files(glb, scene.objects, results))
     extra = {object_key(key, o.name): path for o, r in zip(scene.objects, results) for key, path in r.extra.items()}
     return ModelBakeResult(glb_path=glb, timings=timings, stats=stats, extra=extra)
+
+
+def _scene_files(glb: Path, objects: Sequence[SceneObject], results: Sequence[ModelBakeResult]
+                 ) -> tuple[OutputFile, ...]:
+    """``stats.files`` of a scene: the joined GLB first (the objects' vertices and faces
+    together), then each object's other formats under its key (``object_key``), as ``extra``
+    names them; not the objects' own GLBs, which the scene's GLB holds."""
+    own = [r.stats.files[0] for r in results if r.stats.files]
+    formats = {f.texture_format for f in own}
+    joined = OutputFile(key="glb", name=glb.name, bytes=glb.stat().st_size, vertices=sum(f.vertices for f in own),
+                        faces=sum(f.faces for f in own), texture_format=formats.pop() if len(formats) == 1 else None,
+                        up="y")
+    return (joined,) + tuple(replace(f, key=object_key(f.key, o.name))
+                             for o, r in zip(objects, results) for f in r.stats.files[1:])
 
 
 def _named(emit: EventFn, who: str) -> EventFn:
