@@ -89,6 +89,38 @@ def test_layout_makes_one_scene_in_the_camera_frame(fake_sam3d, tmp_path):
     assert [m["backend"] for m in got.reconstructions] == ["sam3d", "sam3d"]
 
 
+def test_a_scenes_reconstructions_are_cached_as_a_single_jobs_are(fake_sam3d, monkeypatch, tmp_path):
+    """With a cache folder (the worker passes its own), each object's reconstruction is stored
+    there; a second scene that changes only the bake's settings reconstructs nothing again."""
+    from pipeline.backends import resolve_backends
+    from pipeline.recon import sam3d
+    from pipeline.scene.photo_scene import bake_photo_scene
+    from tests.raster_helpers import gl_context
+
+    masks = fake_sam3d
+    inner = sam3d.load_pipeline
+    runs = []
+
+    class Counting:
+        def __init__(self, model):
+            self.model = model
+
+        def run(self, *args, **kwargs):
+            runs.append(1)
+            return self.model.run(*args, **kwargs)
+
+    monkeypatch.setattr(sam3d, "load_pipeline", lambda config: Counting(inner(config)))
+    s = _settings("sam3d")
+    first = bake_photo_scene(_photo(masks), masks, s, resolve_backends(s), tmp_path / "a", gl_context(),
+                             cache_dir=tmp_path / "cache")
+    assert len(runs) == 2 and not first.bake.stats.reconstruction_cached
+    other = s.override({"bake.texture_size": 512})
+    second = bake_photo_scene(_photo(masks), masks, other, resolve_backends(other), tmp_path / "b", gl_context(),
+                              cache_dir=tmp_path / "cache")
+    assert len(runs) == 2 and second.bake.stats.reconstruction_cached
+    assert [o.name for o in second.bake.stats.scene] == ["object-1", "object-2"]
+
+
 def test_no_layout_is_refused_before_any_reconstruction(tmp_path):
     """The built-in reconstruction has no depth of its own: refused with what a scene needs."""
     from pipeline.backends import resolve_backends
