@@ -187,6 +187,31 @@ def test_a_scene_jobs_masks_go_through_the_job_store(tmp_path):
     assert load_more_masks(store.job_dir(one.id)) == []
 
 
+def test_a_scene_jobs_record_has_a_scenes_stages(tmp_path):
+    """The dispatcher weighs a scene job's progress over a scene's stages (read from the job's
+    folder, so a resumed job's too): an image job with more masks, a bake job whose request
+    is a scene; a job of one object keeps its own."""
+    from kiln.bakerequest import BakeRequest
+    from kiln.settings import Settings
+    from kiln.stages import MODEL_STAGES, STAGES, stages_for
+    from worker.jobs.jobstore import JobStore
+    from worker.pool.jobrecord import JobRecord
+
+    store = JobStore(tmp_path / "jobs")
+    rgb = np.full((H, W, 3), 40, np.uint8)
+    mask = np.zeros((H, W), bool)
+    mask[20:60, 20:60] = True
+
+    def stages(st):
+        return JobRecord(status=st, dir=store.job_dir(st.id), settings=Settings()).stages
+
+    assert stages(store.create(rgb, mask, Settings(), "s", more_masks=(mask,))) == stages_for(True, scene=True)
+    assert stages(store.create(rgb, mask, Settings(), "s")) == STAGES
+    scene = store.create_bake(BakeRequest(mesh="mesh/a.ply", scene=True), {}, Settings(), "s")
+    assert stages(scene) == stages_for(True, "bake", scene=True) != MODEL_STAGES
+    assert stages(store.create_bake(BakeRequest(mesh="mesh/a.ply"), {}, Settings(), "s")) == MODEL_STAGES
+
+
 def test_the_supervisor_refuses_a_scene_its_reconstruction_cannot_lay_out(tmp_path):
     """Several masks with the built-in reconstruction: refused at submit with what a scene
     needs, before any job is written."""

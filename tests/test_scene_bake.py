@@ -311,6 +311,43 @@ def test_a_scenes_files_name_the_joined_glb_and_each_objects_own_formats(tmp_pat
         assert format_of(f.key) == "stl"
 
 
+@needs_gl
+def test_a_scenes_progress_moves_through_its_stages_and_reaches_the_end_only_at_the_join(tmp_path):
+    """Every event of a scene bake names a stage of a scene job (``kiln.stages``), and the job's
+    progress (``worker.pool.progress``) rises with them: the objects' own bakes share one
+    stage, so the bar does not jump to the end at "place" or stand still for later objects."""
+    from kiln.settings import load
+    from kiln.stages import stages_for
+    from pipeline.backends import resolve_backends
+    from pipeline.io.mesh_file import MeshFile
+    from pipeline.scene.scene_bake import SceneInputs, SceneObject, bake_scene
+    from pipeline.texture.model_bake import ModelInputs
+    from pipeline.types import ImageInput
+    from tests.raster_helpers import gl_context
+    from worker.pool.progress import job_progress
+
+    meshes, cam, rgb, ball_mask, board_mask = _synthetic(tmp_path)
+    s = load(None, {"bake.texture_size": 256, "bake.mode": "fast", "bake.mirror_fill": "off",
+                    "mesh.simplify_ratio": 0.0})
+    objects = tuple(SceneObject(name=name, inputs=ModelInputs(model=MeshFile(mesh=m, texture=None, format="ply"),
+                                                              photo=ImageInput(rgb, mask), camera=cam,
+                                                              camera_how="focal"))
+                    for name, m, mask in (("ball", meshes[0], ball_mask), ("board", meshes[1], board_mask)))
+    events = []
+    bake_scene(SceneInputs(objects=objects, camera=cam), s, resolve_backends(s), tmp_path / "scene",
+               gl_context(), name="scene", on_event=lambda *e: events.append(e))
+    stages = stages_for(True, "bake", scene=True)
+    assert {e[0] for e in events} <= set(stages), {e[0] for e in events} - set(stages)
+    bar = [job_progress(stages, stage, fraction) for stage, fraction, _ in events]
+    assert all(b >= a - 1e-9 for a, b in zip(bar, bar[1:])), [(e[0], round(b, 3)) for e, b in zip(events, bar)]
+    before_join = [b for (stage, _, _), b in zip(events, bar) if stage != "join"]
+    assert max(before_join) < 0.99 and bar[-1] == pytest.approx(1.0)
+    # the second object's bake moves the bar on from where the first one left it
+    ball = [b for (st, _, m), b in zip(events, bar) if st == "objects" and m.startswith("ball")]
+    board = [b for (st, _, m), b in zip(events, bar) if st == "objects" and m.startswith("board")]
+    assert ball and board and min(board) >= max(ball) - 1e-9 and max(board) > max(ball) + 0.1
+
+
 def _used(baked) -> np.ndarray:
     """(S, S) bool: the texels a baked mesh's UV triangles cover (OpenCV fill)."""
     import cv2
