@@ -380,6 +380,14 @@ def test_bad_scenes_are_refused_before_any_work(tmp_path, capsys, change, reason
     assert not (tmp_path / "var" / "jobs").exists() or not any((tmp_path / "var" / "jobs").rglob("bake.json"))
 
 
+def test_a_second_splat_without_scene_is_named_as_the_flag_given_twice(tmp_path, capsys):
+    """One --mesh with two --splat: the refusal names --splat, not "--mesh is given 1 times"."""
+    args = ["bake", "--mesh", "a.ply", "--splat", "a.ply", "--splat", "b.ply", "-o", str(tmp_path / "s.glb")]
+    assert main(args + _workdirs(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "--splat is given 2 times" in err and "add --scene" in err
+
+
 def _without(args: list[str], flag: str, value: str = "") -> list[str]:
     i = args.index(value) - 1 if value else args.index(flag)
     assert args[i] == flag
