@@ -425,6 +425,20 @@ def test_one_mesh_makes_a_scene_of_one_and_the_records_round_trip():
     assert PipelineStats.from_dict(json.loads(json.dumps(stats.to_dict()))).scene == stats.scene
 
 
+def test_a_scenes_warnings_are_every_objects_each_naming_it():
+    """What the summary, --report and the bake tab warn about a scene: each object's own
+    warnings with its name, not the first object's alone and unnamed."""
+    from kiln.records import BakeStats, ModelStats, PipelineStats, SceneObjectStats
+
+    first = ModelStats(warnings=("its mask is small",))
+    scene = (SceneObjectStats(name="person", warnings=("its mask is small",)),
+             SceneObjectStats(name="bench", warnings=("the fit's IoU is low", "flat colour")))
+    stats = PipelineStats(model=first, bake=BakeStats(mode="fast", texels_seen_fraction=1.0, texels_chart_fraction=0.5),
+                          scene=scene)
+    assert stats.warnings == ("person: its mask is small", "bench: the fit's IoU is low", "bench: flat colour")
+    assert PipelineStats(model=first).warnings == ("its mask is small",)
+
+
 # ---------------------------------------------------------------------- /bake takes a scene
 
 
