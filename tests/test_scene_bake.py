@@ -439,6 +439,25 @@ def test_a_scenes_warnings_are_every_objects_each_naming_it():
     assert PipelineStats(model=first).warnings == ("its mask is small",)
 
 
+def test_a_camera_fitted_to_the_first_object_is_kept_for_its_scene(tmp_path):
+    """The bake tab's fit step fits the first object's camera; baking the scene with it keeps
+    that fit (``fit_key``: the other objects' files are no part of what the camera was fitted
+    to), while another mask for the first object still drops it."""
+    from kiln.settings import Settings
+    from scene_helpers import write_ball_before_board
+    from worker.jobs.bakeinputs import BakeFiles, check_bake, check_fit, fit_key
+    from worker.jobs.sceneinputs import SceneObjectFiles, check_scene
+
+    f = write_ball_before_board(tmp_path / "in")
+    fit = check_fit(BakeFiles(mesh=f["ball"], image=f["photo"], mask=f["ball_mask"]), Settings())
+    scene = check_scene(BakeFiles(mesh=f["ball"], image=f["photo"], mask=f["ball_mask"], focal=300.0),
+                        (SceneObjectFiles(mesh=f["board"], mask=f["board_mask"]),), Settings())
+    assert any(name.startswith("objects/") for name in scene.copies)
+    assert fit_key(scene) == fit_key(fit)
+    other = check_bake(BakeFiles(mesh=f["ball"], image=f["photo"], mask=f["board_mask"], focal=300.0), Settings())
+    assert fit_key(other) != fit_key(fit)
+
+
 # ---------------------------------------------------------------------- /bake takes a scene
 
 
