@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 MESH_DIR = "mesh"          # inputs/mesh/<file> and the files it refers to
 SPLAT_NAME = "splat.ply"
 CAMERA_NAME = "camera.json"
+# a scene's objects after the first (worker.jobs.sceneinputs): inputs/objects/<n>/ (n >= 2)
+OBJECTS_DIR = "objects"
 MORE_PHOTOS_DIR = "photos"  # inputs/photos/<n>/: the n-th photo's image, mask and camera (n >= 2)
 
 
@@ -244,8 +246,6 @@ def fit_key(checked: CheckedBake) -> str:
     options do not count, nor a scene's other objects (the camera is fitted to the first:
     ``worker.jobs.sceneinputs``), so the bake tab's fit holds for the scene it is baked with."""
     from kiln.digest import files_digest, input_digest
-
-    from worker.jobs.sceneinputs import OBJECTS_DIR
 
     req = checked.request
     parts = [b"fit-key", req.source.encode()]
