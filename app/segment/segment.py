@@ -299,6 +299,7 @@ class GrabCutSegmenter:
             while len(self._modes) > 256:
                 self._modes.popitem(last=False)
         if len(upto) == len(clicks):
+            assert wide is not None   # every way above ends with a wide mask (the narrow one when not compared)
             return wide if wide_mode else narrow
         prior = self._wide_prior(clicks, (sh, sw)) if wide_mode else self._probable_object(lab, clicks, objects)
         return self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)
