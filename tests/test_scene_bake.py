@@ -512,6 +512,39 @@ def test_bake_over_the_api_takes_a_scene_and_refuses_a_mesh_without_its_mask(api
     assert req.objects[0].mask in checked.copies and req.focal == 300.0
 
 
+def test_the_pages_outcome_offers_each_objects_own_files(api_app, tmp_path, monkeypatch):
+    """A done scene's other formats come one per object (``stl@cup``); the page's downloads
+    list them, as /bake's answer does, after the formats' own."""
+    from dataclasses import replace
+
+    from app.web.api import bake as api_bake
+    from app.web.api import photo as api
+    from app.web.state.job_outcome import job_outcome
+    from page_helpers import ALICE, caller
+
+    ctx, sup, cutout, mask = api_app
+    plain_end = type(sup)._end
+
+    def end_with_objects(self, st):   # the worker's outputs of a scene with --format stl
+        st = plain_end(self, st)
+        out, extra = Path(st.outputs["glb"]).parent, {}
+        for key, name in (("stl@ball", "model.ball.stl"), ("stl@cup", "model.cup.stl")):
+            (out / name).write_bytes(b"solid " + name.encode())
+            extra[key] = str(out / name)
+        return replace(st, outputs={**st.outputs, **extra})
+
+    monkeypatch.setattr(type(sup), "_end", end_with_objects)
+    a = caller(ALICE, "script-a")
+    api.upload_image(ctx, a, cutout)
+    first, second = _ball(tmp_path / "ball.ply"), _ball(tmp_path / "cup.ply")
+    *_, last = api_bake.bake(ctx, a, first, session_image=True, focal=300.0, scene=True, more_meshes=[second],
+                             more_object_masks=[mask], progress=lambda *_, **__: None)
+    st = sup.statuses[last.info["job"]]
+    names = [Path(p).name for p in job_outcome(ctx, a.session, st).extra]
+    assert len(names) == 2 and names[0].endswith(".ball.stl") and names[1].endswith(".cup.stl"), names
+    assert [Path(p).name for p in last.files] == names
+
+
 # ------------------------------------------------------------------- placing one object
 
 
