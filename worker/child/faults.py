@@ -119,11 +119,6 @@ class FaultPlan:
         text = os.environ.get(ENV_VAR, "")
         return cls(parse(text)) if text.strip() else None
 
-    @property
-    def needs_seed(self) -> bool:
-        """Whether a rule picks jobs by their settings' seed (read only then)."""
-        return any(r.seed is not None for r in self.rules)
-
     def pick(self, session: str, attempt: int, digest: str = "", seed: Optional[int] = None) -> Optional[str]:
         for rule in self.rules:
             if not rule.stage.startswith(PROBE_PREFIX) and rule.matches(session, attempt, digest, seed):
