@@ -7,6 +7,7 @@ table, so a name is spelled once.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 # What ``export.formats`` / ``--format`` accepts. The GLB is always written: it is the job's
@@ -34,7 +35,9 @@ def output_key(fmt: str) -> str:
 
 
 def format_of(key: str) -> str:
-    """The ``--format`` name of an outputs key ("mesh_ply" -> "ply")."""
+    """The ``--format`` name of an outputs key ("mesh_ply" -> "ply"), a scene object's too
+    ("mesh_ply@bench" -> "ply")."""
+    key = base_key(key)
     return "ply" if key == "mesh_ply" else key
 
 
@@ -46,6 +49,13 @@ def object_key(key: str, name: str) -> str:
 def base_key(key: str) -> str:
     """The format's outputs key of ``key``, an object's (``obj@bench`` -> ``obj``) or not."""
     return key.split("@", 1)[0]
+
+
+def extra_keys(keys: Iterable[str]) -> list[str]:
+    """The other formats' output keys among ``keys`` (any iterable of keys) in the order front
+    ends list them: ``EXTRA_OUTPUTS``' order, then a scene's objects' (``obj@bench``) sorted."""
+    given = set(keys)
+    return [k for k in EXTRA_OUTPUTS if k in given] + sorted(k for k in given if "@" in k and base_key(k) in EXTRA_OUTPUTS)
 
 
 def output_name(stem: str, key: str) -> str:

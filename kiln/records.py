@@ -507,7 +507,11 @@ class PipelineStats:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """What the person should hear about the result (the model's files', then the bake's)."""
+        """What the person should hear about the result (the model's files', then the bake's);
+        a scene's: every object's, each naming its object (the model and bake above are only
+        the first object's)."""
+        if self.scene:
+            return tuple(f"{o.name}: {w}" for o in self.scene for w in o.warnings)
         return ((self.model.warnings if self.model is not None else ())
                 + (self.bake.warnings if self.bake is not None else ()))
 

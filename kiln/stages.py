@@ -17,16 +17,25 @@ MODEL_STAGES = ("read", "render_views", "mesh", "uv", "bake", "export")
 # A fit job (the bake tab's "Fit the camera to the photo", ``/fit_camera``): the files read,
 # then the photo's camera fitted to the mask (the splat's frame found first when it has one).
 FIT_STAGES = ("read", "fit")
+# A scene (several objects of one photo, ``pipeline.scene``): its files read (a bake job) or
+# every object reconstructed (a photo job), the objects placed under the photo's camera, the
+# depth test across them, each object's own bake ("objects": its render_views .. export, one
+# object after the other, as shares of this one stage) and the objects' GLBs joined.
+SCENE_STEPS = ("place", "occlusion", "objects", "join")
 # Rough share of a job's time per stage; each job weighs its own stages against each other.
 WEIGHTS = {"reconstruct": 0.30, "read": 0.15, "render_views": 0.15, "mesh": 0.05, "uv": 0.15,
-           "bake": 0.30, "export": 0.05, "fit": 0.85}
+           "bake": 0.30, "export": 0.05, "fit": 0.85, "place": 0.15, "occlusion": 0.02, "objects": 0.60,
+           "join": 0.02}
 
 
-def stages_for(bake_enabled: bool, kind: str = "image") -> tuple[str, ...]:
+def stages_for(bake_enabled: bool, kind: str = "image", scene: bool = False) -> tuple[str, ...]:
     """The stages a job runs, in order: an "image" job (a photo reconstructed), a "bake"
-    job (a model someone made) or a "fit" job (that model's camera fitted to its photo)."""
+    job (a model someone made) or a "fit" job (that model's camera fitted to its photo);
+    ``scene``: an image or bake job of several objects of one photo (always baked)."""
     if kind == "fit":
         return FIT_STAGES
+    if scene:
+        return ("read" if kind == "bake" else "reconstruct",) + SCENE_STEPS
     if kind == "bake":
         return MODEL_STAGES
     return STAGES if bake_enabled else UNBAKED_STAGES

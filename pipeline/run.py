@@ -89,7 +89,7 @@ def run_pipeline(image: ImageInput, settings: Settings, out_dir: Path,
         emit(name_, 1.0, message)
 
     t0 = stage("reconstruct")
-    recon, cached = _reconstruct_cached(image, settings, cache_dir, emit, cache_errors)
+    recon, cached = reconstruct_cached(image, settings, cache_dir, emit, cache_errors)
     done("reconstruct", t0, "cache hit" if cached else "done")
 
     if settings.export.gaussians_ply:
@@ -172,9 +172,11 @@ def _auto_texture_size(mesh, recon: Reconstruction) -> int:
     return texture_size_for_photo(mesh, recon.source_camera)
 
 
-def _reconstruct_cached(image: ImageInput, settings: Settings, cache_dir: Path | None,
-                        emit: EventFn, cache_errors: dict[str, str]) -> tuple[Reconstruction, bool]:
-    """(reconstruction, whether it came from the cache)."""
+def reconstruct_cached(image: ImageInput, settings: Settings, cache_dir: Path | None,
+                       emit: EventFn, cache_errors: dict[str, str]) -> tuple[Reconstruction, bool]:
+    """(reconstruction, whether it came from the cache): looked up in ``cache_dir`` (None: no
+    cache) under the input's and the reconstruction settings' key, stored there after computing
+    it; why it could not be stored goes to ``cache_errors["reconstruct"]``."""
     from pipeline import cache as cache_mod
     from pipeline.recon import reconstruct
 

@@ -231,3 +231,32 @@ def test_a_new_object_click_runs_grabcut_once(picture, monkeypatch, request):
     assert len(runs) == 3
     assert (mask != both).mean() <= 0.001
     assert clutter.iou(mask, truth) >= (0.95 if picture == "room" else 0.8)
+
+
+def test_a_wide_run_refused_for_a_spread_is_compared_without_running_it_again(monkeypatch):
+    """Where the colours around the clicks first point to the wide prior but its mask draws a
+    spread warning, the two priors are compared: the wide mask already made is that
+    comparison's wide side, so GrabCut runs twice (wide, narrow), not three times (the same
+    wide run again)."""
+    import cv2
+
+    import composites
+
+    rgb, truth = composites.composite("toy", "gradient", seed=3)
+    ys, xs = np.nonzero(truth)
+    click = (float(np.median(xs)), float(np.median(ys)), 1)
+    runs = []
+    real = cv2.grabCut
+
+    def counted(*args, **kwargs):
+        runs.append(args[5])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cv2, "grabCut", counted)
+    # clear of the backdrop's colours all round (the wide prior first), and a spread warning
+    # on whatever it selects (the wide mask refused, so the priors are compared)
+    monkeypatch.setattr(GrabCutSegmenter, "_unseen_around", lambda self, lab, near, clicks: 0.9)
+    monkeypatch.setattr(Spread, "check", lambda self, mask, clicks: "several things")
+    mask = GrabCutSegmenter().segment(rgb, [click])
+    assert len(runs) == 2, runs
+    assert mask.any()

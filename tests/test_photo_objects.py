@@ -154,3 +154,34 @@ def test_sam3d_makes_one_scene_job_of_every_object(sam3d_app):
     assert len(jobs) == 1, "one scene job"
     masks = app.sup.masks[jobs[0].id]
     assert len(masks) == 2 and masks[0][100, 70] and masks[1][100, 220]
+
+
+def test_an_objects_full_size_mask_is_refused_by_the_single_jobs_rule_naming_it():
+    """Generate's objects go through the one full-size mask rule a single job's selection
+    does (``form.checked_full_mask``), each refusal naming its object and saying what to do."""
+    import io
+
+    from PIL import Image
+
+    from app.web.photo import form
+    from app.web.server.usertext import UIError
+    from app.web.state.uploads import KeptObject, SessionState, WorkImage
+
+    rgb = two_boxes()
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="PNG")
+    img = WorkImage(name="boxes.png", work=rgb, work_alpha=None, key="k", size=rgb.shape[:2],
+                    source=buf.getvalue())
+    left = np.zeros(rgb.shape[:2], bool)
+    left[60:140, 30:110] = True
+    everything = np.ones(rgb.shape[:2], bool)
+    state = SessionState(image=img, mask=left, kept=(KeptObject(mask=everything),))
+    with pytest.raises(UIError) as whole:
+        form.objects_request(state, Settings(), FORM)
+    with pytest.raises(UIError) as single:
+        form.job_inputs(SessionState(image=img, mask=everything))
+    assert str(whole.value) == f"object 1: {single.value}"
+    assert "add a background click" in str(whole.value)
+    rgb_out, masks, _ = form.objects_request(SessionState(image=img, mask=left, kept=(KeptObject(mask=left),)),
+                                             Settings(), FORM)
+    assert rgb_out.shape == rgb.shape and len(masks) == 2 and np.array_equal(masks[1], left)

@@ -89,6 +89,38 @@ def test_layout_makes_one_scene_in_the_camera_frame(fake_sam3d, tmp_path):
     assert [m["backend"] for m in got.reconstructions] == ["sam3d", "sam3d"]
 
 
+def test_a_scenes_reconstructions_are_cached_as_a_single_jobs_are(fake_sam3d, monkeypatch, tmp_path):
+    """With a cache folder (the worker passes its own), each object's reconstruction is stored
+    there; a second scene that changes only the bake's settings reconstructs nothing again."""
+    from pipeline.backends import resolve_backends
+    from pipeline.recon import sam3d
+    from pipeline.scene.photo_scene import bake_photo_scene
+    from tests.raster_helpers import gl_context
+
+    masks = fake_sam3d
+    inner = sam3d.load_pipeline
+    runs = []
+
+    class Counting:
+        def __init__(self, model):
+            self.model = model
+
+        def run(self, *args, **kwargs):
+            runs.append(1)
+            return self.model.run(*args, **kwargs)
+
+    monkeypatch.setattr(sam3d, "load_pipeline", lambda config: Counting(inner(config)))
+    s = _settings("sam3d")
+    first = bake_photo_scene(_photo(masks), masks, s, resolve_backends(s), tmp_path / "a", gl_context(),
+                             cache_dir=tmp_path / "cache")
+    assert len(runs) == 2 and not first.bake.stats.reconstruction_cached
+    other = s.override({"bake.texture_size": 512})
+    second = bake_photo_scene(_photo(masks), masks, other, resolve_backends(other), tmp_path / "b", gl_context(),
+                              cache_dir=tmp_path / "cache")
+    assert len(runs) == 2 and second.bake.stats.reconstruction_cached
+    assert [o.name for o in second.bake.stats.scene] == ["object-1", "object-2"]
+
+
 def test_no_layout_is_refused_before_any_reconstruction(tmp_path):
     """The built-in reconstruction has no depth of its own: refused with what a scene needs."""
     from pipeline.backends import resolve_backends
@@ -153,6 +185,31 @@ def test_a_scene_jobs_masks_go_through_the_job_store(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(more, masks[1:]))
     one = store.create(rgb, masks[0], Settings(), "s")
     assert load_more_masks(store.job_dir(one.id)) == []
+
+
+def test_a_scene_jobs_record_has_a_scenes_stages(tmp_path):
+    """The dispatcher weighs a scene job's progress over a scene's stages (read from the job's
+    folder, so a resumed job's too): an image job with more masks, a bake job whose request
+    is a scene; a job of one object keeps its own."""
+    from kiln.bakerequest import BakeRequest
+    from kiln.settings import Settings
+    from kiln.stages import MODEL_STAGES, STAGES, stages_for
+    from worker.jobs.jobstore import JobStore
+    from worker.pool.jobrecord import JobRecord
+
+    store = JobStore(tmp_path / "jobs")
+    rgb = np.full((H, W, 3), 40, np.uint8)
+    mask = np.zeros((H, W), bool)
+    mask[20:60, 20:60] = True
+
+    def stages(st):
+        return JobRecord(status=st, dir=store.job_dir(st.id), settings=Settings()).stages
+
+    assert stages(store.create(rgb, mask, Settings(), "s", more_masks=(mask,))) == stages_for(True, scene=True)
+    assert stages(store.create(rgb, mask, Settings(), "s")) == STAGES
+    scene = store.create_bake(BakeRequest(mesh="mesh/a.ply", scene=True), {}, Settings(), "s")
+    assert stages(scene) == stages_for(True, "bake", scene=True) != MODEL_STAGES
+    assert stages(store.create_bake(BakeRequest(mesh="mesh/a.ply"), {}, Settings(), "s")) == MODEL_STAGES
 
 
 def test_the_supervisor_refuses_a_scene_its_reconstruction_cannot_lay_out(tmp_path):

@@ -278,6 +278,76 @@ def test_a_texel_hidden_by_another_object_takes_none_of_its_colours(tmp_path):
     assert red > 500, red
 
 
+@needs_gl
+def test_a_scenes_files_name_the_joined_glb_and_each_objects_own_formats(tmp_path):
+    """``stats.files`` (what --report and /bake's status list) is the scene's GLB, with every
+    object's faces, then each object's other formats under its own key: not the first
+    object's files standing for the scene's."""
+    from kiln.formats import format_of
+    from kiln.settings import load
+    from pipeline.backends import resolve_backends
+    from pipeline.io.mesh_file import MeshFile
+    from pipeline.scene.scene_bake import SceneInputs, SceneObject, bake_scene
+    from pipeline.texture.model_bake import ModelInputs
+    from pipeline.types import ImageInput
+    from tests.raster_helpers import gl_context
+
+    meshes, cam, rgb, ball_mask, board_mask = _synthetic(tmp_path)
+    s = load(None, {"bake.texture_size": 256, "bake.mode": "fast", "bake.mirror_fill": "off",
+                    "mesh.simplify_ratio": 0.0, "export.formats": ["glb", "stl"]})
+    objects = tuple(SceneObject(name=name, inputs=ModelInputs(model=MeshFile(mesh=m, texture=None, format="ply"),
+                                                              photo=ImageInput(rgb, mask), camera=cam,
+                                                              camera_how="focal"))
+                    for name, m, mask in (("ball", meshes[0], ball_mask), ("board", meshes[1], board_mask)))
+    res = bake_scene(SceneInputs(objects=objects, camera=cam), s, resolve_backends(s), tmp_path / "scene",
+                     gl_context(), name="scene")
+    files = res.stats.files
+    assert [f.key for f in files] == ["glb", "stl@ball", "stl@board"]
+    assert files[0].name == res.glb_path.name == "scene.glb"
+    assert files[0].bytes == res.glb_path.stat().st_size
+    assert files[0].faces == res.stats.faces == sum(o.faces for o in res.stats.scene)
+    for f in files[1:]:
+        assert res.extra[f.key].name == f.name and res.extra[f.key].stat().st_size == f.bytes
+        assert format_of(f.key) == "stl"
+
+
+@needs_gl
+def test_a_scenes_progress_moves_through_its_stages_and_reaches_the_end_only_at_the_join(tmp_path):
+    """Every event of a scene bake names a stage of a scene job (``kiln.stages``), and the job's
+    progress (``worker.pool.progress``) rises with them: the objects' own bakes share one
+    stage, so the bar does not jump to the end at "place" or stand still for later objects."""
+    from kiln.settings import load
+    from kiln.stages import stages_for
+    from pipeline.backends import resolve_backends
+    from pipeline.io.mesh_file import MeshFile
+    from pipeline.scene.scene_bake import SceneInputs, SceneObject, bake_scene
+    from pipeline.texture.model_bake import ModelInputs
+    from pipeline.types import ImageInput
+    from tests.raster_helpers import gl_context
+    from worker.pool.progress import job_progress
+
+    meshes, cam, rgb, ball_mask, board_mask = _synthetic(tmp_path)
+    s = load(None, {"bake.texture_size": 256, "bake.mode": "fast", "bake.mirror_fill": "off",
+                    "mesh.simplify_ratio": 0.0})
+    objects = tuple(SceneObject(name=name, inputs=ModelInputs(model=MeshFile(mesh=m, texture=None, format="ply"),
+                                                              photo=ImageInput(rgb, mask), camera=cam,
+                                                              camera_how="focal"))
+                    for name, m, mask in (("ball", meshes[0], ball_mask), ("board", meshes[1], board_mask)))
+    events = []
+    bake_scene(SceneInputs(objects=objects, camera=cam), s, resolve_backends(s), tmp_path / "scene",
+               gl_context(), name="scene", on_event=lambda *e: events.append(e))
+    stages = stages_for(True, "bake", scene=True)
+    assert {e[0] for e in events} <= set(stages), {e[0] for e in events} - set(stages)
+    bar = [job_progress(stages, stage, fraction) for stage, fraction, _ in events]
+    assert all(b >= a - 1e-9 for a, b in zip(bar, bar[1:])), [(e[0], round(b, 3)) for e, b in zip(events, bar)]
+    before_join = [b for (stage, _, _), b in zip(events, bar) if stage != "join"]
+    assert max(before_join) < 0.99 and bar[-1] == pytest.approx(1.0)
+    # the second object's bake moves the bar on from where the first one left it
+    ball = [b for (st, _, m), b in zip(events, bar) if st == "objects" and m.startswith("ball")]
+    board = [b for (st, _, m), b in zip(events, bar) if st == "objects" and m.startswith("board")]
+    assert ball and board and min(board) >= max(ball) - 1e-9 and max(board) > max(ball) + 0.1
+
+
 def _used(baked) -> np.ndarray:
     """(S, S) bool: the texels a baked mesh's UV triangles cover (OpenCV fill)."""
     import cv2
@@ -308,6 +378,14 @@ def test_bad_scenes_are_refused_before_any_work(tmp_path, capsys, change, reason
     assert main(args) == 2
     assert reason in capsys.readouterr().err
     assert not (tmp_path / "var" / "jobs").exists() or not any((tmp_path / "var" / "jobs").rglob("bake.json"))
+
+
+def test_a_second_splat_without_scene_is_named_as_the_flag_given_twice(tmp_path, capsys):
+    """One --mesh with two --splat: the refusal names --splat, not "--mesh is given 1 times"."""
+    args = ["bake", "--mesh", "a.ply", "--splat", "a.ply", "--splat", "b.ply", "-o", str(tmp_path / "s.glb")]
+    assert main(args + _workdirs(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "--splat is given 2 times" in err and "add --scene" in err
 
 
 def _without(args: list[str], flag: str, value: str = "") -> list[str]:
@@ -345,6 +423,39 @@ def test_one_mesh_makes_a_scene_of_one_and_the_records_round_trip():
     stats = PipelineStats(scene=(SceneObjectStats(name="b", placement={"how": "fitted", "scale": 1.4},
                                                   hidden_px=12, texels_from={"photo": 0.2}),))
     assert PipelineStats.from_dict(json.loads(json.dumps(stats.to_dict()))).scene == stats.scene
+
+
+def test_a_scenes_warnings_are_every_objects_each_naming_it():
+    """What the summary, --report and the bake tab warn about a scene: each object's own
+    warnings with its name, not the first object's alone and unnamed."""
+    from kiln.records import BakeStats, ModelStats, PipelineStats, SceneObjectStats
+
+    first = ModelStats(warnings=("its mask is small",))
+    scene = (SceneObjectStats(name="person", warnings=("its mask is small",)),
+             SceneObjectStats(name="bench", warnings=("the fit's IoU is low", "flat colour")))
+    stats = PipelineStats(model=first, bake=BakeStats(mode="fast", texels_seen_fraction=1.0, texels_chart_fraction=0.5),
+                          scene=scene)
+    assert stats.warnings == ("person: its mask is small", "bench: the fit's IoU is low", "bench: flat colour")
+    assert PipelineStats(model=first).warnings == ("its mask is small",)
+
+
+def test_a_camera_fitted_to_the_first_object_is_kept_for_its_scene(tmp_path):
+    """The bake tab's fit step fits the first object's camera; baking the scene with it keeps
+    that fit (``fit_key``: the other objects' files are no part of what the camera was fitted
+    to), while another mask for the first object still drops it."""
+    from kiln.settings import Settings
+    from scene_helpers import write_ball_before_board
+    from worker.jobs.bakeinputs import BakeFiles, check_bake, check_fit, fit_key
+    from worker.jobs.sceneinputs import SceneObjectFiles, check_scene
+
+    f = write_ball_before_board(tmp_path / "in")
+    fit = check_fit(BakeFiles(mesh=f["ball"], image=f["photo"], mask=f["ball_mask"]), Settings())
+    scene = check_scene(BakeFiles(mesh=f["ball"], image=f["photo"], mask=f["ball_mask"], focal=300.0),
+                        (SceneObjectFiles(mesh=f["board"], mask=f["board_mask"]),), Settings())
+    assert any(name.startswith("objects/") for name in scene.copies)
+    assert fit_key(scene) == fit_key(fit)
+    other = check_bake(BakeFiles(mesh=f["ball"], image=f["photo"], mask=f["board_mask"], focal=300.0), Settings())
+    assert fit_key(other) != fit_key(fit)
 
 
 # ---------------------------------------------------------------------- /bake takes a scene
@@ -399,6 +510,39 @@ def test_bake_over_the_api_takes_a_scene_and_refuses_a_mesh_without_its_mask(api
     req = checked.request
     assert req.scene and req.names["node"] == "ball" and [o.names["node"] for o in req.objects] == ["cup"]
     assert req.objects[0].mask in checked.copies and req.focal == 300.0
+
+
+def test_the_pages_outcome_offers_each_objects_own_files(api_app, tmp_path, monkeypatch):
+    """A done scene's other formats come one per object (``stl@cup``); the page's downloads
+    list them, as /bake's answer does, after the formats' own."""
+    from dataclasses import replace
+
+    from app.web.api import bake as api_bake
+    from app.web.api import photo as api
+    from app.web.state.job_outcome import job_outcome
+    from page_helpers import ALICE, caller
+
+    ctx, sup, cutout, mask = api_app
+    plain_end = type(sup)._end
+
+    def end_with_objects(self, st):   # the worker's outputs of a scene with --format stl
+        st = plain_end(self, st)
+        out, extra = Path(st.outputs["glb"]).parent, {}
+        for key, name in (("stl@ball", "model.ball.stl"), ("stl@cup", "model.cup.stl")):
+            (out / name).write_bytes(b"solid " + name.encode())
+            extra[key] = str(out / name)
+        return replace(st, outputs={**st.outputs, **extra})
+
+    monkeypatch.setattr(type(sup), "_end", end_with_objects)
+    a = caller(ALICE, "script-a")
+    api.upload_image(ctx, a, cutout)
+    first, second = _ball(tmp_path / "ball.ply"), _ball(tmp_path / "cup.ply")
+    *_, last = api_bake.bake(ctx, a, first, session_image=True, focal=300.0, scene=True, more_meshes=[second],
+                             more_object_masks=[mask], progress=lambda *_, **__: None)
+    st = sup.statuses[last.info["job"]]
+    names = [Path(p).name for p in job_outcome(ctx, a.session, st).extra]
+    assert len(names) == 2 and names[0].endswith(".ball.stl") and names[1].endswith(".cup.stl"), names
+    assert [Path(p).name for p in last.files] == names
 
 
 # ------------------------------------------------------------------- placing one object

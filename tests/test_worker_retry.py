@@ -11,7 +11,7 @@ import pytest
 
 from kiln.records import Backends, Capabilities
 from kiln.settings import Settings
-from kiln.stages import FIT_STAGES, MODEL_STAGES, STAGES, UNBAKED_STAGES, WEIGHTS, stages_for
+from kiln.stages import FIT_STAGES, MODEL_STAGES, SCENE_STEPS, STAGES, UNBAKED_STAGES, WEIGHTS, stages_for
 from worker import messages
 from worker.pool.crashcounts import CrashCounts
 from worker.pool.jobrecord import JobRecord
@@ -141,12 +141,15 @@ def test_a_job_record_describes_its_failure_from_its_history():
 
 
 def test_stage_weights_cover_every_job_type_s_stages():
-    assert set(WEIGHTS) == set(STAGES) | set(MODEL_STAGES) | set(FIT_STAGES)
+    assert set(WEIGHTS) == set(STAGES) | set(MODEL_STAGES) | set(FIT_STAGES) | set(SCENE_STEPS)
     assert sum(WEIGHTS[s] for s in STAGES) == pytest.approx(1.0)
     assert stages_for(True) == STAGES and stages_for(False) == UNBAKED_STAGES
     assert stages_for(True, "bake") == stages_for(False, "bake") == MODEL_STAGES
     assert stages_for(True, "fit") == FIT_STAGES
     assert set(UNBAKED_STAGES) < set(STAGES)
+    # a scene: its first stage as its kind's, then the scene's own
+    assert stages_for(True, "bake", scene=True) == ("read",) + SCENE_STEPS
+    assert stages_for(False, "image", scene=True) == ("reconstruct",) + SCENE_STEPS
 
 
 def test_job_progress_weights_stages_and_never_goes_back():

@@ -196,19 +196,8 @@ def test_fault_specs_parse_and_match():
     assert plan.pick("t2", 5) == "oom@mesh"
     assert plan.pick("other", 1) is None
     held = FaultPlan(["hang@bake:seed=424242"])
-    assert held.needs_seed and not plan.needs_seed
     assert held.pick("any", 1, seed=424242) == "hang@bake"
     assert held.pick("any", 1, seed=0) is None and held.pick("any", 1) is None
-
-
-def test_the_dispatcher_reads_a_jobs_seed_for_a_rule_that_picks_by_it(tmp_path):
-    import json
-
-    from worker.pool.dispatcher import _job_seed
-
-    (tmp_path / "settings.json").write_text(json.dumps({"seed": 424242, "bake": {}}))
-    assert _job_seed(tmp_path) == 424242
-    assert _job_seed(tmp_path / "missing") is None
 
 
 @pytest.mark.parametrize("spec", ["boom@bake", "segv", "segv@bake:attempt=x", "segv@bake:colour=red",
@@ -461,6 +450,38 @@ def test_a_stopped_worker_whose_server_is_gone_is_killed_at_the_next_start(tmp_p
 
 
 # --------------------------------------------------------------------------- a worker's reported files
+
+
+def test_the_dispatcher_picks_a_seed_rule_by_the_jobs_own_seed(tmp_path):
+    """A fault rule that picks jobs by seed fires on the job whose settings hold that seed
+    (the record's settings, as its settings.json has them) and on no other."""
+    from worker.engines.local import LocalEngine
+    from worker.pool.dispatcher import Dispatcher
+    from worker.pool.jobrecord import JobRecord
+    from worker.pool.slots import WorkerSlot
+
+    class Slot(WorkerSlot):
+        def __init__(self, index):
+            super().__init__(index, None, tmp_path / f"worker-{index}.log")
+            self.state, self.sent = "idle", []
+
+        def send(self, msg):
+            self.sent.append(msg)
+            return True
+
+    store = JobStore(tmp_path / "jobs")
+    d = Dispatcher(Settings(), store, None, tmp_path / "var", FaultPlan(["hang@bake:seed=424242"]), 0.1,
+                   LocalEngine(Settings()))
+    slots = [Slot(0), Slot(1)]
+    d.slots = slots
+    for seed in (424242, 7):
+        settings = Settings().override({"seed": seed})
+        st = store.create(*image(), settings, "sess-1")
+        d.jobs[st.id] = rec = JobRecord(status=st, dir=store.job_dir(st.id), settings=settings)
+        d.queue.append(rec)
+    with d.lock:
+        d._assign()
+    assert [[m.fault for m in s.sent] for s in slots] == [["hang@bake"], [None]]
 
 
 def _finished_with(tmp_path, outputs: dict, extra: dict, ply=None):

@@ -257,7 +257,8 @@ def cmd_bake(args) -> int:
     meshes = [v for f, v in args.bake_options or () if f == "--mesh"]
     splats = [v for f, v in args.bake_options or () if f == "--splat"]
     if len(meshes) > 1 or len(splats) > 1:
-        raise CliError(f"--mesh is given {len(meshes)} times: several objects of one photo are a scene; "
+        flag, times = ("--mesh", len(meshes)) if len(meshes) > 1 else ("--splat", len(splats))
+        raise CliError(f"{flag} is given {times} times: several objects of one photo are a scene; "
                        "add --scene (then each --splat and --mask belongs to the --mesh before it)")
     args.mesh, args.splat = meshes[0], (splats[0] if splats else None)
     photos = photo_groups(args.photo_options or [])

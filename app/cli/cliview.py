@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.formats import EXTRA_OUTPUTS, base_key, format_of
+from kiln.formats import extra_keys, format_of
 from kiln.records import JobStats
 
 
@@ -108,13 +108,11 @@ def written_files(out: Path, result: dict, pipeline) -> list[dict]:
     paths = {"glb": Path(out), **{k: Path(p) for k, p in (result.get("extra") or {}).items()}}
     rows = []
     # a scene's files come one per object (``obj@bench``), after the formats' order
-    keys = [k for k in ("glb",) + EXTRA_OUTPUTS if k in paths]
-    keys += sorted(k for k in paths if "@" in k and base_key(k) in EXTRA_OUTPUTS)
-    for key in keys:
+    for key in ["glb", *extra_keys(paths)]:
         path = paths[key]
         row = {k: v for k, v in reported[key].to_dict().items() if k not in ("key", "name")} \
             if key in reported else {}
-        row.update(format=format_of(base_key(key)), path=str(path.resolve()), bytes=path.stat().st_size)
+        row.update(format=format_of(key), path=str(path.resolve()), bytes=path.stat().st_size)
         rows.append(row)
     if result.get("ply"):
         ply = Path(result["ply"])

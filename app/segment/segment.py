@@ -281,7 +281,7 @@ class GrabCutSegmenter:
         # striped toy: the wide prior, checked for other things taken along), or the
         # backdrop's own around the narrow selection (a sofa: the narrow one); both run and
         # are compared (``_one_thing``) only between the two
-        wide_mode = None
+        wide_mode, wide = None, None
         if self._unseen_around(lab, narrow_prior | clicked, upto) >= self.sure:
             wide = self._run(small, upto, sbox, self._wide_prior(upto, (sh, sw)), o2, b2, iterations)
             if not Spread().check(wide, upto) and not ColourSpread().check(small, wide, upto):
@@ -289,7 +289,8 @@ class GrabCutSegmenter:
         if wide_mode is None:
             narrow = self._run(small, upto, sbox, narrow_prior, o2, b2, iterations)
             if self._unseen_around(lab, narrow | clicked, upto) >= self.enclosed:
-                wide = self._run(small, upto, sbox, self._wide_prior(upto, (sh, sw)), o2, b2, iterations)
+                if wide is None:   # a wide run refused above by a spread warning is compared as it is
+                    wide = self._run(small, upto, sbox, self._wide_prior(upto, (sh, sw)), o2, b2, iterations)
                 wide_mode = self._one_thing(wide & ~narrow, narrow) and not Spread().check(wide, upto)
             else:
                 wide_mode, wide = False, narrow
@@ -298,6 +299,7 @@ class GrabCutSegmenter:
             while len(self._modes) > 256:
                 self._modes.popitem(last=False)
         if len(upto) == len(clicks):
+            assert wide is not None   # every way above ends with a wide mask (the narrow one when not compared)
             return wide if wide_mode else narrow
         prior = self._wide_prior(clicks, (sh, sw)) if wide_mode else self._probable_object(lab, clicks, objects)
         return self._run(small, clicks, sbox, prior, objects, backgrounds, iterations)

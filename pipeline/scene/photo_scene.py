@@ -20,7 +20,7 @@ silhouette fits its mask (``pipeline.scene.placement``) and fits the others unde
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -96,12 +96,15 @@ class PhotoSceneResult:
 def bake_photo_scene(rgb: np.ndarray, masks: Sequence[np.ndarray], settings: Settings, backends: "Backends",
                      out_dir: Path, raster_ctx: "RasterContext", on_event: Optional[EventFn] = None,
                      name: str = "model", reconstruct: Optional[Callable[..., Reconstruction]] = None,
-                     on_placed: Optional[Callable[["PlacedScene"], None]] = None) -> PhotoSceneResult:
+                     on_placed: Optional[Callable[["PlacedScene"], None]] = None,
+                     cache_dir: Optional[Path] = None) -> PhotoSceneResult:
     """Reconstruct each of ``masks`` (each (H, W) bool, the photo ``rgb`` (H, W, 3) uint8's size)
     with ``settings.reconstruct``, lay them out by their poses and bake them into one GLB,
-    ``<out_dir>/<name>.glb``, a node per object ("object-1", ...). ``reconstruct``: the stage
-    (``pipeline.recon.reconstruct.reconstruct`` by default; the worker passes its cached one).
-    Refused before any reconstruction when the backend gives no layout (``scene_problem``)."""
+    ``<out_dir>/<name>.glb``, a node per object ("object-1", ...). ``reconstruct``: the stage,
+    called as ``reconstruct(image, i)`` for the i-th object (by default
+    ``pipeline.run.reconstruct_cached``: each object's reconstruction looked up in and stored to
+    ``cache_dir`` as a single job's is, so changing only the bake's settings does not reconstruct
+    again). Refused before any reconstruction when the backend gives no layout (``scene_problem``)."""
     from pipeline.io.mesh_file import MeshFile
     from pipeline.scene.scene_bake import SceneInputs, SceneObject, bake_scene
     from pipeline.texture.model_bake import ModelInputs
@@ -115,13 +118,17 @@ def bake_photo_scene(rgb: np.ndarray, masks: Sequence[np.ndarray], settings: Set
         if m.shape != rgb.shape[:2]:
             raise StageInputError(f"object {i}'s mask is {m.shape[1]}x{m.shape[0]}, the photo "
                                   f"{rgb.shape[1]}x{rgb.shape[0]}: every mask must be the photo's size")
+    emit: EventFn = on_event or (lambda *a: None)
+    cached: list[bool] = []
+    cache_errors: dict[str, str] = {}
     if reconstruct is None:
-        from pipeline.recon.reconstruct import reconstruct as recon_stage
+        from pipeline.run import reconstruct_cached
 
         def reconstruct(image: ImageInput, i: int) -> Reconstruction:
-            return recon_stage(image, settings.reconstruct, seed=settings.seed,
-                               progress=lambda f, m: emit("reconstruct", (i + f) / len(masks), m))
-    emit: EventFn = on_event or (lambda *a: None)
+            recon, hit = reconstruct_cached(image, settings, cache_dir,
+                                            lambda stage, f, m: emit(stage, (i + f) / len(masks), m), cache_errors)
+            cached.append(hit)
+            return recon
     laid: list[LaidOut] = []
     metas: list[dict] = []
     for i, m in enumerate(masks):
@@ -137,4 +144,6 @@ def bake_photo_scene(rgb: np.ndarray, masks: Sequence[np.ndarray], settings: Set
         for i, (o, m) in enumerate(zip(laid, masks)))
     result = bake_scene(SceneInputs(objects=objects, camera=camera), settings, backends, out_dir, raster_ctx,
                         on_event=on_event, name=name, on_placed=on_placed)
+    result.stats = replace(result.stats, reconstruction_cached=bool(cached) and all(cached),
+                           reconstruction_cache_error=cache_errors.get("reconstruct"))
     return PhotoSceneResult(bake=result, reconstructions=metas)

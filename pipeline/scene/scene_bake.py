@@ -2,9 +2,10 @@
 
 Stages: "place" (each object kept where its pose fits the camera, else fitted under it with
 the intrinsics held: ``placement``), "occlusion" (each object's depth from the camera, and the
-photo's pixels it may take: ``occlusion``), then each object's own bake
-(``pipeline.texture.model_bake``: render_views, mesh, uv, bake, export) with its photo mask
-less what the others hide, and "join" (the objects' GLBs as one, ``pipeline.io.scene_glb``).
+photo's pixels it may take: ``occlusion``), "objects": each object's own bake
+(``pipeline.texture.model_bake``: render_views, mesh, uv, bake, export, reported as shares of
+this one stage) with its photo mask less what the others hide, and "join" (the objects' GLBs as
+one, ``pipeline.io.scene_glb``); ``kiln.stages.SCENE_STEPS`` names them for the job's progress.
 Everything is in the photo camera's frame (OpenGL axes, the camera at the origin).
 
 The other formats a bake can write (``export.formats``: OBJ, STL, PLY) come one per object,
@@ -17,13 +18,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
 from kiln.formats import object_key
-from kiln.records import SceneObjectStats
+from kiln.records import OutputFile, SceneObjectStats
 from kiln.settings import Settings
+from kiln.stages import MODEL_STAGES
 
 from pipeline.texture.model_bake import EventFn, ModelBakeResult, ModelInputs
 from pipeline.types import ImageInput, Mesh, SourceCamera
@@ -150,7 +152,7 @@ def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out
     for i, (o, p, mesh) in enumerate(zip(scene.objects, placements, meshes)):
         inputs = _placed_inputs(o.inputs, p, mesh, camera, seen.masks[i])
         res = bake_model(inputs, own, backends, out, raster_ctx, name=f"{name}.{o.name}",
-                         on_event=_named(emit, o.name))
+                         on_event=_named(emit, o.name, i, len(scene.objects)))
         for k, v in res.timings.items():
             timings[k] = timings.get(k, 0.0) + v
         results.append(res)
@@ -165,15 +167,34 @@ def bake_scene(scene: SceneInputs, settings: Settings, backends: "Backends", out
     first = results[0].stats
     stats = replace(first, faces=sum(r.stats.faces for r in results), vertices=sum(r.stats.vertices for r in results),
                     glb_bytes=glb.stat().st_size, source_camera=camera.to_dict(), scene=objects,
-                    files=first.files)
+                    files=_scene_files(glb, scene.objects, results))
     extra = {object_key(key, o.name): path for o, r in zip(scene.objects, results) for key, path in r.extra.items()}
     return ModelBakeResult(glb_path=glb, timings=timings, stats=stats, extra=extra)
 
 
-def _named(emit: EventFn, who: str) -> EventFn:
-    """``emit`` with each message saying which object it is about."""
+def _scene_files(glb: Path, objects: Sequence[SceneObject], results: Sequence[ModelBakeResult]
+                 ) -> tuple[OutputFile, ...]:
+    """``stats.files`` of a scene: the joined GLB first (the objects' vertices and faces
+    together), then each object's other formats under its key (``object_key``), as ``extra``
+    names them; not the objects' own GLBs, which the scene's GLB holds."""
+    own = [r.stats.files[0] for r in results if r.stats.files]
+    formats = {f.texture_format for f in own}
+    joined = OutputFile(key="glb", name=glb.name, bytes=glb.stat().st_size, vertices=sum(f.vertices for f in own),
+                        faces=sum(f.faces for f in own), texture_format=formats.pop() if len(formats) == 1 else None,
+                        up="y")
+    return (joined,) + tuple(replace(f, key=object_key(f.key, o.name))
+                             for o, r in zip(objects, results) for f in r.stats.files[1:])
+
+
+def _named(emit: EventFn, who: str, i: int, n: int) -> EventFn:
+    """``emit`` for the bake of object ``i`` of ``n``: its own stages (``MODEL_STAGES``) as
+    shares of the scene's one stage "objects" (``kiln.stages.SCENE_STEPS``: a job's progress
+    is stage by stage, and the objects run the same stages one after the other), each message
+    naming the object and its stage."""
     def named(stage: str, fraction: float, message: str) -> None:
-        emit(stage, fraction, f"{who}: {message}")
+        step = MODEL_STAGES.index(stage) if stage in MODEL_STAGES else 0
+        share = (step + min(max(float(fraction), 0.0), 1.0)) / len(MODEL_STAGES)
+        emit("objects", (i + share) / n, f"{who}, {stage.replace('_', ' ')}: {message}")
 
     return named
 

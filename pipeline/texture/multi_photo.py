@@ -141,15 +141,6 @@ def _glances(projs: Sequence[PhotoProjection], levelling: Levelling, positions: 
         glance[mine] = g[mine]
         out[mine] = levelling.apply(i, c[mine])
     return glance, out
-    score = np.stack([np.where(p.glance > 0, np.clip(_cos(positions, normals, cam), 1e-6, 1.0), 0.0)
-                      for p, cam in zip(projs, cameras)])
-    score[:, weight > 0] = 0.0
-    best = score.argmax(axis=0)
-    for i, p in enumerate(projs):
-        mine = (best == i) & (score[i] > 0)
-        glance[mine] = p.glance[mine]
-        out[mine] = levelling.apply(i, p.glance_colors[mine])
-    return glance, out
 
 
 def _project_facing(project: Project, photo: ImageInput, camera: SourceCamera, positions: np.ndarray,

@@ -60,6 +60,11 @@ class Fault:
             raise ValueError(f"unknown fault kind {self.kind!r}; choose one of {', '.join(KINDS)}")
         if not re.fullmatch(r"(probe:)?[a-z_][a-z0-9_]*", self.stage or ""):
             raise ValueError(f"fault stage {self.stage!r} must be a stage name or probe:NAME")
+        if self.kind == "torn_write" and self.stage.startswith(PROBE_PREFIX):
+            # a start-up step has no job folder to leave the half-written file in, and nothing
+            # would clean one left in the worker's working directory
+            raise ValueError(f"fault kind 'torn_write' tears a write in a job's folder: give it a job stage, "
+                             f"not {self.stage!r}")
 
     @property
     def spec(self) -> str:
@@ -114,11 +119,6 @@ class FaultPlan:
         text = os.environ.get(ENV_VAR, "")
         return cls(parse(text)) if text.strip() else None
 
-    @property
-    def needs_seed(self) -> bool:
-        """Whether a rule picks jobs by their settings' seed (read only then)."""
-        return any(r.seed is not None for r in self.rules)
-
     def pick(self, session: str, attempt: int, digest: str = "", seed: Optional[int] = None) -> Optional[str]:
         for rule in self.rules:
             if not rule.stage.startswith(PROBE_PREFIX) and rule.matches(session, attempt, digest, seed):
@@ -142,7 +142,8 @@ def split_spec(spec: str) -> tuple[str, str]:
 def fire(kind: str, job_dir: Optional[str] = None) -> None:
     """Make the calling (worker) process fail the way ``kind`` says. Only returns by raising
     for ``error``, ``cuda`` and ``oom``; never returns for the others. ``torn_write`` needs
-    ``job_dir``, the folder it leaves its half-written temporary in."""
+    ``job_dir``, the folder it leaves its half-written temporary in (``Fault`` refuses it for
+    a start-up step, which has none)."""
     import signal
     import time
 

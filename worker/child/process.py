@@ -411,12 +411,13 @@ def _reconstruct(job_dir: Path, settings: Settings, backends: Backends, contexts
 
     rgb, mask = load_inputs(job_dir)
     more = load_more_masks(job_dir)
+    cache_dir = Path(msg.cache_dir) if msg.cache_dir else None
     if more:   # several objects of the photo: one scene, laid out by the reconstruction
         from pipeline.scene.photo_scene import bake_photo_scene
 
         return bake_photo_scene(rgb, [mask, *more], settings, backends, job_dir / "outputs",
-                                _raster_context(contexts, backends), on_event=on_event, name="model").bake
-    cache_dir = Path(msg.cache_dir) if msg.cache_dir else None
+                                _raster_context(contexts, backends), on_event=on_event, name="model",
+                                cache_dir=cache_dir).bake
     raster_ctx = _raster_context(contexts, backends) if settings.bake.enabled else None
     return run_pipeline(ImageInput(rgb=rgb, mask=mask), settings, job_dir / "outputs",
                         on_event=on_event, backends=backends, cache_dir=cache_dir,

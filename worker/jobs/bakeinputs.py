@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 MESH_DIR = "mesh"          # inputs/mesh/<file> and the files it refers to
 SPLAT_NAME = "splat.ply"
 CAMERA_NAME = "camera.json"
+# a scene's objects after the first (worker.jobs.sceneinputs): inputs/objects/<n>/ (n >= 2)
+OBJECTS_DIR = "objects"
 MORE_PHOTOS_DIR = "photos"  # inputs/photos/<n>/: the n-th photo's image, mask and camera (n >= 2)
 
 
@@ -241,14 +243,15 @@ def fit_key(checked: CheckedBake) -> str:
     """What a fitted camera depends on: the mesh (with the files it refers to), the splat and
     its source frame (its colours decide front from back), the photo and its mask. Two
     checked requests with the same key fit the same camera; the camera and the other
-    options do not count."""
+    options do not count, nor a scene's other objects (the camera is fitted to the first:
+    ``worker.jobs.sceneinputs``), so the bake tab's fit holds for the scene it is baked with."""
     from kiln.digest import files_digest, input_digest
 
     req = checked.request
     parts = [b"fit-key", req.source.encode()]
     if checked.rgb is not None and checked.mask is not None:
         parts.append(input_digest(checked.rgb, checked.mask).encode())
-    names = sorted(n for n in checked.copies if n != CAMERA_NAME)
+    names = sorted(n for n in checked.copies if n != CAMERA_NAME and not n.startswith(f"{OBJECTS_DIR}/"))
     parts += [n.encode() for n in names]
     return files_digest(parts, [checked.copies[n] for n in names])
 

@@ -378,6 +378,20 @@ def load_request(job_dir: Path) -> BakeRequest:
     return BakeRequest.from_dict(json.loads((Path(job_dir) / "inputs" / "bake.json").read_text()))
 
 
+def is_scene(job_dir: Path, kind: str) -> bool:
+    """Whether the job in ``job_dir`` makes one scene of several objects: an image job with
+    more masks (inputs/mask_2.png), a bake job whose request says so; False when unreadable."""
+    d = Path(job_dir) / "inputs"
+    if kind == "image":
+        return (d / "mask_2.png").is_file()
+    if kind == "bake":
+        try:
+            return bool(json.loads((d / "bake.json").read_text()).get("scene", False))
+        except (OSError, ValueError, AttributeError):
+            return False
+    return False
+
+
 def load_inputs(job_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """(rgb (H, W, 3) uint8, mask (H, W) bool) of a job."""
     from PIL import Image

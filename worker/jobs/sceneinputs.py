@@ -16,15 +16,13 @@ from typing import TYPE_CHECKING, Optional
 
 from kiln.bakerequest import SceneObjectRequest
 
-from worker.jobs.bakeinputs import MESH_DIR, SPLAT_NAME, BakeFiles, CheckedBake, check_bake
+from worker.jobs.bakeinputs import MESH_DIR, OBJECTS_DIR, SPLAT_NAME, BakeFiles, CheckedBake, check_bake
 from worker.jobs.inputs import InputProblem
 
 if TYPE_CHECKING:
     import numpy as np
 
     from kiln.settings import Settings
-
-OBJECTS_DIR = "objects"   # inputs/objects/<n>/: the n-th object's mesh, splat and mask (n >= 2)
 
 
 @dataclass(frozen=True)

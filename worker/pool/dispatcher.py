@@ -302,8 +302,8 @@ class Dispatcher:
                 continue
             job = self.queue[0]
             attempt = job.attempt + 1
-            fault = (self.faults.pick(job.status.session, attempt, job.digest,
-                                      _job_seed(job.dir) if self.faults.needs_seed else None)
+            # the seed from the job's own settings (its settings.json's, held in the record)
+            fault = (self.faults.pick(job.status.session, attempt, job.digest, job.settings.seed)
                      if self.faults else None)
             run = Run(job=job.status.id, dir=str(job.dir), attempt=attempt, overrides=job.overrides,
                       chunk_scale=job.chunk_scale,
@@ -545,18 +545,6 @@ class Dispatcher:
         # restarted server continues from it); fsync only for state/stage changes.
         self.store.write_status(st, fsync=changed)
         self.cond.notify_all()
-
-
-def _job_seed(job_dir: Path) -> Optional[int]:
-    """The seed in a job's settings.json (for a fault rule that picks jobs by it); None when
-    unreadable."""
-    import json
-
-    try:
-        seed = json.loads((Path(job_dir) / "settings.json").read_text()).get("seed")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return seed if isinstance(seed, int) else None
 
 
 def _lacking(path: Optional[str]) -> str:

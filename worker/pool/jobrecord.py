@@ -4,6 +4,7 @@ attempts did (what ``worker.pool.retry`` decides from)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional
 
@@ -54,7 +55,15 @@ class JobRecord:
 
     @property
     def stages(self) -> tuple[str, ...]:
-        return stages_for(self.settings.bake.enabled, self.status.kind)
+        return stages_for(self.settings.bake.enabled, self.status.kind, scene=self.scene)
+
+    @cached_property
+    def scene(self) -> bool:
+        """Whether the job makes a scene of several objects (its stages are a scene's), as
+        its folder says: read once, whichever way the record was made (submitted, resumed)."""
+        from worker.jobs.jobstore import is_scene
+
+        return is_scene(self.dir, self.status.kind)
 
     @property
     def stage_timeout(self) -> float:

@@ -23,7 +23,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 import gradio as gr
 
-from kiln.formats import EXTRA_OUTPUTS, OUTPUT_TAIL, base_key, format_of, output_key
+from kiln.formats import OUTPUT_TAIL, base_key, extra_keys, format_of, object_key, output_key
 from kiln.settings import JOB_SETTINGS, Settings, SettingsError
 
 from app.web.photo import form
@@ -93,8 +93,10 @@ def describe_job(st) -> dict:
         pipeline = st.stats.pipeline if st.stats is not None else None
         if pipeline is not None and pipeline.files:
             # each model file's size and contents, as --report has them, without server paths
-            out["files"] = [{"format": format_of(f.key), **{k: v for k, v in f.to_dict().items()
-                                                            if k not in ("key", "name")}} for f in pipeline.files]
+            # a scene object's file names its object (``obj@bench``: "object": "bench")
+            out["files"] = [{"format": format_of(f.key), **({"object": f.key.partition("@")[2]} if "@" in f.key else {}),
+                             **{k: v for k, v in f.to_dict().items() if k not in ("key", "name")}}
+                            for f in pipeline.files]
     return out
 
 
@@ -136,12 +138,11 @@ def job_answer(st, files: dict[str, str]) -> JobAnswer:
     sizes are the published files' (an OBJ zip's members are renamed for the download)."""
     info = describe_job(st)
     for f in info.get("files", ()):
-        path = files.get(output_key(f["format"]))
+        key = output_key(f["format"])
+        path = files.get(object_key(key, f["object"]) if "object" in f else key)
         if path is not None:
             f["bytes"] = Path(path).stat().st_size
-    extra = [files[k] for k in EXTRA_OUTPUTS if k in files]
-    # a scene's: one per object (``kiln.formats.object_key``), after them
-    extra += [files[k] for k in sorted(files) if "@" in k and base_key(k) in EXTRA_OUTPUTS]
+    extra = [files[k] for k in extra_keys(files)]
     return JobAnswer(info, files.get("glb"), files.get("ply"), extra or None)
 
 

@@ -12,7 +12,9 @@ from app.web.server.usertext import public_text
 
 STAGE_LABELS = {"read": "Reading the files", "reconstruct": "Reconstructing", "render_views": "Rendering views",
                 "mesh": "Simplifying mesh", "uv": "Unwrapping UVs", "bake": "Baking texture",
-                "export": "Exporting GLB", "fit": "Fitting the camera"}
+                "export": "Exporting GLB", "fit": "Fitting the camera", "place": "Placing the objects",
+                "occlusion": "Depth test across the objects", "objects": "Baking each object",
+                "join": "Joining the objects"}
 
 
 # a model from a photo with fewer faces than this has lost its shape to simplification

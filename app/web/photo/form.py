@@ -157,13 +157,20 @@ def job_inputs(state: SessionState) -> tuple[np.ndarray, np.ndarray]:
     if not state.use_alpha and (state.mask is None or not state.mask.any()):
         full_mask(state)   # says what is missing before the slow decode
     rgb, alpha = img.full()
+    return rgb, checked_full_mask(state, alpha)
+
+
+def checked_full_mask(state: SessionState, alpha: Optional[np.ndarray]) -> np.ndarray:
+    """``full_mask`` of the selection, refused (UIError) when it covers too few pixels or the
+    whole image: the one home of that rule for every job the tab makes (``job_inputs``,
+    ``objects_request``)."""
     mask = full_mask(state, alpha)
     n = int(mask.sum())
     if n < MIN_MASK_PIXELS:
         raise UIError(f"the mask covers only {n} pixels; click on the object to select more of it")
     if n == mask.size:
         raise UIError("the mask covers the whole image; add a background click outside the object")
-    return rgb, mask
+    return mask
 
 
 def found_object_inputs(state: SessionState, finder, reconstruct,
@@ -261,9 +268,8 @@ def objects_request(state: SessionState, base: Settings,
     rgb, alpha = img.full()
     masks = []
     for n, one in enumerate(objects, start=1):
-        mask = full_mask(one, alpha)
-        count = int(mask.sum())
-        if count < MIN_MASK_PIXELS or count == mask.size:
-            raise UIError(f"object {n}'s mask covers {count} of {mask.size} pixels; select it again")
-        masks.append(mask)
+        try:
+            masks.append(checked_full_mask(one, alpha))
+        except UIError as e:
+            raise UIError(f"object {n}: {e}") from None
     return rgb, masks, job_settings(base, form.overrides())

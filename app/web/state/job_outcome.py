@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from kiln.formats import EXTRA_OUTPUTS
+from kiln.formats import extra_keys
 
 from app.web.state import history
 from app.web.state import browser_jobs as jobs
@@ -48,7 +48,7 @@ class Outcome:
     never became a job, and ``note`` says why. For a done job, ``glb`` / ``ply`` are the
     published files (``app.web.server.results``); ``note`` says why they are missing when publishing
     failed. ``extra``: the other formats' published files (OBJ zip, STL, PLY mesh), in
-    ``kiln.formats.EXTRA_OUTPUTS``' order. ``waited_s``: how long the press waited for a worker
+    ``kiln.formats.extra_keys``' order (a scene's: one per object, after). ``waited_s``: how long the press waited for a worker
     slot before the job was submitted ("Done in" counts it). ``history``: the browser's history
     once it ended. ``kind``: the job's kind ("image" | "bake"), so each tab shows only its own."""
 
@@ -167,5 +167,5 @@ def job_outcome(ctx, session: str, last: Any, waited_s: Optional[float] = None) 
     return Outcome(status=last, note=note, waited_s=waited_s, kind=last.kind,
                    glb=str(files["glb"]) if "glb" in files else None,
                    ply=str(files["ply"]) if "ply" in files else None,
-                   extra=tuple(str(files[k]) for k in EXTRA_OUTPUTS if k in files),
+                   extra=tuple(str(files[k]) for k in extra_keys(files)),
                    history=browser_history(ctx, session, statuses))
