@@ -66,16 +66,16 @@ def _serve(tmp_path_factory, name: str, env: dict | None = None):
         log.close()
 
 
+# A job submitted with this seed sleeps in its 'mesh' stage until cancelled (a test-only
+# fault rule picked by the job's seed), so it is running for as long as the test needs it
+# to; no other job has it. One server serves the module (a server of its own for the held
+# job cost a second app and worker start, issue 35).
+HELD_SEED = 424242
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    yield from _serve(tmp_path_factory, "api-server")
-
-
-@pytest.fixture(scope="module")
-def held_server(tmp_path_factory):
-    """Every job's first attempt sleeps in the 'mesh' stage (a test-only fault rule), so a
-    job is running for as long as the test needs it to."""
-    yield from _serve(tmp_path_factory, "api-held-server", {"KILN_TEST_FAULTS": "hang@mesh:attempt=1"})
+    yield from _serve(tmp_path_factory, "api-server", {"KILN_TEST_FAULTS": f"hang@mesh:seed={HELD_SEED}"})
 
 
 @pytest.fixture(scope="module")
@@ -247,15 +247,15 @@ def test_without_the_login_nothing_answers(server):
     assert httpx.post(url + "gradio_api/upload", files={"files": ("a.png", b"x" * 100)}).status_code == 401
 
 
-def test_cancel_reaches_only_the_callers_job(held_server, images, tmp_path):
+def test_cancel_reaches_only_the_callers_job(server, images, tmp_path):
     from gradio_client import handle_file
     from gradio_client.exceptions import AppError
 
-    url, _ = held_server
+    url, _ = server
     a, b = _client(url, tmp_path / "a"), _client(url, tmp_path / "b")
     try:
         a.predict(handle_file(str(images / "cutout.png")), api_name="/upload_image")
-        job = a.submit(api_name="/generate")
+        job = a.submit(seed=HELD_SEED, api_name="/generate")   # held in 'mesh' until cancelled
         deadline = time.monotonic() + 120
         while True:
             running = a.predict(api_name="/status")
