@@ -10,6 +10,7 @@ suite. Each browser test still gets a browser context of its own (its own cookie
 its own to the app)."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -70,6 +71,26 @@ def shared_browser():
 
     require_browser()
     return _shared("shared_browser", chromium)
+
+
+@pytest.fixture(scope="session")
+def examples_256(tmp_path_factory):
+    """``kiln.examples.write_examples(size=256)`` made once (about a second each time on 2
+    cores, and the CLI modules asked for it in nearly every test); read it through ``toy``."""
+    from kiln.examples import write_examples
+
+    folder = tmp_path_factory.mktemp("examples-256")
+    write_examples(folder, size=256)
+    return folder
+
+
+@pytest.fixture
+def toy(examples_256, tmp_path):
+    """A fresh copy of the 256 px examples in ``tmp_path / "ex"`` (toy.png, pebble.png,
+    toy_rgb.png, toy_mask.png): the test's own files, as when it wrote them itself."""
+    import shutil
+
+    return Path(shutil.copytree(examples_256, tmp_path / "ex"))
 
 
 RAY_RESOURCE = "kiln_gpu"   # the custom resource standing in for a GPU in the Ray modules

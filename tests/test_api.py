@@ -66,16 +66,16 @@ def _serve(tmp_path_factory, name: str, env: dict | None = None):
         log.close()
 
 
+# A job submitted with this seed sleeps in its 'mesh' stage until cancelled (a test-only
+# fault rule picked by the job's seed), so it is running for as long as the test needs it
+# to; no other job has it. One server serves the module (a server of its own for the held
+# job cost a second app and worker start, issue 35).
+HELD_SEED = 424242
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    yield from _serve(tmp_path_factory, "api-server")
-
-
-@pytest.fixture(scope="module")
-def held_server(tmp_path_factory):
-    """Every job's first attempt sleeps in the 'mesh' stage (a test-only fault rule), so a
-    job is running for as long as the test needs it to."""
-    yield from _serve(tmp_path_factory, "api-held-server", {"KILN_TEST_FAULTS": "hang@mesh:attempt=1"})
+    yield from _serve(tmp_path_factory, "api-server", {"KILN_TEST_FAULTS": f"hang@mesh:seed={HELD_SEED}"})
 
 
 @pytest.fixture(scope="module")
@@ -247,38 +247,6 @@ def test_without_the_login_nothing_answers(server):
     assert httpx.post(url + "gradio_api/upload", files={"files": ("a.png", b"x" * 100)}).status_code == 401
 
 
-def test_cancel_reaches_only_the_callers_job(held_server, images, tmp_path):
-    from gradio_client import handle_file
-    from gradio_client.exceptions import AppError
-
-    url, _ = held_server
-    a, b = _client(url, tmp_path / "a"), _client(url, tmp_path / "b")
-    try:
-        a.predict(handle_file(str(images / "cutout.png")), api_name="/upload_image")
-        job = a.submit(api_name="/generate")
-        deadline = time.monotonic() + 120
-        while True:
-            running = a.predict(api_name="/status")
-            if running["running"] and running["jobs"][-1]["stage"] == "mesh":
-                break
-            assert time.monotonic() < deadline, running
-            time.sleep(0.5)
-        job_id = running["running"][0]
-        with pytest.raises(AppError, match="upload an image first"):
-            b.predict(api_name="/generate")   # b's session has no image: a's is not shared
-        assert b.predict(api_name="/cancel") == {"cancelled": []}
-        assert a.predict(api_name="/status")["jobs"][-1]["state"] == "running"
-        with pytest.raises(AppError, match="already has a job running"):
-            a.predict(api_name="/generate")
-        assert a.predict(api_name="/cancel") == {"cancelled": [job_id]}
-        with pytest.raises(AppError, match=f"job {job_id} cancelled"):
-            job.result(timeout=60)
-        assert a.predict(api_name="/status")["jobs"][-1]["state"] == "cancelled"
-    finally:
-        a.close()
-        b.close()
-
-
 def test_fit_camera_then_bake_with_it_through_gradio_client(server, tmp_path):
     """/fit_camera on a real model and its photo: the camera file, the figures and the picture
     reach the client; /bake given that file as fitted bakes without fitting again and answers
@@ -351,3 +319,37 @@ def test_a_file_reference_gradio_refuses_is_answered_with_the_reason(server, ima
         assert info["has_alpha"] is False and info["mask"] is None
     finally:
         c.close()
+
+
+# last in the module: cancelling a running job stops its worker, and no later test then
+# waits for the server's worker to start again
+def test_cancel_reaches_only_the_callers_job(server, images, tmp_path):
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    url, _ = server
+    a, b = _client(url, tmp_path / "a"), _client(url, tmp_path / "b")
+    try:
+        a.predict(handle_file(str(images / "cutout.png")), api_name="/upload_image")
+        job = a.submit(seed=HELD_SEED, api_name="/generate")   # held in 'mesh' until cancelled
+        deadline = time.monotonic() + 120
+        while True:
+            running = a.predict(api_name="/status")
+            if running["running"] and running["jobs"][-1]["stage"] == "mesh":
+                break
+            assert time.monotonic() < deadline, running
+            time.sleep(0.5)
+        job_id = running["running"][0]
+        with pytest.raises(AppError, match="upload an image first"):
+            b.predict(api_name="/generate")   # b's session has no image: a's is not shared
+        assert b.predict(api_name="/cancel") == {"cancelled": []}
+        assert a.predict(api_name="/status")["jobs"][-1]["state"] == "running"
+        with pytest.raises(AppError, match="already has a job running"):
+            a.predict(api_name="/generate")
+        assert a.predict(api_name="/cancel") == {"cancelled": [job_id]}
+        with pytest.raises(AppError, match=f"job {job_id} cancelled"):
+            job.result(timeout=60)
+        assert a.predict(api_name="/status")["jobs"][-1]["state"] == "cancelled"
+    finally:
+        a.close()
+        b.close()

@@ -76,14 +76,6 @@ def _workdirs(tmp_path):
     return ["--set", f"app.jobs_dir={tmp_path / 'jobs'}", "--set", f"app.cache_dir={tmp_path / 'cache'}"]
 
 
-@pytest.fixture
-def toy(tmp_path):
-    from kiln.examples import write_examples
-
-    write_examples(tmp_path / "ex", size=256)
-    return tmp_path / "ex"
-
-
 @pytest.mark.timing(reason="--help must take under 5 s")
 def test_help_is_fast_and_lists_commands():
     t0 = time.perf_counter()
@@ -186,8 +178,8 @@ def test_cli_no_bake_writes_vertex_colours_and_ply(toy, tmp_path):
     import trimesh
 
     out = tmp_path / "v.glb"
-    r = kiln("run", toy / "toy_rgb.png", "--mask", toy / "toy_mask.png", "-o", out, "--no-bake", "--ply",
-             *SMALL, *_workdirs(tmp_path), "--in-process")
+    r = kiln_in_process("run", toy / "toy_rgb.png", "--mask", toy / "toy_mask.png", "-o", out, "--no-bake",
+                        "--ply", *SMALL, *_workdirs(tmp_path), "--in-process")
     assert r.returncode == 0, r.stderr[-3000:]
     mesh = list(trimesh.load(out).geometry.values())[0]
     cols = mesh.visual.vertex_colors
@@ -203,10 +195,10 @@ def test_help_documents_exit_codes():
             assert code in text.split("xit status", 1)[1], (args, text)
 
 
-def test_a_failed_job_exits_1_and_says_why(toy, tmp_path):
-    env = {**os.environ, "KILN_TEST_FAULTS": "segv@mesh"}
-    r = kiln("run", toy / "toy.png", "-o", tmp_path / "o.glb", "--no-bake", *SMALL, *_workdirs(tmp_path),
-             "--set", "worker.retry_with_fallback=false", env=env)
+def test_a_failed_job_exits_1_and_says_why(toy, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_TEST_FAULTS", "segv@mesh")   # the worker still crashes in a process of its own
+    r = kiln_in_process("run", toy / "toy.png", "-o", tmp_path / "o.glb", "--no-bake", *SMALL, *_workdirs(tmp_path),
+                        "--set", "worker.retry_with_fallback=false")
     assert r.returncode == 1, r.stderr[-3000:]
     assert "failed: worker crashed with SIGSEGV during stage 'mesh'" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "o.glb").exists()

@@ -4,8 +4,6 @@ with its photo, and the real SAM 3D files baked through the worker, with the rep
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +11,7 @@ import pytest
 from PIL import Image
 
 from app.cli.cli import main
+from cli_helpers import kiln_in_process
 from pipeline.raster.rasterize import available_backends
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,9 +21,10 @@ needs_gl = pytest.mark.skipif("moderngl" not in available_backends(), reason="no
 FAST = ["--views", "8", "--texture-size", "512", "--bake-mode", "fast", "--set", "views.resolution=256"]
 
 
-def kiln(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "app.cli.cli", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+def kiln(*args):
+    """`kiln ARGS` in this process (issue 35: an interpreter start saved per call); a bake
+    still runs in a worker process of its own unless ARGS say --in-process."""
+    return kiln_in_process(*args)
 
 
 def _workdirs(tmp_path):

@@ -16,17 +16,16 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from cli_helpers import kiln_in_process
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SMALL = ["--set", "reconstruct.resolution=64", "--set", "reconstruct.num_gaussians=3000",
          "--set", "views.resolution=128", "--views", "4", "--no-bake"]
 
 
-def test_several_images_through_one_worker(tmp_path):
-    from kiln.examples import write_examples
-
-    ex = tmp_path / "ex"
-    write_examples(ex, size=256)
+def test_several_images_through_one_worker(toy, tmp_path, monkeypatch):
+    ex = toy
     photos, masks = tmp_path / "photos", tmp_path / "masks"
     photos.mkdir()
     masks.mkdir()
@@ -49,14 +48,15 @@ def test_several_images_through_one_worker(tmp_path):
     from kiln.settings import ReconstructSettings
     from worker.jobs.inputs import RunItem, load
     d = load(RunItem(photos / "d.jpg", masks / "d-mask.png", tmp_path / "d.glb"), 10**7, ReconstructSettings())
-    env = {**os.environ, "KILN_TEST_FAULTS": f"error@reconstruct:input={input_digest(d.rgb, d.mask)[:16]}"}
+    # read by the CLI's supervisor (worker.child.faults.FaultPlan.from_env)
+    monkeypatch.setenv("KILN_TEST_FAULTS", f"error@reconstruct:input={input_digest(d.rgb, d.mask)[:16]}")
 
     out, report = tmp_path / "out", tmp_path / "report.json"
     images = [photos / n for n in ("a.png", "b.jpg", "c.jpg", "d.jpg")]
-    r = subprocess.run([sys.executable, "-m", "app.cli.cli", "run", *map(str, images), "--mask-dir", str(masks),
-                        "-o", str(out), "--report", str(report), *SMALL,
-                        "--set", f"app.jobs_dir={tmp_path / 'jobs'}", "--set", f"app.cache_dir={tmp_path / 'cache'}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    # the CLI in this process (its worker is still a process of its own): the test is about
+    # the batch, not about the CLI's own process, which test_ctrl_c_in_a_batch_... covers
+    r = kiln_in_process("run", *images, "--mask-dir", masks, "-o", out, "--report", report, *SMALL,
+                        "--set", f"app.jobs_dir={tmp_path / 'jobs'}", "--set", f"app.cache_dir={tmp_path / 'cache'}")
     assert r.returncode == 1, r.stderr[-3000:]          # one of them failed
     assert "Traceback" not in r.stderr
     # piped: one line per image, in order, plus the thresholding note said before the start
@@ -87,10 +87,7 @@ def _default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)   # as a terminal's foreground job has it
 
 
-def test_ctrl_c_in_a_batch_cancels_the_running_image_and_skips_the_rest(tmp_path):
-    from kiln.examples import write_examples
-
-    write_examples(tmp_path / "ex", size=256)
+def test_ctrl_c_in_a_batch_cancels_the_running_image_and_skips_the_rest(toy, tmp_path):
     photos = tmp_path / "photos"
     photos.mkdir()
     for name in ("a.png", "b.png"):
@@ -129,18 +126,16 @@ def test_ctrl_c_in_a_batch_cancels_the_running_image_and_skips_the_rest(tmp_path
     assert json.loads(status.read_text())["state"] == "cancelled"
 
 
-def test_resume_takes_what_the_job_store_has_done(tmp_path):
+def test_resume_takes_what_the_job_store_has_done(toy, tmp_path):
     """`kiln run ... --resume` again after an interruption: images done before with the same
-    settings are taken from the job store (not made again), the rest are made."""
-    from kiln.examples import write_examples
-
-    ex = tmp_path / "ex"
-    write_examples(ex, size=256)
+    settings are taken from the job store (not made again), the rest are made. Each `kiln run`
+    runs in this process (a worker of its own each, as from a shell): the job store is what
+    carries one run's work to the next, not the CLI's process."""
+    ex = toy
     store = ["--set", f"app.jobs_dir={tmp_path / 'jobs'}", "--set", f"app.cache_dir={tmp_path / 'cache'}"]
 
     def kiln(*args):
-        r = subprocess.run([sys.executable, "-m", "app.cli.cli", "run", *map(str, args), *SMALL, *store],
-                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+        r = kiln_in_process("run", *args, *SMALL, *store)
         assert r.returncode == 0, r.stderr[-3000:]
         return r
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import re
 import struct
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -20,16 +18,16 @@ from pipeline.io.texture_file import sniff
 from pipeline.raster.rasterize import available_backends
 
 from cli_helpers import kiln_in_process
-ROOT = Path(__file__).resolve().parent.parent
 needs_gl = pytest.mark.skipif("moderngl" not in available_backends(), reason="no EGL OpenGL context here")
 SMALL = ["--set", "reconstruct.resolution=64", "--set", "reconstruct.num_gaussians=3000",
          "--set", "views.resolution=128", "--views", "4", "--texture-size", "256", "--bake-mode", "fast"]
 WROTE = re.compile(r"^wrote (\S+) \((\d+(?:\.\d)?) (B|kB|MB)", re.M)
 
 
-def kiln(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "app.cli.cli", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+def kiln(*args):
+    """`kiln ARGS` in this process (issue 35: an interpreter start saved per call); a job
+    still runs in a worker process of its own unless ARGS say --in-process."""
+    return kiln_in_process(*args)
 
 
 def _workdirs(tmp_path):

@@ -40,14 +40,6 @@ def _no_worker_started(tmp_path) -> bool:
     return not made and not mp.active_children()
 
 
-@pytest.fixture
-def toy(tmp_path):
-    from kiln.examples import write_examples
-
-    write_examples(tmp_path / "ex", size=256)
-    return tmp_path / "ex"
-
-
 def _save(path: Path, arr: np.ndarray, mode: str | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(arr, mode).save(path)

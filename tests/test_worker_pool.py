@@ -125,12 +125,16 @@ def test_server_killed_mid_job_orphan_worker_exits_and_job_is_recovered(tmp_path
     again = store.read_status(job_id)
     again.state, again.stage = "running", "bake"
     store.write_status(again)
-    with Supervisor(small_settings(), jobs, None) as sup:
-        sup.start()
+    # start() settles what the last server left before it returns, whether or not it waits
+    # for its worker; this supervisor runs no job, so it does not wait for one (issue 35)
+    sup = Supervisor(small_settings(), jobs, None).start(wait=False)
+    try:
         st = sup.job(job_id).status()
         assert st.state == "failed", st
         assert st.error == ("interrupted: the server stopped during stage 'bake'; not resumed: this input "
                             "was running when a worker or the server went down 2 times")
+    finally:
+        sup.shutdown()
 
 
 @pytest.mark.timing(reason="shutdown must take under 10 s")
