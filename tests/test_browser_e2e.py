@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from browser_helpers import ARTIFACTS, HELD_SEED, require_browser, serve as _serve
+from browser_helpers import ARTIFACTS, HELD_SEED, MESH_HELD_SEEDS, require_browser
 from browser_helpers import (assert_viewer_draws as _assert_viewer_draws, click_image as _click_image,
                              open_page, progress as _progress, shown_image as _shown_image, upload as _upload,
                              wait_state as _wait_state, write_png as _write_png)
@@ -45,11 +45,12 @@ def server(shared_server):
 
 
 @pytest.fixture(scope="module")
-def held_server(tmp_path_factory):
-    """The app with a fault rule that holds every job's first attempt in the 'mesh' stage
-    (the worker sleeps there) until the test kills that worker; the retry then runs
-    without the fault. So a job is mid-stage exactly as long as the test needs."""
-    yield from _serve(tmp_path_factory, "held-server", {"KILN_TEST_FAULTS": "hang@mesh:attempt=1"})
+def held_server(shared_server):
+    """The same app, for a test whose jobs' seeds are ``MESH_HELD_SEEDS``: the shared server's
+    fault rule holds such a job's first attempt in the 'mesh' stage (the worker sleeps there)
+    until the test kills that worker; the retry then runs without the fault. So a job is
+    mid-stage exactly as long as the test needs. (url, workdir, log path, process)"""
+    return shared_server
 
 
 @pytest.fixture(scope="module")
@@ -423,11 +424,13 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         _upload(page, img)
         _click_image(page, 0.5, 0.5, "Mask:")
         selected = _shown_image(page)
-        # the seed box takes 2.6; the job uses 3, and the box says so after Generate
-        page.locator("#kiln-seed input").fill("2.6")
+        # the seed box takes a fraction (424242.6); the job uses it rounded (424243, a seed
+        # the fault rule holds), and the box says so after Generate
+        held, waiting_seed = (str(s) for s in MESH_HELD_SEEDS)
+        page.locator("#kiln-seed input").fill(f"{MESH_HELD_SEEDS[0] - 1}.6")
         page.locator("#kiln-seed input").press("Tab")
         page.click("#kiln-generate")
-        page.wait_for_function("() => document.querySelector('#kiln-seed input').value === '3'")
+        page.wait_for_function("(s) => document.querySelector('#kiln-seed input').value === s", arg=held)
         # held in 'mesh' by the fault rule
         page.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
                                " return e && e.dataset.stage === 'mesh' && e.dataset.state === 'running'; }",
@@ -448,8 +451,8 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         page.wait_for_function("() => document.querySelector('#kiln-upload').innerText.includes('teapot.png, from before')")
         assert np.abs(_shown_image(page).astype(int) - selected.astype(int)).mean() < 3
         page.wait_for_function("() => document.querySelector('#kiln-generate').disabled")
-        # and the form shows the settings the job runs with (the seed as used: 3)
-        page.wait_for_function("() => document.querySelector('#kiln-seed input').value === '3'")
+        # and the form shows the settings the job runs with (the seed as used)
+        page.wait_for_function("(s) => document.querySelector('#kiln-seed input').value === s", arg=held)
         assert "Running" in page.inner_text("#kiln-generate") and page.locator("#kiln-cancel").is_enabled()
         _open_history(page)
         page.wait_for_function("(j) => document.querySelector('#kiln-history').innerText.includes(j)", arg=job)
@@ -462,7 +465,7 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         # another image: the crash count that stops retries is kept per input
         _upload(waiter, _write_png(tmp_path / "pot.png", make_object_image(288, "blob", seed=12)[0]))
         _click_image(waiter, 0.5, 0.5, "Mask:")
-        waiter.locator("#kiln-seed input").fill("5")
+        waiter.locator("#kiln-seed input").fill(waiting_seed)    # held in 'mesh' too
         waiter.locator("#kiln-seed input").press("Tab")
         waiter.click("#kiln-generate")
         waiter.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
@@ -476,7 +479,7 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
                                  " return e && e.dataset.job === j && e.dataset.state === 'queued'; }",
                                  arg=waiting_job, timeout=30_000)
         assert "1st in line" in _progress(waiter)[2]
-        waiter.wait_for_function("() => document.querySelector('#kiln-seed input').value === '5'")
+        waiter.wait_for_function("(s) => document.querySelector('#kiln-seed input').value === s", arg=waiting_seed)
         assert "Running" in waiter.inner_text("#kiln-generate") and waiter.locator("#kiln-cancel").is_enabled()
         waiter.screenshot(path=str(ARTIFACTS / "r2c_waiting_after_reload.png"), full_page=True)
 
@@ -529,7 +532,7 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         _assert_viewer_draws(page)
         assert page.locator("#kiln-generate").is_enabled() and page.locator("#kiln-cancel").is_disabled()
         assert np.abs(_shown_image(page).astype(int) - selected.astype(int)).mean() < 3
-        assert page.locator("#kiln-seed input").input_value() == "3"
+        assert page.locator("#kiln-seed input").input_value() == held
         assert "teapot-1.glb" in _file_list(page)
         files = page.locator("#kiln-history-files tr", has_text="teapot-1").locator("a[download]")
         with page.expect_download() as dl:
@@ -550,7 +553,7 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
             if c is not None:
                 c.close()
         if log_path.exists():
-            shutil.copy(log_path, ARTIFACTS / "held-server.log.txt")
+            shutil.copy(log_path, ARTIFACTS / "server.log.txt")
 
 
 def test_bake_a_model_tab(server, browser, tmp_path):

@@ -1,5 +1,6 @@
-"""Issue 38 (the page's third pass) and issue 37's removed results, in Chromium against one
-server started as a person starts it (``browser_helpers.serve``, small settings):
+"""Issue 38 (the page's third pass) and issue 37's removed results, in Chromium against the
+server the browser modules share, started as a person starts it (``browser_helpers.serve``,
+small settings; its job store starts with an earlier server's removed job):
 
 - "Find the object" on a 20000x100 strip says why in a sentence under the image, no bare
   "Error" badge;
@@ -32,52 +33,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from browser_helpers import (ARTIFACTS, assert_viewer_draws, chromium, click_image, open_page, require_browser,
-                             serve, upload, wait_state, write_png)
+from browser_helpers import (ARTIFACTS, OLD_BROWSER, REMOVED_WHY, assert_viewer_draws, click_image, open_page,
+                             require_browser, upload, wait_state, write_png)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 require_browser()
 
-# the cookie of the browser whose earlier job the disk budget removed (a valid token's shape)
-OLD_BROWSER = "old-browser-token-0123456789abcdefghijklmn"
-REMOVED_WHY = "the job store was over app.jobs_max_mb (1 MB)"
 
-
-def _leave_a_removed_job(var: Path) -> None:
-    """An earlier server's done job of ``OLD_BROWSER``, its files removed by the disk budget
-    an hour after it ended, exactly as the housekeeper removes them."""
-    from dataclasses import replace
-
-    from kiln.settings import Settings
-    from synthetic import make_object_image
-    from worker.jobs.jobstore import JobStore
-    from worker.upkeep.budget import remove_job_files
-
-    from app.web.server.browser import session_name
-    from app.web.state.history import JobInfo, save_info
-
-    store = JobStore(var / "jobs")
-    rgb, mask = make_object_image(64, "ellipse", seed=1)
-    st = store.create(rgb, mask, Settings(), session_name(OLD_BROWSER, "an-old-tab"))
-    now = time.time()
-    done = replace(st, state="done", progress=1.0, started=now - 7300, finished=now - 7200,
-                   timings={"queued_s": 0.1, "total_s": 3.0}, seq=st.seq + 1)
-    store.write_status(done)
-    save_info(store.job_dir(st.id), JobInfo("old_photo.png", summary="texture 256px fast, 4 views"))
-    remove_job_files(store.job_dir(st.id), done, when=now - 3600, why=REMOVED_WHY)
-    (var / "removed_job").write_text(st.id)
+@pytest.fixture(scope="module")
+def server(shared_server):
+    """The app shared with the other browser modules (tests/conftest.py), and the id of the
+    earlier server's job of ``OLD_BROWSER`` that its job store starts with."""
+    url, work, _log, _proc = shared_server
+    return url, (work / "var" / "removed_job").read_text()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    for url, work, _log, _proc in serve(tmp_path_factory, "page-pass-server", before_start=_leave_a_removed_job):
-        yield url, (work / "var" / "removed_job").read_text()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
+def browser(shared_browser):
+    return shared_browser
 
 
 def _top(page, selector: str) -> float:
