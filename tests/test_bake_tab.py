@@ -95,6 +95,17 @@ def _refused(app, *inputs) -> str:
     return e.value.message
 
 
+def test_the_texture_size_starts_at_the_configured_one(wired):
+    """As `kiln bake` takes it: 1024 by default, the configured size when one is set (the
+    browser tests' small settings bake at 256), 1024 for "auto" (the box offers sizes only)."""
+    from app.web.page.layout import layout
+
+    assert wired.page.bake_tab.texture.value == 1024
+    for size, shown in ((256, 256), ("auto", 1024)):
+        page = layout(Settings().override({"bake.texture_size": size}))
+        assert page.bake_tab.texture.value == shown
+
+
 def test_bad_files_are_refused_at_once_saying_what_is_wrong(app):
     t = app.tmp
     bare = t / "bare.obj"
