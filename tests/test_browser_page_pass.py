@@ -97,7 +97,7 @@ def test_a_phone_finds_the_examples_under_the_line_that_points_to_them(server, b
         info, examples = _top(page, "#kiln-mask-info"), _top(page, "#kiln-examples")
         # they sat 2700 px down, under the settings and the mask file
         assert info < examples < 844 - 60, (info, examples)
-        page.screenshot(path=str(ARTIFACTS / "q1_phone_examples.png"))
+        page.screenshot(path=str(ARTIFACTS / "q1_phone_examples.jpg"))
         # the opaque example: "Find the object" selects it (it refused its cluttered background)
         page.locator("#kiln-examples").get_by_text("toy_rgb.png").click()
         page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('toy_rgb.png')")
@@ -200,7 +200,7 @@ def test_a_model_reopens_from_its_history_row(server, browser, tmp_path):
         assert "object_a.png" in page.inner_text("#kiln-progress")
         # a new page's viewer: its software WebGL compiles its shaders again (as for the first model)
         assert_viewer_draws(page, timeout_s=60.0)
-        page.screenshot(path=str(ARTIFACTS / "q2_history_reopened.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "q2_history_reopened.jpg"), full_page=True)
     finally:
         ctx.close()
 
@@ -304,7 +304,7 @@ def test_the_bake_tab_fit_picture_and_a_camera_that_does_not_fit(server, browser
             page.wait_for_function("(w) => window.innerWidth === w", arg=width)
             got = page.evaluate(_LABEL_JS)
             assert got["icons"] and not got["cut"] and not got["under"], (width, got)
-        page.locator("#kiln-bake-fit-view").screenshot(path=str(ARTIFACTS / "q3_fit_picture_390.png"))
+        page.locator("#kiln-bake-fit-view").screenshot(path=str(ARTIFACTS / "q3_fit_picture_390.jpg"))
     finally:
         ctx.close()
 
@@ -327,7 +327,7 @@ def test_the_bake_tab_fit_picture_and_a_camera_that_does_not_fit(server, browser
         notes = page.inner_text("#kiln-bake-notes")
         assert "Camera from the camera file given: silhouette IoU" in notes and "none given" not in notes, notes
         assert "the photo was not projected" in notes, notes
-        page.screenshot(path=str(ARTIFACTS / "q4_camera_does_not_fit.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "q4_camera_does_not_fit.jpg"), full_page=True)
     finally:
         ctx.close()
 
@@ -349,7 +349,7 @@ def test_a_removed_jobs_history_entry_says_when_and_why(server, browser):
         assert "old_photo.png" in text and f"its files were removed on {day}" in text and REMOVED_WHY in text, text
         assert row.get_attribute("data-pick") is None       # nothing to show in the viewer
         assert page.locator("#kiln-history-files a, #kiln-history-files .file-preview-holder tr").count() == 0
-        page.screenshot(path=str(ARTIFACTS / "q5_removed_entry.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "q5_removed_entry.jpg"), full_page=True)
     finally:
         ctx.close()
 
@@ -380,6 +380,6 @@ def test_clicks_on_a_cluttered_room_select_the_sofa_and_a_background_click_says_
         click_image(page, tx / w, ty / h, "1 object / 1 background clicks")
         info = page.inner_text("#kiln-mask-info")
         assert "outside the selection already, so nothing changed" in info, info
-        page.screenshot(path=str(ARTIFACTS / "p_room_clicks.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "p_room_clicks.jpg"), full_page=True)
     finally:
         ctx.close()
