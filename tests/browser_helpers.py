@@ -60,6 +60,44 @@ def free_port() -> int:
 # none of them is about that limit (tests/test_app_sessions.py is)
 # the seed that holds a job in its bake on the shared server until it is cancelled (conftest)
 HELD_SEED = 424242
+# the seeds whose jobs' first attempt is held in 'mesh' on the shared server until the test
+# kills the worker (the retry runs without the fault): a job mid-stage exactly as long as the
+# test needs (test_browser_e2e's reload test; it had a server of its own for this)
+MESH_HELD_SEEDS = (424243, 424244)
+SHARED_FAULTS = ",".join([f"hang@bake:seed={HELD_SEED}"]
+                         + [f"hang@mesh:attempt=1:seed={s}" for s in MESH_HELD_SEEDS])
+
+# an earlier server's job that the disk budget removed, which the shared server finds in its
+# job store at start (test_browser_page_pass's history entry of a removed job): the cookie of
+# the browser it belonged to (a valid token's shape), and why it was removed
+OLD_BROWSER = "old-browser-token-0123456789abcdefghijklmn"
+REMOVED_WHY = "the job store was over app.jobs_max_mb (1 MB)"
+
+
+def leave_a_removed_job(var: Path) -> None:
+    """An earlier server's done job of ``OLD_BROWSER``, its files removed by the disk budget
+    an hour after it ended, exactly as the housekeeper removes them; its id in
+    ``var/removed_job``. No other browser sees it."""
+    from dataclasses import replace
+
+    from kiln.settings import Settings
+    from synthetic import make_object_image
+    from worker.jobs.jobstore import JobStore
+    from worker.upkeep.budget import remove_job_files
+
+    from app.web.server.browser import session_name
+    from app.web.state.history import JobInfo, save_info
+
+    store = JobStore(var / "jobs")
+    rgb, mask = make_object_image(64, "ellipse", seed=1)
+    st = store.create(rgb, mask, Settings(), session_name(OLD_BROWSER, "an-old-tab"))
+    now = time.time()
+    done = replace(st, state="done", progress=1.0, started=now - 7300, finished=now - 7200,
+                   timings={"queued_s": 0.1, "total_s": 3.0}, seq=st.seq + 1)
+    store.write_status(done)
+    save_info(store.job_dir(st.id), JobInfo("old_photo.png", summary="texture 256px fast, 4 views"))
+    remove_job_files(store.job_dir(st.id), done, when=now - 3600, why=REMOVED_WHY)
+    (var / "removed_job").write_text(st.id)
 
 SHARED_CONFIG = SMALL_CONFIG.replace("cache_dir: {var}/cache}}",
                                      "cache_dir: {var}/cache, max_sessions_per_client: 200}}")

@@ -54,14 +54,19 @@ def pytest_sessionfinish(session):
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory):
     """``python -m app`` with browser_helpers' small settings, shared by the browser modules
-    whose tests need the plain app (no login); (url, workdir, log path, process). One fault
-    rule: a job whose seed is ``HELD_SEED`` sleeps in its bake until cancelled (a job that
-    must still run when the test acts on it, however fast the machine); no other job has it."""
-    from browser_helpers import HELD_SEED, SHARED_CONFIG, require_browser, serve
+    whose tests need the plain app (no login); (url, workdir, log path, process). Its fault
+    rules (``SHARED_FAULTS``) pick jobs by seeds no other test uses: a job whose seed is
+    ``HELD_SEED`` sleeps in its bake until cancelled (a job that must still run when the test
+    acts on it, however fast the machine); the first attempt of one whose seed is in
+    ``MESH_HELD_SEEDS`` sleeps in 'mesh' until the test kills the worker. Its job store starts
+    with an earlier server's job of ``OLD_BROWSER``, removed by the disk budget
+    (``leave_a_removed_job``; its id in ``workdir/var/removed_job``)."""
+    from browser_helpers import SHARED_CONFIG, SHARED_FAULTS, leave_a_removed_job, require_browser, serve
 
     require_browser()
     return _shared("shared_server", lambda: serve(tmp_path_factory, "shared-server", config=SHARED_CONFIG,
-                                                  extra_env={"KILN_TEST_FAULTS": f"hang@bake:seed={HELD_SEED}"}))
+                                                  extra_env={"KILN_TEST_FAULTS": SHARED_FAULTS},
+                                                  before_start=leave_a_removed_job))
 
 
 @pytest.fixture(scope="module")

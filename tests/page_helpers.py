@@ -287,3 +287,20 @@ def request(token: str | None, tab: str, host: str = "127.0.0.1"):
     session hash, the client's address."""
     cookies = {browser.BROWSER_COOKIE: token} if token else {}
     return SimpleNamespace(cookies=cookies, session_hash=tab, client=SimpleNamespace(host=host))
+
+
+def wired_page(folder: Path, settings=None) -> SimpleNamespace:
+    """A page built from ``settings`` (the defaults when None) and wired, with the outputs the
+    wiring declares: (page, outputs). For a module's tests to share: building one takes
+    0.5-1 s of Gradio's time, and the handler tests call the handlers themselves, with a
+    page and a context of their own (``handler(page, ctx, who, ...)``), reading the wiring
+    only for what it declares. The wiring's own calls, bound to the context made here (not
+    started: no pool, no segmenter), are never run."""
+    from kiln.settings import Settings
+    from app.web.page.layout import layout
+    from app.web.page.wiring import wire
+
+    settings = Settings() if settings is None else settings
+    page = layout(settings)
+    wire(page, make_context(folder, settings, start=False))
+    return SimpleNamespace(page=page, outputs=wired_outputs(page.demo))

@@ -20,23 +20,26 @@ gr = pytest.importorskip("gradio", reason="the page's tests need gradio, which i
 from app.web.bake import bake_handlers as baking
 from app.web.bake.bake_form import BakeForm  # noqa: E402
 from app.web.photo import image_handlers as image  # noqa: E402
-from app.web.page.layout import layout  # noqa: E402
-from app.web.page.wiring import wire  # noqa: E402
 from kiln.settings import Settings  # noqa: E402
-from page_helpers import ALICE, FakeSup, caller, make_context, png_file, wired_outputs  # noqa: E402
+from page_helpers import ALICE, FakeSup, caller, make_context, png_file, wired_page  # noqa: E402
 from synthetic import make_object_image  # noqa: E402
 
 A1 = caller(ALICE, "tab1")
 
 
+@pytest.fixture(scope="module")
+def wired(tmp_path_factory):
+    """The page, built and wired once for the module (``page_helpers.wired_page``)."""
+    return wired_page(tmp_path_factory.mktemp("wired-page"))
+
+
 @pytest.fixture
-def app(tmp_path):
+def app(tmp_path, wired):
+    """Each test's own app context around its own supervisor stand-in; the module's page."""
     sup = FakeSup(tmp_path / "jobs")
     ctx = make_context(tmp_path, Settings(), sup)
-    page = layout(ctx.settings)
-    wire(page, ctx)
     try:
-        yield SimpleNamespace(ctx=ctx, page=page, sup=sup, tmp=tmp_path, outputs=wired_outputs(page.demo))
+        yield SimpleNamespace(ctx=ctx, page=wired.page, sup=sup, tmp=tmp_path, outputs=wired.outputs)
     finally:
         ctx.shutdown()
 
@@ -90,6 +93,17 @@ def _refused(app, *inputs) -> str:
     with pytest.raises(gr.Error) as e:
         baking.on_bake(app.page, app.ctx, A1, *inputs)
     return e.value.message
+
+
+def test_the_texture_size_starts_at_the_configured_one(wired):
+    """As `kiln bake` takes it: 1024 by default, the configured size when one is set (the
+    browser tests' small settings bake at 256), 1024 for "auto" (the box offers sizes only)."""
+    from app.web.page.layout import layout
+
+    assert wired.page.bake_tab.texture.value == 1024
+    for size, shown in ((256, 256), ("auto", 1024)):
+        page = layout(Settings().override({"bake.texture_size": size}))
+        assert page.bake_tab.texture.value == shown
 
 
 def test_bad_files_are_refused_at_once_saying_what_is_wrong(app):

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from browser_helpers import ARTIFACTS, HELD_SEED, require_browser, serve as _serve
+from browser_helpers import ARTIFACTS, HELD_SEED, MESH_HELD_SEEDS, require_browser
 from browser_helpers import (assert_viewer_draws as _assert_viewer_draws, click_image as _click_image,
                              open_page, progress as _progress, shown_image as _shown_image, upload as _upload,
                              wait_state as _wait_state, write_png as _write_png)
@@ -45,11 +45,12 @@ def server(shared_server):
 
 
 @pytest.fixture(scope="module")
-def held_server(tmp_path_factory):
-    """The app with a fault rule that holds every job's first attempt in the 'mesh' stage
-    (the worker sleeps there) until the test kills that worker; the retry then runs
-    without the fault. So a job is mid-stage exactly as long as the test needs."""
-    yield from _serve(tmp_path_factory, "held-server", {"KILN_TEST_FAULTS": "hang@mesh:attempt=1"})
+def held_server(shared_server):
+    """The same app, for a test whose jobs' seeds are ``MESH_HELD_SEEDS``: the shared server's
+    fault rule holds such a job's first attempt in the 'mesh' stage (the worker sleeps there)
+    until the test kills that worker; the retry then runs without the fault. So a job is
+    mid-stage exactly as long as the test needs. (url, workdir, log path, process)"""
+    return shared_server
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +148,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         assert np.abs(shown[core] - rgb_a[core]).mean() < 4, "object recoloured"
         assert np.abs(shown[core].mean(0) - rgb_a[core].mean(0)).max() < 2, "object tinted"
         assert shown[~gt_a].mean() < 0.6 * rgb_a[~gt_a].mean(), "background not dimmed"
-        a.screenshot(path=str(ARTIFACTS / "a1_mask.png"), full_page=True)
+        a.screenshot(path=str(ARTIFACTS / "a1_mask.jpg"), full_page=True)
         # "Show selection" off: the photo alone; on again: the selection
         a.locator("#kiln-show-mask input").uncheck()
         a.wait_for_function("() => true")
@@ -155,7 +156,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         while np.abs(_shown_image(a).astype(int) - rgb_a).mean() > 6:
             assert time.monotonic() < deadline, "photo alone not shown"
             a.wait_for_timeout(200)
-        a.screenshot(path=str(ARTIFACTS / "a1b_photo_alone.png"), full_page=True)
+        a.screenshot(path=str(ARTIFACTS / "a1b_photo_alone.jpg"), full_page=True)
         a.locator("#kiln-show-mask input").check()
         deadline = time.monotonic() + 30
         while _shown_image(a)[~gt_a].mean() > 0.6 * rgb_a[~gt_a].mean():
@@ -170,7 +171,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         assert "broken.png" in b.inner_text("#kiln-mask-info")
         _upload(b, img_b)
         _click_image(b, 0.5, 0.5, "Mask:")
-        b.screenshot(path=str(ARTIFACTS / "b1_mask.png"), full_page=True)
+        b.screenshot(path=str(ARTIFACTS / "b1_mask.jpg"), full_page=True)
 
         # -- A: generate with baking off (config default here) -------------------
         assert not a.locator("#kiln-bake input").is_checked()
@@ -196,7 +197,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         assert b.locator("#kiln-generate").is_disabled() and "Running" in b.inner_text("#kiln-generate")
         assert b.locator("#kiln-cancel").is_enabled()
         assert b.locator("#kiln-texture input").is_enabled()    # baking on
-        b.screenshot(path=str(ARTIFACTS / "b1b_running.png"), full_page=True)
+        b.screenshot(path=str(ARTIFACTS / "b1b_running.jpg"), full_page=True)
         # while B's job runs, A can still segment: clear and click the same spot again
         # (same clicks -> same mask, so A's next job can reuse its reconstruction)
         mask_before = _shown_image(a)
@@ -217,14 +218,14 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
                             " return e && e.dataset.state === 'queued'; }")
         waiting_a = _progress(a)
         assert _progress(b)[0] == "running", "B's job ended before A pressed Generate"
-        a.screenshot(path=str(ARTIFACTS / "a1b_waiting.png"), full_page=True)
+        a.screenshot(path=str(ARTIFACTS / "a1b_waiting.jpg"), full_page=True)
         b.click("#kiln-cancel")
         cancelled = _wait_state(b, ("cancelled", "failed", "done"), timeout=30)
         assert cancelled[0] == "cancelled", cancelled
         assert "Cancelled by user" in cancelled[2], cancelled
         b.wait_for_function("() => !document.querySelector('#kiln-generate').disabled")
         assert b.locator("#kiln-cancel").is_disabled() and "Generate" in b.inner_text("#kiln-generate")
-        b.screenshot(path=str(ARTIFACTS / "b2_cancelled.png"), full_page=True)
+        b.screenshot(path=str(ARTIFACTS / "b2_cancelled.jpg"), full_page=True)
 
         # -- A's job runs once B's is cancelled: its reconstruction is reused ---------
         # B generates again with fast settings; one worker serves both in turn
@@ -236,7 +237,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         b.click("#kiln-generate")
         b.wait_for_function("() => /Waiting for a free worker|Rendering|Reconstructing|Done/.test("
                             "document.querySelector('#kiln-progress').innerText)")
-        b.screenshot(path=str(ARTIFACTS / "b3_waiting.png"), full_page=True)
+        b.screenshot(path=str(ARTIFACTS / "b3_waiting.jpg"), full_page=True)
         st2 = _wait_new_job(a, st1[1], ("done", "failed", "cancelled"))
         assert st2[0] == "done", st2
         assert "reused from cache" in st2[2], st2
@@ -246,7 +247,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         tex = np.asarray(textures[0].convert("RGB"))
         assert tex.shape[:2] == (256, 256) and tex.std() > 5, "texture is blank"
         _assert_viewer_draws(a)
-        a.screenshot(path=str(ARTIFACTS / "a2_result.png"), full_page=True)
+        a.screenshot(path=str(ARTIFACTS / "a2_result.jpg"), full_page=True)
 
         # A pressed Generate while B's job ran on the only worker: A was told it waits, in line
         assert waiting_a[2].startswith("Waiting for a free worker: 1st in line"), waiting_a
@@ -254,7 +255,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         assert stb[0] == "done", stb
         glb_b = _download_glb(b, tmp_path / "b_textured.glb")
         assert _textures(glb_b) and glb_b.read_bytes() != glb2.read_bytes()
-        b.screenshot(path=str(ARTIFACTS / "b4_result.png"), full_page=True)
+        b.screenshot(path=str(ARTIFACTS / "b4_result.jpg"), full_page=True)
 
         # -- a result URL serves its own browser only -----------------------------
         for own_url in (glb1_url, _download_url(a)):
@@ -276,7 +277,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
             assert not any(j in text for j in other), text
             files = _file_list(page)
             assert all(n in files for n in own_files) and not any(n in files for n in other_files), files
-        a.screenshot(path=str(ARTIFACTS / "a3_history.png"), full_page=True)
+        a.screenshot(path=str(ARTIFACTS / "a3_history.jpg"), full_page=True)
 
         # -- files are served from Gradio's folder, never from the job store ------
         job_glb = next((work / "var" / "jobs").glob(f"*/{st2[1]}/outputs/*.glb"))
@@ -294,7 +295,7 @@ def test_upload_click_generate_download_in_two_sessions(server, browser, tmp_pat
         assert _progress(a)[0] == "idle"
         assert a.locator("#kiln-model canvas").count() == 0, "the old model is still in the viewer"
         assert "object_a-2.glb" in _file_list(a)
-        a.screenshot(path=str(ARTIFACTS / "a4_new_image.png"), full_page=True)
+        a.screenshot(path=str(ARTIFACTS / "a4_new_image.jpg"), full_page=True)
     finally:
         for c in (ctx_a, ctx_b):
             c.close()
@@ -317,7 +318,7 @@ def test_box_prompt_and_mask_file(server, browser, tmp_path):
         page.click("#kiln-find")
         page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('found automatically')")
         assert "Mask:" in page.inner_text("#kiln-mask-info")
-        page.screenshot(path=str(ARTIFACTS / "c00_found.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "c00_found.jpg"), full_page=True)
         page.click("#kiln-clear")
         page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('click the object')")
         ys, xs = np.nonzero(gt)
@@ -330,7 +331,7 @@ def test_box_prompt_and_mask_file(server, browser, tmp_path):
         page.mouse.down()
         page.mouse.move((x0 + x1) / 2, (y0 + y1) / 2, steps=5)
         page.mouse.move(x1, y1, steps=5)
-        page.screenshot(path=str(ARTIFACTS / "c0_dragging.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "c0_dragging.jpg"), full_page=True)
         page.mouse.up()
         page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('and a box')")
         info = page.inner_text("#kiln-mask-info")
@@ -340,7 +341,7 @@ def test_box_prompt_and_mask_file(server, browser, tmp_path):
         core[:, :] &= np.hypot(*np.mgrid[0:320, 0:320] - 160) < 40
         assert np.abs(shown[core] - rgb[core]).mean() < 4, "object recoloured"
         assert shown[~gt].mean() < 0.6 * rgb[~gt].mean(), "background not dimmed"
-        page.screenshot(path=str(ARTIFACTS / "c1_box.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "c1_box.jpg"), full_page=True)
         # a click afterwards is a click, and keeps the box
         _click_image(page, 0.5, 0.5, "1 object / 0 background clicks and a box")
 
@@ -360,7 +361,7 @@ def test_box_prompt_and_mask_file(server, browser, tmp_path):
         page.set_input_files("#kiln-mask-file input[type=file]", str(wrong))
         page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('Cannot use this mask')")
         assert "wrong_size.png is 60x50 pixels" in page.inner_text("#kiln-mask-info")
-        page.screenshot(path=str(ARTIFACTS / "c2_mask_refused.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "c2_mask_refused.jpg"), full_page=True)
         # the refused file left the box: the drop zone is back
         page.wait_for_selector("#kiln-mask-file input[type=file]", state="attached")
         # an RGBA mask file: alpha = object, colour channels noise
@@ -371,7 +372,7 @@ def test_box_prompt_and_mask_file(server, browser, tmp_path):
         page.set_input_files("#kiln-mask-file input[type=file]", str(mpath))
         page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('alpha channel')")
         assert "from mask file" in page.inner_text("#kiln-mask-info")
-        page.screenshot(path=str(ARTIFACTS / "c3_mask_file.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "c3_mask_file.jpg"), full_page=True)
     finally:
         ctx.close()
 
@@ -423,17 +424,19 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         _upload(page, img)
         _click_image(page, 0.5, 0.5, "Mask:")
         selected = _shown_image(page)
-        # the seed box takes 2.6; the job uses 3, and the box says so after Generate
-        page.locator("#kiln-seed input").fill("2.6")
+        # the seed box takes a fraction (424242.6); the job uses it rounded (424243, a seed
+        # the fault rule holds), and the box says so after Generate
+        held, waiting_seed = (str(s) for s in MESH_HELD_SEEDS)
+        page.locator("#kiln-seed input").fill(f"{MESH_HELD_SEEDS[0] - 1}.6")
         page.locator("#kiln-seed input").press("Tab")
         page.click("#kiln-generate")
-        page.wait_for_function("() => document.querySelector('#kiln-seed input').value === '3'")
+        page.wait_for_function("(s) => document.querySelector('#kiln-seed input').value === s", arg=held)
         # held in 'mesh' by the fault rule
         page.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
                                " return e && e.dataset.stage === 'mesh' && e.dataset.state === 'running'; }",
                                timeout=120_000)
         state, job, text = _progress(page)
-        page.screenshot(path=str(ARTIFACTS / "r1_before_reload.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "r1_before_reload.jpg"), full_page=True)
 
         # -- reload mid-job: the new page follows the same job ----------------------
         page.reload()
@@ -448,13 +451,13 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         page.wait_for_function("() => document.querySelector('#kiln-upload').innerText.includes('teapot.png, from before')")
         assert np.abs(_shown_image(page).astype(int) - selected.astype(int)).mean() < 3
         page.wait_for_function("() => document.querySelector('#kiln-generate').disabled")
-        # and the form shows the settings the job runs with (the seed as used: 3)
-        page.wait_for_function("() => document.querySelector('#kiln-seed input').value === '3'")
+        # and the form shows the settings the job runs with (the seed as used)
+        page.wait_for_function("(s) => document.querySelector('#kiln-seed input').value === s", arg=held)
         assert "Running" in page.inner_text("#kiln-generate") and page.locator("#kiln-cancel").is_enabled()
         _open_history(page)
         page.wait_for_function("(j) => document.querySelector('#kiln-history').innerText.includes(j)", arg=job)
         assert "teapot.png" in page.inner_text("#kiln-history")
-        page.screenshot(path=str(ARTIFACTS / "r2_reconnected.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "r2_reconnected.jpg"), full_page=True)
 
         # -- a second browser's Generate while the only worker is held: its job exists at
         # once, waits in line, and a reload finds it waiting with its settings -------------
@@ -462,23 +465,23 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         # another image: the crash count that stops retries is kept per input
         _upload(waiter, _write_png(tmp_path / "pot.png", make_object_image(288, "blob", seed=12)[0]))
         _click_image(waiter, 0.5, 0.5, "Mask:")
-        waiter.locator("#kiln-seed input").fill("5")
+        waiter.locator("#kiln-seed input").fill(waiting_seed)    # held in 'mesh' too
         waiter.locator("#kiln-seed input").press("Tab")
         waiter.click("#kiln-generate")
         waiter.wait_for_function("() => { const e = document.querySelector('#kiln-progress');"
                                  " return e && e.dataset.state === 'queued' && e.dataset.job; }")
         _, waiting_job, waiting_text = _progress(waiter)
         assert waiting_job != job and "Waiting for a free worker: 1st in line" in waiting_text, waiting_text
-        waiter.screenshot(path=str(ARTIFACTS / "r2b_waiting.png"), full_page=True)
+        waiter.screenshot(path=str(ARTIFACTS / "r2b_waiting.jpg"), full_page=True)
         waiter.reload()
         waiter.wait_for_selector("#kiln-upload input[type=file]", state="attached")
         waiter.wait_for_function("(j) => { const e = document.querySelector('#kiln-progress');"
                                  " return e && e.dataset.job === j && e.dataset.state === 'queued'; }",
                                  arg=waiting_job, timeout=30_000)
         assert "1st in line" in _progress(waiter)[2]
-        waiter.wait_for_function("() => document.querySelector('#kiln-seed input').value === '5'")
+        waiter.wait_for_function("(s) => document.querySelector('#kiln-seed input').value === s", arg=waiting_seed)
         assert "Running" in waiter.inner_text("#kiln-generate") and waiter.locator("#kiln-cancel").is_enabled()
-        waiter.screenshot(path=str(ARTIFACTS / "r2c_waiting_after_reload.png"), full_page=True)
+        waiter.screenshot(path=str(ARTIFACTS / "r2c_waiting_after_reload.jpg"), full_page=True)
 
         # release the hold: the worker dies, the retry runs without the fault; the reloaded
         # page's progress moves on and the result lands here
@@ -499,7 +502,7 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         _textures(tmp_path / "teapot-1.glb")            # a real GLB with a mesh
         assert page.locator("#kiln-generate").is_enabled() and page.locator("#kiln-cancel").is_disabled()
         _assert_viewer_draws(page)
-        page.screenshot(path=str(ARTIFACTS / "r3_done_after_reload.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "r3_done_after_reload.jpg"), full_page=True)
 
         # the waiting job got the worker (its first attempt is held too): it runs on the
         # reloaded page; released the same way, it ends there
@@ -529,13 +532,13 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
         _assert_viewer_draws(page)
         assert page.locator("#kiln-generate").is_enabled() and page.locator("#kiln-cancel").is_disabled()
         assert np.abs(_shown_image(page).astype(int) - selected.astype(int)).mean() < 3
-        assert page.locator("#kiln-seed input").input_value() == "3"
+        assert page.locator("#kiln-seed input").input_value() == held
         assert "teapot-1.glb" in _file_list(page)
         files = page.locator("#kiln-history-files tr", has_text="teapot-1").locator("a[download]")
         with page.expect_download() as dl:
             files.first.click()
         assert dl.value.suggested_filename == "teapot-1.glb"
-        page.screenshot(path=str(ARTIFACTS / "r4_history_after_reload.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "r4_history_after_reload.jpg"), full_page=True)
 
         # -- another browser sees none of it ---------------------------------------
         other_ctx, other = _open(browser, url)
@@ -550,7 +553,7 @@ def test_reload_mid_job_reconnects_and_after_shows_history(held_server, browser,
             if c is not None:
                 c.close()
         if log_path.exists():
-            shutil.copy(log_path, ARTIFACTS / "held-server.log.txt")
+            shutil.copy(log_path, ARTIFACTS / "server.log.txt")
 
 
 def test_bake_a_model_tab(server, browser, tmp_path):
@@ -578,7 +581,7 @@ def test_bake_a_model_tab(server, browser, tmp_path):
         _wait_toast(page, "cloud.ply has no faces")
         page.wait_for_function("() => { const e = document.querySelector('#kiln-bake-progress');"
                                " return e && e.dataset.state === 'refused' && e.innerText.includes('no faces'); }")
-        page.screenshot(path=str(ARTIFACTS / "d0_bake_refused.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "d0_bake_refused.jpg"), full_page=True)
         page.locator("#kiln-bake-mesh button[aria-label='Clear']").first.click()
         page.set_input_files("#kiln-bake-mesh input[type=file]", str(mesh))
         page.wait_for_function("() => document.querySelector('#kiln-bake-mesh').innerText.includes('ball')")
@@ -587,7 +590,7 @@ def test_bake_a_model_tab(server, browser, tmp_path):
         _wait_bake_done(page)
         _assert_viewer_draws(page, viewer="#kiln-bake-model")
         page.wait_for_selector("#kiln-bake-dl", state="visible")
-        page.screenshot(path=str(ARTIFACTS / "d1_baked.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "d1_baked.jpg"), full_page=True)
         with page.expect_download() as dl:
             page.click("#kiln-bake-dl")
         assert dl.value.suggested_filename == "ball-1.glb"
@@ -639,6 +642,6 @@ def test_a_fitted_camera_shows_its_silhouette_over_the_photo(server, browser, tm
                                " return i && i.complete && i.naturalWidth === 320; }")
         page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText"
                                ".includes('Camera fitted to the mask')")
-        page.screenshot(path=str(ARTIFACTS / "d2_fitted_camera.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "d2_fitted_camera.jpg"), full_page=True)
     finally:
         ctx.close()

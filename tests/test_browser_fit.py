@@ -125,7 +125,7 @@ def test_two_photos_fit_side_by_side_and_bake_with_a_line_each(server, browser, 
         # one picture: two 320 px silhouettes over their photos, 8 px apart
         page.wait_for_function("() => { const i = document.querySelector('#kiln-bake-fit-view img');"
                                " return i && i.complete && i.naturalWidth === 648; }")
-        page.screenshot(path=str(ARTIFACTS / "f4_two_photos_fitted.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "f4_two_photos_fitted.jpg"), full_page=True)
         page.click("#kiln-bake-button")
         # the bake's own notes first (the bar still says the fit's "done" until the bake starts)
         page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText"
@@ -136,6 +136,6 @@ def test_two_photos_fit_side_by_side_and_bake_with_a_line_each(server, browser, 
         assert "photo 1 (photo.png): camera fitted before" in notes, notes
         assert "photo 2 (photo.png): camera fitted" in notes, notes
         page.wait_for_selector("#kiln-bake-dl", state="visible")
-        page.screenshot(path=str(ARTIFACTS / "f5_two_photos_baked.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "f5_two_photos_baked.jpg"), full_page=True)
     finally:
         ctx.close()

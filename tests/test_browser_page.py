@@ -111,7 +111,7 @@ def test_the_viewer_lights_a_neutral_texture_neutrally(server, browser, tmp_path
 
         assert_viewer_draws(page, viewer="#kiln-bake-model")
         shot, px = _settled_model_pixels(page, "#kiln-bake-model")
-        Image.fromarray(shot).save(ARTIFACTS / "p0_neutral_light.png")
+        Image.fromarray(shot).save(ARTIFACTS / "p0_neutral_light.jpg")
         rb, gb = px[:, 0] - px[:, 2], px[:, 1] - px[:, 2]
         summary = (f"model pixels {len(px)}, mean RGB {px.mean(0).round(1)}, mean R-B {rb.mean():.2f}, "
                    f"mean G-B {gb.mean():.2f}, 99th percentile |R-B| {np.percentile(np.abs(rb), 99):.0f}, "
@@ -235,7 +235,7 @@ def test_result_on_screen_at_1400x1000_and_every_button_named(server, browser, t
         assert_viewer_draws(page)
         page.evaluate("() => window.scrollTo(0, 0)")
         page.wait_for_function("() => window.scrollY === 0")
-        page.screenshot(path=str(ARTIFACTS / "p1_result_1400x1000.png"))
+        page.screenshot(path=str(ARTIFACTS / "p1_result_1400x1000.jpg"))
         for what in ("#kiln-model", "#kiln-dl-glb", "#kiln-canvas"):
             box = page.locator(what).bounding_box()
             assert box["y"] >= 0 and box["y"] + box["height"] <= 1000, f"{what} is not on the first screen: {box}"
@@ -244,7 +244,7 @@ def test_result_on_screen_at_1400x1000_and_every_button_named(server, browser, t
         page.wait_for_function("() => document.querySelector('#kiln-model').getBoundingClientRect().height < 420")
         page.evaluate("() => window.scrollTo(0, 0)")
         page.wait_for_function("() => window.scrollY === 0")
-        page.screenshot(path=str(ARTIFACTS / "p1_result_1280x720.png"))
+        page.screenshot(path=str(ARTIFACTS / "p1_result_1280x720.jpg"))
         for what in ("#kiln-model", "#kiln-dl-glb"):
             box = page.locator(what).bounding_box()
             assert box["y"] >= 0 and box["y"] + box["height"] <= 720, f"{what} is not on a 1280x720 screen: {box}"
@@ -266,12 +266,12 @@ def test_phone_generate_after_the_image_and_nothing_cut(server, browser, tmp_pat
     ctx, page = open_page(browser, server, 390, 844)
     try:
         assert _layout_problems(page) == []
-        page.screenshot(path=str(ARTIFACTS / "p2_phone_empty.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "p2_phone_empty.jpg"), full_page=True)
         path = _rgba_object(tmp_path, "cut_out.png", seed=5)
         upload(page, path)
         page.wait_for_selector("#kiln-alpha", state="visible")
         problems = _layout_problems(page, _CHECKBOXES)
-        page.screenshot(path=str(ARTIFACTS / "p3_phone_image.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "p3_phone_image.jpg"), full_page=True)
         assert problems == []
         generate = _page_top(page, "#kiln-generate")
         # it was 2.4 screens down, under the mask file, the examples and the settings
@@ -318,7 +318,7 @@ def test_a_file_dropped_on_the_filled_upload_box_replaces_the_image(server, brow
         shown = shown_image(page)
         assert shown.shape == second_rgb.shape and np.abs(shown.astype(int) - second_rgb).mean() < 6
         assert progress(page)[0] == "idle"
-        page.screenshot(path=str(ARTIFACTS / "p4_dropped_on_filled_box.png"))
+        page.screenshot(path=str(ARTIFACTS / "p4_dropped_on_filled_box.jpg"))
 
         # a click on the filled box (its file name) opens the chooser: the chosen file replaces it
         with page.expect_file_chooser() as chooser:
@@ -351,7 +351,7 @@ def test_a_typed_value_out_of_range_is_named_when_the_slider_clamps_it(server, b
         note = page.inner_text("#kiln-simplify .kiln-range-note")
         assert "Simplify ratio" in note and "1.5 is outside 0 to 0.999" in note and "set to 0.999" in note, note
         assert float(box.input_value()) == pytest.approx(0.999)      # Gradio's clamp, now said
-        page.locator("#kiln-simplify").screenshot(path=str(ARTIFACTS / "p5_range_note.png"))
+        page.locator("#kiln-simplify").screenshot(path=str(ARTIFACTS / "p5_range_note.jpg"))
         box.fill("0.9")
         box.press("Tab")
         page.wait_for_function("() => { const n = document.querySelector('#kiln-simplify .kiln-range-note');"

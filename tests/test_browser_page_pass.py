@@ -1,5 +1,6 @@
-"""Issue 38 (the page's third pass) and issue 37's removed results, in Chromium against one
-server started as a person starts it (``browser_helpers.serve``, small settings):
+"""Issue 38 (the page's third pass) and issue 37's removed results, in Chromium against the
+server the browser modules share, started as a person starts it (``browser_helpers.serve``,
+small settings; its job store starts with an earlier server's removed job):
 
 - "Find the object" on a 20000x100 strip says why in a sentence under the image, no bare
   "Error" badge;
@@ -32,52 +33,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from browser_helpers import (ARTIFACTS, assert_viewer_draws, chromium, click_image, open_page, require_browser,
-                             serve, upload, wait_state, write_png)
+from browser_helpers import (ARTIFACTS, OLD_BROWSER, REMOVED_WHY, assert_viewer_draws, click_image, open_page,
+                             require_browser, upload, wait_state, write_png)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 require_browser()
 
-# the cookie of the browser whose earlier job the disk budget removed (a valid token's shape)
-OLD_BROWSER = "old-browser-token-0123456789abcdefghijklmn"
-REMOVED_WHY = "the job store was over app.jobs_max_mb (1 MB)"
 
-
-def _leave_a_removed_job(var: Path) -> None:
-    """An earlier server's done job of ``OLD_BROWSER``, its files removed by the disk budget
-    an hour after it ended, exactly as the housekeeper removes them."""
-    from dataclasses import replace
-
-    from kiln.settings import Settings
-    from synthetic import make_object_image
-    from worker.jobs.jobstore import JobStore
-    from worker.upkeep.budget import remove_job_files
-
-    from app.web.server.browser import session_name
-    from app.web.state.history import JobInfo, save_info
-
-    store = JobStore(var / "jobs")
-    rgb, mask = make_object_image(64, "ellipse", seed=1)
-    st = store.create(rgb, mask, Settings(), session_name(OLD_BROWSER, "an-old-tab"))
-    now = time.time()
-    done = replace(st, state="done", progress=1.0, started=now - 7300, finished=now - 7200,
-                   timings={"queued_s": 0.1, "total_s": 3.0}, seq=st.seq + 1)
-    store.write_status(done)
-    save_info(store.job_dir(st.id), JobInfo("old_photo.png", summary="texture 256px fast, 4 views"))
-    remove_job_files(store.job_dir(st.id), done, when=now - 3600, why=REMOVED_WHY)
-    (var / "removed_job").write_text(st.id)
+@pytest.fixture(scope="module")
+def server(shared_server):
+    """The app shared with the other browser modules (tests/conftest.py), and the id of the
+    earlier server's job of ``OLD_BROWSER`` that its job store starts with."""
+    url, work, _log, _proc = shared_server
+    return url, (work / "var" / "removed_job").read_text()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    for url, work, _log, _proc in serve(tmp_path_factory, "page-pass-server", before_start=_leave_a_removed_job):
-        yield url, (work / "var" / "removed_job").read_text()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
+def browser(shared_browser):
+    return shared_browser
 
 
 def _top(page, selector: str) -> float:
@@ -123,7 +97,7 @@ def test_a_phone_finds_the_examples_under_the_line_that_points_to_them(server, b
         info, examples = _top(page, "#kiln-mask-info"), _top(page, "#kiln-examples")
         # they sat 2700 px down, under the settings and the mask file
         assert info < examples < 844 - 60, (info, examples)
-        page.screenshot(path=str(ARTIFACTS / "q1_phone_examples.png"))
+        page.screenshot(path=str(ARTIFACTS / "q1_phone_examples.jpg"))
         # the opaque example: "Find the object" selects it (it refused its cluttered background)
         page.locator("#kiln-examples").get_by_text("toy_rgb.png").click()
         page.wait_for_function("() => document.querySelector('#kiln-mask-info').innerText.includes('toy_rgb.png')")
@@ -226,7 +200,7 @@ def test_a_model_reopens_from_its_history_row(server, browser, tmp_path):
         assert "object_a.png" in page.inner_text("#kiln-progress")
         # a new page's viewer: its software WebGL compiles its shaders again (as for the first model)
         assert_viewer_draws(page, timeout_s=60.0)
-        page.screenshot(path=str(ARTIFACTS / "q2_history_reopened.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "q2_history_reopened.jpg"), full_page=True)
     finally:
         ctx.close()
 
@@ -330,7 +304,7 @@ def test_the_bake_tab_fit_picture_and_a_camera_that_does_not_fit(server, browser
             page.wait_for_function("(w) => window.innerWidth === w", arg=width)
             got = page.evaluate(_LABEL_JS)
             assert got["icons"] and not got["cut"] and not got["under"], (width, got)
-        page.locator("#kiln-bake-fit-view").screenshot(path=str(ARTIFACTS / "q3_fit_picture_390.png"))
+        page.locator("#kiln-bake-fit-view").screenshot(path=str(ARTIFACTS / "q3_fit_picture_390.jpg"))
     finally:
         ctx.close()
 
@@ -353,7 +327,7 @@ def test_the_bake_tab_fit_picture_and_a_camera_that_does_not_fit(server, browser
         notes = page.inner_text("#kiln-bake-notes")
         assert "Camera from the camera file given: silhouette IoU" in notes and "none given" not in notes, notes
         assert "the photo was not projected" in notes, notes
-        page.screenshot(path=str(ARTIFACTS / "q4_camera_does_not_fit.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "q4_camera_does_not_fit.jpg"), full_page=True)
     finally:
         ctx.close()
 
@@ -375,7 +349,7 @@ def test_a_removed_jobs_history_entry_says_when_and_why(server, browser):
         assert "old_photo.png" in text and f"its files were removed on {day}" in text and REMOVED_WHY in text, text
         assert row.get_attribute("data-pick") is None       # nothing to show in the viewer
         assert page.locator("#kiln-history-files a, #kiln-history-files .file-preview-holder tr").count() == 0
-        page.screenshot(path=str(ARTIFACTS / "q5_removed_entry.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "q5_removed_entry.jpg"), full_page=True)
     finally:
         ctx.close()
 
@@ -406,6 +380,6 @@ def test_clicks_on_a_cluttered_room_select_the_sofa_and_a_background_click_says_
         click_image(page, tx / w, ty / h, "1 object / 1 background clicks")
         info = page.inner_text("#kiln-mask-info")
         assert "outside the selection already, so nothing changed" in info, info
-        page.screenshot(path=str(ARTIFACTS / "p_room_clicks.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "p_room_clicks.jpg"), full_page=True)
     finally:
         ctx.close()

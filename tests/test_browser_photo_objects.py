@@ -63,6 +63,6 @@ def test_two_objects_of_one_photo_make_a_model_each_and_say_what_a_scene_needs(s
         assert "boxes-1" in listed and "boxes-2" in listed, listed
         sizes = page.inner_text("#kiln-file-sizes")
         assert sizes.count("boxes-1.glb") == 1 and sizes.count("boxes-2.glb") == 1, sizes
-        page.screenshot(path=str(ARTIFACTS / "p1_two_objects.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "p1_two_objects.jpg"), full_page=True)
     finally:
         ctx.close()

@@ -74,6 +74,6 @@ def test_two_objects_of_one_photo_bake_into_one_scene(server, browser, tmp_path)
         scene = trimesh.load(tmp_path / "scene.glb", force="scene")
         assert {"ball", "board"} <= set(scene.graph.nodes), scene.graph.nodes
         assert_viewer_draws(page, viewer="#kiln-bake-model")
-        page.screenshot(path=str(ARTIFACTS / "s1_scene_baked.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "s1_scene_baked.jpg"), full_page=True)
     finally:
         ctx.close()

@@ -29,7 +29,7 @@ from app.web.page.wiring import wire  # noqa: E402
 from app.web.state.job_outcome import page_bytes  # noqa: E402
 from kiln.settings import Settings  # noqa: E402
 from worker.jobs.jobstore import JobStatus  # noqa: E402
-from page_helpers import ALICE, BOB, FakeSup, caller, make_context, named, png_file, request, wired_outputs  # noqa: E402
+from page_helpers import ALICE, BOB, FakeSup, caller, make_context, named, png_file, request, wired_outputs, wired_page  # noqa: E402
 from synthetic import make_object_image  # noqa: E402
 
 # the form's values in GenerateForm's order: bake_texture, simplify, texture, views, mode, seed, ply
@@ -38,14 +38,19 @@ A1, A2, A3 = caller(ALICE, "tab1"), caller(ALICE, "tab2"), caller(ALICE, "tab3")
 B1 = caller(BOB, "tab1")
 
 
+@pytest.fixture(scope="module")
+def wired(tmp_path_factory):
+    """The page, built and wired once for the module (``page_helpers.wired_page``)."""
+    return wired_page(tmp_path_factory.mktemp("wired-page"))
+
+
 @pytest.fixture
-def app(tmp_path):
+def app(tmp_path, wired):
+    """Each test's own app context around its own supervisor stand-in; the module's page."""
     sup = FakeSup(tmp_path / "jobs")
     ctx = make_context(tmp_path, Settings(), sup)
-    page = layout(ctx.settings)
-    wire(page, ctx)
     try:
-        yield SimpleNamespace(ctx=ctx, page=page, sup=sup, tmp=tmp_path, outputs=wired_outputs(page.demo))
+        yield SimpleNamespace(ctx=ctx, page=wired.page, sup=sup, tmp=tmp_path, outputs=wired.outputs)
     finally:
         ctx.shutdown()
 

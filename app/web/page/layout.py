@@ -395,8 +395,11 @@ def _bake_tab(s: Settings) -> BakeTab:
             with gr.Row():
                 c["uvs"] = gr.Radio(label="UVs", choices=["auto", "keep", "new"], value="auto",
                                     elem_id="kiln-bake-uvs", info="keep: the mesh's own; auto: its own when usable")
+                # starts at the configured bake.texture_size, as `kiln bake` does; this box offers
+                # sizes only, so a configured "auto" starts it at 1024
+                size = s.bake.texture_size if s.bake.texture_size != "auto" else 1024
                 c["texture"] = gr.Dropdown(label="Texture size", choices=list(allowed_values("bake.texture_size")),
-                                           value=1024, elem_id="kiln-bake-texture")
+                                           value=size, elem_id="kiln-bake-texture")
             ratio_lo, ratio_hi = allowed_range("mesh.simplify_ratio")
             c["simplify"] = gr.Slider(label="Simplify ratio (new UVs; 0 keeps every face)", minimum=ratio_lo,
                                       maximum=ratio_hi, step=0.005, value=0.0, elem_id="kiln-bake-simplify")
