@@ -161,6 +161,8 @@ def test_job_progress_weights_stages_and_never_goes_back():
     assert job_progress(STAGES, "reconstruct", 0.1, before=0.6) == 0.6   # a retry starts over
     # without baking, the three stages share the whole bar
     assert job_progress(UNBAKED_STAGES, "mesh", 1.0) == pytest.approx(0.35 / 0.40)
+    # a stage the job's list does not name leaves the bar where it was, not at 100 %
+    assert job_progress(STAGES, "a stage nobody listed", 0.5, before=0.3) == 0.3
 
 
 # --------------------------------------------------------------------------- crash memory

@@ -13,7 +13,11 @@ def job_progress(stages: Sequence[str], stage: str, fraction: float, before: flo
     """0..1 over ``stages`` (the job's, in order) when ``fraction`` of ``stage`` is done,
     weighting each stage by its share of a job's time. Never below ``before`` (the job's
     progress so far), so a retried attempt does not move the bar back."""
-    weight = {s: WEIGHTS.get(s, UNKNOWN_STAGE_WEIGHT) for s in (*stages, stage)}
+    if stage not in stages:
+        # a stage the job's list does not name has no place on the bar: leave it where it is
+        # (counting it after every listed stage put the bar at 100 % while work went on)
+        return before
+    weight = {s: WEIGHTS.get(s, UNKNOWN_STAGE_WEIGHT) for s in stages}
     total = sum(weight[s] for s in stages) or 1.0
     done = 0.0
     for s in stages:
