@@ -228,3 +228,17 @@ def assert_viewer_draws(page, timeout_s: float = 20.0, viewer: str = "#kiln-mode
             return
         assert time.monotonic() < deadline, f"3D viewer still shows a blank canvas after {timeout_s:.0f} s"
         page.wait_for_timeout(250)
+
+
+def bake_state(page) -> str:
+    """The Bake tab's job state, as its progress box's ``data-state`` says it."""
+    return page.evaluate("() => (document.querySelector('#kiln-bake-progress') || {dataset: {}}).dataset.state")
+
+
+def wait_bake_state(page, state: str, timeout_s: float = 240) -> None:
+    """Wait until the Bake tab's job is in ``state``; fail at once on failed or cancelled."""
+    t0 = time.monotonic()
+    while bake_state(page) != state:
+        assert bake_state(page) not in ("failed", "cancelled"), page.inner_text("#kiln-bake-progress-box")
+        assert time.monotonic() - t0 < timeout_s, page.inner_text("#kiln-bake-progress-box")
+        time.sleep(0.25)   # polling a state with a deadline, not guessing a duration

@@ -78,6 +78,19 @@ def shared_browser():
     return _shared("shared_browser", chromium)
 
 
+@pytest.fixture(scope="module")
+def server(shared_server):
+    """A browser module's app: the shared server's URL (a module that needs more of it, or
+    an app of its own, defines its own ``server``)."""
+    return shared_server[0]
+
+
+@pytest.fixture(scope="module")
+def browser(shared_browser):
+    """A browser module's Chromium: the shared one."""
+    return shared_browser
+
+
 @pytest.fixture(scope="session")
 def examples_256(tmp_path_factory):
     """``kiln.examples.write_examples(size=256)`` made once (about a second each time on 2

@@ -53,11 +53,6 @@ def held_server(shared_server):
     return shared_server
 
 
-@pytest.fixture(scope="module")
-def browser(shared_browser):
-    return shared_browser
-
-
 def _open(browser, url):
     return open_page(browser, url, 1400, 1100)
 

@@ -5,38 +5,15 @@ refit), and a new mask drops the fit. Screenshots go to test-artifacts/browser/.
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
 
-from browser_helpers import ARTIFACTS, open_page, require_browser
+from browser_helpers import ARTIFACTS, open_page, require_browser, wait_bake_state
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 require_browser()
-
-
-@pytest.fixture(scope="module")
-def server(shared_server):
-    return shared_server[0]
-
-
-@pytest.fixture(scope="module")
-def browser(shared_browser):
-    return shared_browser
-
-
-def _bake_state(page) -> str:
-    return page.evaluate("() => (document.querySelector('#kiln-bake-progress') || {dataset: {}}).dataset.state")
-
-
-def _wait_bake_state(page, state: str, timeout_s: float = 240) -> None:
-    t0 = time.monotonic()
-    while _bake_state(page) != state:
-        assert _bake_state(page) not in ("failed", "cancelled"), page.inner_text("#kiln-bake-progress-box")
-        assert time.monotonic() - t0 < timeout_s, page.inner_text("#kiln-bake-progress-box")
-        time.sleep(0.25)   # polling a state with a deadline, not guessing a duration
 
 
 def _text(page, selector: str) -> str:
@@ -60,7 +37,7 @@ def test_fit_the_camera_first_then_bake_with_it(server, browser, tmp_path):
         button = page.locator("#kiln-bake-fit-button")
         assert button.inner_text().strip() == "Fit the camera to the photo"
         button.click()
-        _wait_bake_state(page, "done")
+        wait_bake_state(page, "done")
         page.wait_for_function("() => { const i = document.querySelector('#kiln-bake-fit-view img');"
                                " return i && i.complete && i.naturalWidth === 320; }")
         page.wait_for_function("() => document.querySelector('#kiln-bake-fit-info').innerText"
@@ -84,7 +61,7 @@ def test_fit_the_camera_first_then_bake_with_it(server, browser, tmp_path):
         page.click("#kiln-bake-button")
         page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText"
                                ".includes('Baking with the camera fitted before')")
-        _wait_bake_state(page, "done")
+        wait_bake_state(page, "done")
         page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText"
                                ".includes('Baked with the camera fitted before, not fitted again')")
         page.wait_for_selector("#kiln-bake-dl", state="visible")   # shown by the same update, drawn after it
@@ -121,7 +98,7 @@ def test_two_photos_fit_side_by_side_and_bake_with_a_line_each(server, browser, 
             page.wait_for_function("(a) => document.querySelector(a[0]).innerText.includes(a[1])",
                                    arg=[f"#kiln-bake-{box}", path.stem])
         page.click("#kiln-bake-fit-button")
-        _wait_bake_state(page, "done")
+        wait_bake_state(page, "done")
         # one picture: two 320 px silhouettes over their photos, 8 px apart
         page.wait_for_function("() => { const i = document.querySelector('#kiln-bake-fit-view img');"
                                " return i && i.complete && i.naturalWidth === 648; }")
@@ -130,7 +107,7 @@ def test_two_photos_fit_side_by_side_and_bake_with_a_line_each(server, browser, 
         # the bake's own notes first (the bar still says the fit's "done" until the bake starts)
         page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText"
                                ".includes('Baking with the camera fitted before')")
-        _wait_bake_state(page, "done")
+        wait_bake_state(page, "done")
         page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText.includes('of texels')")
         notes = _text(page, "#kiln-bake-notes")
         assert "photo 1 (photo.png): camera fitted before" in notes, notes

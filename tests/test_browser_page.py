@@ -34,16 +34,6 @@ require_browser()
 CLEAR_RGB = np.array([237, 237, 242])
 
 
-@pytest.fixture(scope="module")
-def server(shared_server):
-    return shared_server[0]
-
-
-@pytest.fixture(scope="module")
-def browser(shared_browser):
-    return shared_browser
-
-
 def _model_pixels(shot: np.ndarray) -> np.ndarray:
     """The pixels of the model in a viewer's canvas: the largest region unlike the clear
     colour (the label and the buttons over the canvas are smaller), its rim eroded away

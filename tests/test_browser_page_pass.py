@@ -49,11 +49,6 @@ def server(shared_server):
     return url, (work / "var" / "removed_job").read_text()
 
 
-@pytest.fixture(scope="module")
-def browser(shared_browser):
-    return shared_browser
-
-
 def _top(page, selector: str) -> float:
     return page.evaluate("(s) => document.querySelector(s).getBoundingClientRect().top + window.scrollY", selector)
 

@@ -15,16 +15,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 require_browser()
 
 
-@pytest.fixture(scope="module")
-def server(shared_server):
-    return shared_server[0]
-
-
-@pytest.fixture(scope="module")
-def browser(shared_browser):
-    return shared_browser
-
-
 def click_pixel(page, x: float, y: float, expect: str) -> None:
     """Click image pixel (x, y) of the canvas, where the image is drawn inside its element
     (scaled down to fit, centred, in a box larger than itself), then wait for the

@@ -5,37 +5,14 @@ and the download get the scene. Screenshots go to test-artifacts/browser/."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
-from browser_helpers import ARTIFACTS, assert_viewer_draws, open_page, require_browser
+from browser_helpers import ARTIFACTS, assert_viewer_draws, open_page, require_browser, wait_bake_state
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 require_browser()
-
-
-@pytest.fixture(scope="module")
-def server(shared_server):
-    return shared_server[0]
-
-
-@pytest.fixture(scope="module")
-def browser(shared_browser):
-    return shared_browser
-
-
-def _bake_state(page) -> str:
-    return page.evaluate("() => (document.querySelector('#kiln-bake-progress') || {dataset: {}}).dataset.state")
-
-
-def _wait_bake_state(page, state: str, timeout_s: float = 240) -> None:
-    t0 = time.monotonic()
-    while _bake_state(page) != state:
-        assert _bake_state(page) not in ("failed", "cancelled"), page.inner_text("#kiln-bake-progress-box")
-        assert time.monotonic() - t0 < timeout_s, page.inner_text("#kiln-bake-progress-box")
-        time.sleep(0.25)   # polling a state with a deadline, not guessing a duration
 
 
 def test_two_objects_of_one_photo_bake_into_one_scene(server, browser, tmp_path):
@@ -56,7 +33,7 @@ def test_two_objects_of_one_photo_bake_into_one_scene(server, browser, tmp_path)
                                    arg=[f"#kiln-bake-{box}", path.stem])
         page.fill("#kiln-bake-focal input", "300")
         page.click("#kiln-bake-button")
-        _wait_bake_state(page, "done")
+        wait_bake_state(page, "done")
         page.wait_for_function("() => document.querySelector('#kiln-bake-notes').innerText.includes('board:')")
         notes = page.inner_text("#kiln-bake-notes")
         assert "ball: pose kept" in notes and "board: pose kept" in notes, notes

@@ -33,16 +33,6 @@ MIME = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 
 
 @pytest.fixture(scope="module")
-def server(shared_server):
-    return shared_server[0]
-
-
-@pytest.fixture(scope="module")
-def browser(shared_browser):
-    return shared_browser
-
-
-@pytest.fixture(scope="module")
 def two_colour_ball(tmp_path_factory):
     """A ball, red above its equator and blue below (vertex colours, which the bake turns
     into its texture)."""
