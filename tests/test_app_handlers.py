@@ -1061,9 +1061,9 @@ def test_mask_file_on_the_page(tmp_path, blob):
 
 def test_stage_labels_name_every_stage_and_no_other():
     """The progress bar's labels follow the one stage list (kiln.stages)."""
-    from kiln.stages import FIT_STAGES, MODEL_STAGES, STAGES
+    from kiln.stages import FIT_STAGES, MODEL_STAGES, SCENE_STEPS, STAGES
 
-    assert set(statusview.STAGE_LABELS) == set(STAGES) | set(MODEL_STAGES) | set(FIT_STAGES)
+    assert set(statusview.STAGE_LABELS) == set(STAGES) | set(MODEL_STAGES) | set(FIT_STAGES) | set(SCENE_STEPS)
 
 
 def test_a_jobs_settings_come_back_into_the_form_as_they_were_used():
