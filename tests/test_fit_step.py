@@ -21,9 +21,9 @@ from app.web.bake import bake_handlers as baking  # noqa: E402
 from app.web.bake import fit_handlers as fitting
 from app.web.bake.bake_form import FitForm  # noqa: E402
 from kiln.records import CameraFitReport  # noqa: E402
-from test_bake_tab import A1, _ball, _is_update, answer, app, form, stream  # noqa: E402,F401
+from test_bake_tab import A1, _ball, _is_update, answer, app, form, stream, wired  # noqa: E402,F401
 
-__all__ = ["app"]   # the fixture, shared with the bake tab's tests
+__all__ = ["app", "wired"]   # the fixtures, shared with the bake tab's tests
 
 
 def _photo(app, name: str = "photo.png", hole: bool = False) -> tuple[str, str]:
