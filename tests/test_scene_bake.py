@@ -245,6 +245,24 @@ def _reds_and_blues(texture: np.ndarray, seen: np.ndarray) -> tuple[int, int]:
 
 
 @needs_gl
+def _synthetic_scene(meshes, cam, rgb, ball_mask, board_mask):
+    """(settings, the scene's objects) of ``_synthetic``'s ball before its board: a small fast
+    bake, no mirror, the meshes kept as they are."""
+    from kiln.settings import load
+    from pipeline.io.mesh_file import MeshFile
+    from pipeline.scene.scene_bake import SceneObject
+    from pipeline.texture.model_bake import ModelInputs
+    from pipeline.types import ImageInput
+
+    s = load(None, {"bake.texture_size": 256, "bake.mode": "fast", "bake.mirror_fill": "off",
+                    "mesh.simplify_ratio": 0.0})
+    objects = tuple(SceneObject(name=name, inputs=ModelInputs(model=MeshFile(mesh=m, texture=None, format="ply"),
+                                                              photo=ImageInput(rgb, mask), camera=cam,
+                                                              camera_how="focal"))
+                    for name, m, mask in (("ball", meshes[0], ball_mask), ("board", meshes[1], board_mask)))
+    return s, objects
+
+
 def test_a_texel_hidden_by_another_object_takes_none_of_its_colours(tmp_path):
     """The board's texels behind the ball take no red, the ball's no blue, in the scene bake;
     the board baked alone with the same mask does take red (the check can fail)."""
@@ -257,12 +275,7 @@ def test_a_texel_hidden_by_another_object_takes_none_of_its_colours(tmp_path):
     from tests.raster_helpers import gl_context
 
     meshes, cam, rgb, ball_mask, board_mask = _synthetic(tmp_path)
-    s = load(None, {"bake.texture_size": 256, "bake.mode": "fast", "bake.mirror_fill": "off",
-                    "mesh.simplify_ratio": 0.0})
-    objects = tuple(SceneObject(name=name, inputs=ModelInputs(model=MeshFile(mesh=m, texture=None, format="ply"),
-                                                              photo=ImageInput(rgb, mask), camera=cam,
-                                                              camera_how="focal"))
-                    for name, m, mask in (("ball", meshes[0], ball_mask), ("board", meshes[1], board_mask)))
+    s, objects = _synthetic_scene(meshes, cam, rgb, ball_mask, board_mask)
     res = bake_scene(SceneInputs(objects=objects, camera=cam), s, resolve_backends(s), tmp_path / "scene",
                      gl_context(), name="scene")
     stats = {o.name: o for o in res.stats.scene}
@@ -327,12 +340,7 @@ def test_a_scenes_progress_moves_through_its_stages_and_reaches_the_end_only_at_
     from worker.pool.progress import job_progress
 
     meshes, cam, rgb, ball_mask, board_mask = _synthetic(tmp_path)
-    s = load(None, {"bake.texture_size": 256, "bake.mode": "fast", "bake.mirror_fill": "off",
-                    "mesh.simplify_ratio": 0.0})
-    objects = tuple(SceneObject(name=name, inputs=ModelInputs(model=MeshFile(mesh=m, texture=None, format="ply"),
-                                                              photo=ImageInput(rgb, mask), camera=cam,
-                                                              camera_how="focal"))
-                    for name, m, mask in (("ball", meshes[0], ball_mask), ("board", meshes[1], board_mask)))
+    s, objects = _synthetic_scene(meshes, cam, rgb, ball_mask, board_mask)
     events = []
     bake_scene(SceneInputs(objects=objects, camera=cam), s, resolve_backends(s), tmp_path / "scene",
                gl_context(), name="scene", on_event=lambda *e: events.append(e))
