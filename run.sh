@@ -82,6 +82,12 @@ setup_python() {
         log "installing sam2 1.1.0 (CPU build, no build isolation)"
         SAM2_BUILD_CUDA=0 "$PY" -m pip install -q --no-build-isolation sam2==1.1.0
     fi
+    # The CPU splat renderer's kernels, compiled once into numba's cache (about 6 s on two
+    # cores) so that the first job does not pay it; numba recompiles by itself if they change.
+    if ! ls pipeline/views/__pycache__/splat_kernels.composite-*.nbi >/dev/null 2>&1; then
+        log "compiling the CPU splat renderer (numba, once)"
+        "$PY" -c 'from pipeline.views.splat_tiles import warm; warm()'
+    fi
 }
 
 need_debs

@@ -203,12 +203,14 @@ def load_reconstruction(cache_dir: Path, key: str) -> Reconstruction | None:
 VIEWS_FORMAT = 1
 VIEWS_MAX_ENTRY_BYTES = 1 << 30        # larger renders (64 views at 2048^2) are not kept
 VIEWS_MAX_TOTAL_BYTES = 4 << 30        # beyond this the least recently used entries go
-_VIEW_LIBRARIES = ("numpy", "torch", "gsplat")
+_VIEW_LIBRARIES = ("numpy", "torch", "gsplat", "numba")
+# the modules whose source (with what they import) makes the views' pixels
+VIEWS_CODE_ROOTS = ("views.render_views", "camera.cameras")
 
 
 @lru_cache(maxsize=1)
 def views_code_version() -> str:
-    """Hash of the view-rendering code (render_views.py, cameras.py and what they import)
+    """Hash of the view-rendering code (``VIEWS_CODE_ROOTS`` and what they import)
     and the versions of the libraries that compute the pixels."""
     from importlib import metadata
 
@@ -218,8 +220,8 @@ def views_code_version() -> str:
             h.update(f"{dist}={metadata.version(dist)};".encode())
         except metadata.PackageNotFoundError:
             h.update(f"{dist}=none;".encode())
-    for path in _module_closure("render_views", "cameras"):
-        h.update(path.name.encode())
+    for path in _module_closure(*VIEWS_CODE_ROOTS):
+        h.update(path.relative_to(_PIPELINE_DIR).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 

@@ -64,6 +64,13 @@ def test_code_version_covers_reconstruct_and_what_it_imports():
     assert "recon/builtin.py" in builtin and len(builtin) > 3
 
 
+def test_views_code_version_covers_the_renderers_and_their_kernels():
+    # the folder moves once left the roots naming no file: the hash covered no source at all
+    files = {p.relative_to(cache._PIPELINE_DIR).as_posix() for p in cache._module_closure(*cache.VIEWS_CODE_ROOTS)}
+    assert {"views/render_views.py", "views/gaussian_math.py", "views/splat_tiles.py",
+            "views/splat_kernels.py", "camera/cameras.py"} <= files
+
+
 def test_code_version_changes_with_the_reconstruction_source(monkeypatch, tmp_path):
     base = cache.code_version()
     fake = tmp_path / "pipeline"

@@ -184,9 +184,10 @@ def test_opaque_wall_covers_the_view_but_never_reaches_alpha_one():
     colors = np.repeat(np.eye(3), len(grid), axis=0)
     g = make_gaussians(np.concatenate(layers), [0.04, 0.04, 0.004], 1.0, colors)
     v = render_gaussians(g, cams)
-    # In small chunks, finished pixels must stay finished and spans over them be skipped
-    # without losing the unfinished pixels they also cover.
-    chunked = _render_gaussians_budget(g, cams, 1500)
+    # The torch fragments in small chunks (a GPU without gsplat) give the tiles' picture:
+    # finished pixels stay finished, spans over them are skipped without losing the
+    # unfinished pixels they also cover.
+    chunked = _render_gaussians_budget(g, cams, 1500, "fragments")
     np.testing.assert_allclose(chunked.alpha, v.alpha, atol=1e-6)
     np.testing.assert_allclose(chunked.rgb, v.rgb, atol=1e-5)
     assert np.median(v.alpha[0]) > 0.999
@@ -226,10 +227,12 @@ def test_outputs_shapes_types_and_ranges():
 # ---------------------------------------------------------------- against the brute-force loop
 
 
-@pytest.mark.parametrize("budget,span_budget", [(1 << 19, None), (300, 50)])
-def test_matches_bruteforce_gsplat_loop(budget, span_budget, monkeypatch):
-    # Some Gaussians sit far outside the view so the clamped Jacobian matters;
-    # tiny budgets force many chunks, carried transmittance and span culling.
+@pytest.mark.parametrize("engine,budget,span_budget", [("tiles", 1 << 19, None), ("fragments", 1 << 19, None),
+                                                        ("fragments", 300, 50)])
+def test_matches_bruteforce_gsplat_loop(engine, budget, span_budget, monkeypatch):
+    # Some Gaussians sit far outside the view so the clamped Jacobian matters; for the
+    # torch fragments (a GPU without gsplat), tiny budgets force many chunks, carried
+    # transmittance and span culling.
     if span_budget is not None:
         monkeypatch.setattr(render_views, "SPAN_BUDGET", span_budget)
     g = random_scene(120, seed=7, spread=0.5)
@@ -245,7 +248,7 @@ def test_matches_bruteforce_gsplat_loop(budget, span_budget, monkeypatch):
                     ("means", "scales", "quats", "opacities", "colors")))
     cams = Cameras(viewmats=np.stack([look_at((0.3, 0.4, 2.0)), look_at((-1.5, 0.2, -1.2))]),
                    Ks=np.stack([intrinsics(45.0, 56, 40)] * 2), width=56, height=40)
-    v = _render_gaussians_budget(g, cams, budget)
+    v = _render_gaussians_budget(g, cams, budget, engine)
     for c in range(2):
         ref_rgb, ref_alpha = reference_render(g, cams.viewmats[c], cams.Ks[c], 56, 40)
         np.testing.assert_allclose(v.alpha[c], ref_alpha, atol=2e-4)
@@ -254,10 +257,10 @@ def test_matches_bruteforce_gsplat_loop(budget, span_budget, monkeypatch):
     assert np.abs(no_clamp - v.alpha[0]).max() > 0.05
 
 
-def _render_gaussians_budget(g, cams, budget):
+def _render_gaussians_budget(g, cams, budget, engine):
     from pipeline.types import Views
 
-    rgb, alpha = _render_cpu(g, cams, torch.device("cpu"), None, fragment_budget=budget)
+    rgb, alpha = _render_cpu(g, cams, torch.device("cpu"), None, fragment_budget=budget, engine=engine)
     return Views(rgb=rgb, alpha=alpha, cameras=cams)
 
 
@@ -385,7 +388,7 @@ def test_gsplat_batches_are_assembled_in_camera_order(monkeypatch, budget_camera
         assert kw["packed"] is False and kw["rasterize_mode"] == "classic"
         calls.append(len(viewmats))
         covars = covariance_3d(quats, scales)
-        out = [render_views.render_view(means, covars, opacities, colors, v, k, width, height)
+        out = [render_views._render_view_tiles(means, covars, opacities, colors, v, k, width, height)
                for v, k in zip(viewmats, Ks)]
         return (torch.stack([p for p, _ in out]), torch.stack([a for _, a in out])[..., None], {})
 

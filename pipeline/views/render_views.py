@@ -12,7 +12,9 @@ views with or without a GPU:
 * compositing stops *before* a Gaussian that would take the transmittance to
   1e-4 or below; colour = sum c_i alpha_i T_i, alpha = 1 - T.
 
-It is vectorised in torch rather than tiled: each view is turned into
+On the CPU, ``pipeline.views.splat_tiles`` does this per 16 px tile, as gsplat does,
+compiled by numba and run on every core. On a CUDA device without gsplat, it is
+vectorised in torch rather than tiled: each view is turned into
 fragments (pixel, Gaussian), one row span of a Gaussian's footprint at a time,
 in depth order; fragments are sorted by pixel (stably, so depth order holds
 within a pixel) and composited with a segmented cumulative sum of
@@ -236,8 +238,13 @@ def _store(rgb_out, alpha_out, index, rgb, alpha) -> None:
 
 
 def _render_cpu(g: Gaussians, cameras: Cameras, dev, progress,
-                fragment_budget: int = DEFAULT_FRAGMENT_BUDGET, as_tensors: bool = False):
-    """Kiln's renderer on ``dev``, a view at a time (its fragment chunks bound the memory).
+                fragment_budget: int = DEFAULT_FRAGMENT_BUDGET, as_tensors: bool = False,
+                engine: str = "auto"):
+    """Kiln's renderer on ``dev``, a view at a time.
+
+    engine: "tiles" (``pipeline.views.splat_tiles``: compiled, on the host's cores), "fragments"
+    (``render_view``: torch tensors, any device; its fragment chunks bound the memory), or
+    "auto": tiles on the CPU, fragments on a CUDA device (a GPU without gsplat).
     Returns (rgb [C, H, W, 3], alpha [C, H, W]) float32: numpy, or tensors on ``dev``."""
     import torch
 
@@ -253,15 +260,36 @@ def _render_cpu(g: Gaussians, cameras: Cameras, dev, progress,
         colors = t(g.colors)
         C, H, W = len(cameras), cameras.height, cameras.width
         rgb_out, alpha_out = _view_buffers(C, H, W, dev, as_tensors)
+        tiles = engine == "tiles" or (engine == "auto" and dev.type == "cpu")
         for i in range(C):
             viewmat = t(cameras.viewmats[i])
             K = t(cameras.Ks[i])
-            premult, alpha = render_view(means, covars, opacities, colors, viewmat, K, W, H,
-                                         fragment_budget=fragment_budget)
+            if tiles:
+                premult, alpha = _render_view_tiles(means, covars, opacities, colors, viewmat, K, W, H)
+            else:
+                premult, alpha = render_view(means, covars, opacities, colors, viewmat, K, W, H,
+                                             fragment_budget=fragment_budget)
             rgb = _to_straight(premult, alpha)
             _store(rgb_out, alpha_out, i, rgb, alpha)
             _report(progress, i + 1, C)
     return rgb_out, alpha_out
+
+
+def _render_view_tiles(means, covars, opacities, colors, viewmat, K, width: int, height: int):
+    """One view with the compiled tile renderer (CPU tensors in, as ``render_view`` takes them;
+    same outputs, as CPU tensors)."""
+    import torch
+
+    from pipeline.views.gaussian_math import project_gaussians
+    from pipeline.views.splat_tiles import render_tiles
+
+    proj = project_gaussians(means, covars, opacities, viewmat, K, width, height)
+    vis = proj.visible.nonzero().squeeze(1)
+    # gsplat's radix sort on depth keys is stable over Gaussian index: ties keep input order.
+    vis = vis[torch.sort(proj.depths[vis], stable=True).indices]
+    premult, alpha = render_tiles(proj.means2d.numpy(), proj.conics.numpy(), proj.radii.numpy(),
+                                  vis.numpy(), opacities.numpy(), colors.numpy(), width, height)
+    return torch.from_numpy(premult), torch.from_numpy(alpha)
 
 
 def render_view(means, covars, opacities, colors, viewmat, K, width: int, height: int,
