@@ -227,6 +227,31 @@ def test_probe_protocol_keeps_stdout_for_itself():
     assert "noise from Python" in r.stderr and "noise from native code" in r.stderr
 
 
+def test_a_machine_without_a_gpu_probes_every_backend_without_importing_torch():
+    """No NVIDIA driver: the CUDA probe says so without torch, and the CPU renderer and the
+    rasterizer are probed torch-free, so a worker starts ~2 s sooner (torch comes with the
+    stage libraries after "ready", and only when the settings bake)."""
+    from worker.child.probe import nvidia_driver_missing
+
+    if nvidia_driver_missing() is None:
+        pytest.skip("this machine has an NVIDIA driver: its CUDA probe asks torch")
+    code = ("import json, sys\n"
+            "from worker.child.probe import PROBES, run_probe\n"
+            "from kiln.settings import load\n"
+            "ctx, got = {'device': 'auto', 'results': {}, 'settings': load()}, {}\n"
+            "for n in PROBES:\n"
+            "    got[n] = run_probe(n, ctx, 120)\n"
+            "    ctx['results'][n] = got[n][0]\n"
+            "print(json.dumps({'results': got, 'torch': 'torch' in sys.modules}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["results"]["cuda"] == [False, "no NVIDIA driver here (libcuda.so.1 cannot be loaded)"]
+    assert got["results"]["cpu"] == [True, "ok"] and got["results"]["moderngl"] == [True, "ok"]
+    assert got["results"]["gsplat"] == got["results"]["nvdiffrast"] == [False, "needs CUDA"]
+    assert got["torch"] is False
+
+
 def _venv(where: Path, parent_packages: bool) -> Path:
     """A second interpreter without Kiln installed; with ``parent_packages`` it reaches this
     venv's packages through a .pth line (as a model's own env would hold torch)."""

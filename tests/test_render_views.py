@@ -258,22 +258,28 @@ def test_matches_bruteforce_gsplat_loop(engine, budget, span_budget, monkeypatch
 
 
 def _render_gaussians_budget(g, cams, budget, engine):
+    """engine "tiles": the host renderer; "fragments": the torch one (a GPU without gsplat),
+    run on the host with ``budget`` fragments at a time."""
     from pipeline.types import Views
 
-    rgb, alpha = _render_cpu(g, cams, torch.device("cpu"), None, fragment_budget=budget, engine=engine)
+    if engine == "tiles":
+        rgb, alpha = render_views._render_tiles(g, cams, None)
+    else:
+        rgb, alpha = _render_cpu(g, cams, torch.device("cpu"), None, fragment_budget=budget)
     return Views(rgb=rgb, alpha=alpha, cameras=cams)
 
 
 def test_quat_to_rotmat_and_covariance():
     half = math.radians(90) / 2
-    q = torch.tensor([[math.cos(half), 0, 0, math.sin(half)], [2.0, 0, 0, 0]])   # 90 deg about z; unnormalised identity
+    q = np.array([[math.cos(half), 0, 0, math.sin(half)], [2.0, 0, 0, 0]], np.float32)   # 90 deg about z; unnormalised identity
     R = quat_to_rotmat(q)
-    torch.testing.assert_close(R[0] @ torch.tensor([1.0, 0, 0]), torch.tensor([0.0, 1, 0]), atol=1e-6, rtol=0)
-    torch.testing.assert_close(R[1], torch.eye(3))
-    s = torch.tensor([[0.1, 0.2, 0.3], [0.1, 0.2, 0.3]])
+    assert R.dtype == np.float32
+    np.testing.assert_allclose(R[0] @ np.array([1.0, 0, 0]), [0.0, 1, 0], atol=1e-6)
+    np.testing.assert_array_equal(R[1], np.eye(3))
+    s = np.array([[0.1, 0.2, 0.3], [0.1, 0.2, 0.3]], np.float32)
     cov = covariance_3d(q, s)
-    torch.testing.assert_close(cov[0], torch.diag(torch.tensor([0.04, 0.01, 0.09])), atol=1e-7, rtol=0)
-    torch.testing.assert_close(cov[1], torch.diag(s[1] ** 2))
+    np.testing.assert_allclose(cov[0], np.diag([0.04, 0.01, 0.09]), atol=1e-7)
+    np.testing.assert_allclose(cov[1], np.diag(s[1] ** 2), rtol=1e-6)
 
 
 # ---------------------------------------------------------------- validation
@@ -387,10 +393,13 @@ def test_gsplat_batches_are_assembled_in_camera_order(monkeypatch, budget_camera
     def rasterization(means, quats, scales, opacities, colors, viewmats, Ks, width, height, **kw):
         assert kw["packed"] is False and kw["rasterize_mode"] == "classic"
         calls.append(len(viewmats))
-        covars = covariance_3d(quats, scales)
-        out = [render_views._render_view_tiles(means, covars, opacities, colors, v, k, width, height)
+        g_ = Gaussians(means=means.numpy(), scales=scales.numpy(), quats=quats.numpy(),
+                       opacities=opacities.numpy(), colors=colors.numpy())
+        covars = covariance_3d(g_.quats, g_.scales)
+        out = [render_views.render_view_tiles(g_, covars, v.numpy(), k.numpy(), width, height)
                for v, k in zip(viewmats, Ks)]
-        return (torch.stack([p for p, _ in out]), torch.stack([a for _, a in out])[..., None], {})
+        return (torch.from_numpy(np.stack([p for p, _ in out])),
+                torch.from_numpy(np.stack([a for _, a in out]))[..., None], {})
 
     monkeypatch.setattr(render_views, "load_gsplat", lambda: rasterization)
     per_camera = len(g) * render_views.GSPLAT_PAIR_BYTES + 32 * 32 * render_views.GSPLAT_PIXEL_BYTES

@@ -1,7 +1,7 @@
 """Quaternions and rotation matrices, (w, x, y, z) order, for numpy arrays: the one home of
 this maths for the stages (conversions through scipy's ``Rotation``; the Hamilton product
 written out because it must keep lengths: Gaussians' quaternions arrive unnormalised).
-``pipeline.views.gaussian_math.quat_to_rotmat`` is its torch twin for tensors on a device."""
+``pipeline.views.gaussian_math.quat_to_rotmat`` is its float32 twin in gsplat's formula."""
 
 from __future__ import annotations
 

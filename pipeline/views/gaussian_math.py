@@ -3,18 +3,16 @@ EWA projection to the image plane, written to match gsplat 1.5.3's CUDA kernels
 (``projection_ewa_3dgs_fused_fwd_kernel`` and ``persp_proj``) in its default
 mode (pinhole, ``rasterize_mode="classic"``, ``radius_clip=0``).
 
-All functions take and return float32 torch tensors on any device. torch is
-imported inside them, so the constants (``SH_C0`` for the PLY export and SAM 3D's
-colours) cost nothing to import.
+numpy in float32, as gsplat's kernels compute: the CPU renderer runs without torch, and
+the torch renderer for a GPU without gsplat takes the projection to its device (a few
+arrays of N, cheap next to its fragments).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import numpy as np
 
 # degree-0 spherical harmonic (3DGS / gsplat): colour = 0.5 + SH_C0 * f_dc
 SH_C0 = 0.28209479177387814
@@ -29,38 +27,38 @@ T_MIN = 1e-4           # compositing stops before transmittance would drop to th
 RADIUS_EXTEND = 3.33   # gsplat's cap on the footprint radius in standard deviations
 
 
-def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
-    """Rotation matrices from quaternions.
+def quat_to_rotmat(quats: np.ndarray) -> np.ndarray:
+    """Rotation matrices from quaternions, in float32 as gsplat computes them.
 
     quats: (N, 4) float, (w, x, y, z), any non-zero length (normalised here, as gsplat does)
-    returns (N, 3, 3) float, R such that a local vector v maps to R @ v
+    returns (N, 3, 3) float32, R such that a local vector v maps to R @ v
+    (``pipeline.camera.rotations.quat_to_matrix`` is the stages' float64 version)
     """
-    import torch
-
-    q = quats / torch.linalg.norm(quats, dim=-1, keepdim=True)
-    w, x, y, z = q.unbind(-1)
-    r = torch.stack([
+    q = np.asarray(quats, np.float32)
+    q = q / np.linalg.norm(q, axis=-1, keepdims=True)
+    w, x, y, z = np.moveaxis(q, -1, 0)
+    r = np.stack([
         1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
         2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
         2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-    ], dim=-1)
-    return r.reshape(quats.shape[:-1] + (3, 3))
+    ], axis=-1)
+    return r.reshape(q.shape[:-1] + (3, 3))
 
 
-def covariance_3d(quats: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def covariance_3d(quats: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """World-space covariances R S S^T R^T.
 
     quats:  (N, 4) float, (w, x, y, z)
     scales: (N, 3) float, standard deviations along the local axes (not log)
-    returns (N, 3, 3) float, symmetric positive semi-definite
+    returns (N, 3, 3) float32, symmetric positive semi-definite
     """
-    m = quat_to_rotmat(quats) * scales[..., None, :]  # R @ diag(s)
-    return m @ m.transpose(-1, -2)
+    m = quat_to_rotmat(quats) * np.asarray(scales, np.float32)[..., None, :]  # R @ diag(s)
+    return m @ np.swapaxes(m, -1, -2)
 
 
 @dataclass
 class Projected:
-    """Gaussians projected into one camera (gsplat's ``packed=False`` layout).
+    """Gaussians projected into one camera (gsplat's ``packed=False`` layout), numpy.
 
     means2d: (N, 2) float32, pixel coordinates of the centres (top-left pixel centre = (0.5, 0.5))
     depths:  (N,)   float32, camera-space z
@@ -70,22 +68,28 @@ class Projected:
              image, degenerate, or too transparent to ever reach ALPHA_MIN)
     """
 
-    means2d: torch.Tensor
-    depths: torch.Tensor
-    conics: torch.Tensor
-    radii: torch.Tensor
+    means2d: np.ndarray
+    depths: np.ndarray
+    conics: np.ndarray
+    radii: np.ndarray
 
     @property
-    def visible(self) -> torch.Tensor:
+    def visible(self) -> np.ndarray:
         """(N,) bool: Gaussians that reach the image."""
-        return (self.radii > 0).all(dim=-1)
+        return np.asarray((self.radii > 0).all(axis=-1))
+
+    def draw_order(self) -> np.ndarray:
+        """(M,) int64: the visible Gaussians front to back. gsplat's radix sort on depth keys
+        is stable over Gaussian index, so ties keep input order."""
+        vis = np.flatnonzero(self.visible)
+        return vis[np.argsort(self.depths[vis], kind="stable")]
 
 
-def project_gaussians(means: torch.Tensor, covars: torch.Tensor, opacities: torch.Tensor,
-                      viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int,
+def project_gaussians(means: np.ndarray, covars: np.ndarray, opacities: np.ndarray,
+                      viewmat: np.ndarray, K: np.ndarray, width: int, height: int,
                       eps2d: float = EPS2D, near_plane: float = NEAR_PLANE,
                       far_plane: float = FAR_PLANE) -> Projected:
-    """EWA-project 3D Gaussians into one pinhole camera, as gsplat does.
+    """EWA-project 3D Gaussians into one pinhole camera, as gsplat does (float32).
 
     means:     (N, 3) float32, world space
     covars:    (N, 3, 3) float32, world-space covariances (see ``covariance_3d``)
@@ -93,51 +97,54 @@ def project_gaussians(means: torch.Tensor, covars: torch.Tensor, opacities: torc
     viewmat:   (4, 4) float32, world -> camera (OpenCV axes)
     K:         (3, 3) float32, intrinsics; only fx, fy, cx, cy are used (gsplat ignores skew)
     """
-    import torch
-
+    f32 = np.float32
+    viewmat = np.asarray(viewmat, f32)
+    K = np.asarray(K, f32)
     R = viewmat[:3, :3]
     t = viewmat[:3, 3]
-    mean_c = means @ R.T + t
-    cov_c = R @ covars @ R.T
-    x, y, z = mean_c.unbind(-1)
+    mean_c = np.asarray(means, f32) @ R.T + t
+    cov_c = R @ np.asarray(covars, f32) @ R.T
+    x, y, z = mean_c[:, 0], mean_c[:, 1], mean_c[:, 2]
     fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
 
     # The Jacobian is evaluated at the centre clamped to 1.3x the field of view:
     # for Gaussians far outside the image the linearisation would explode.
-    tan_fovx = 0.5 * width / fx
-    tan_fovy = 0.5 * height / fy
-    lim_x_pos = (width - cx) / fx + 0.3 * tan_fovx
-    lim_x_neg = cx / fx + 0.3 * tan_fovx
-    lim_y_pos = (height - cy) / fy + 0.3 * tan_fovy
-    lim_y_neg = cy / fy + 0.3 * tan_fovy
-    safe_z = torch.where(z.abs() < 1e-12, torch.full_like(z, 1e-12), z)  # culled below anyway
-    rz = 1.0 / safe_z
-    tx = z * torch.minimum(lim_x_pos, torch.maximum(-lim_x_neg, x * rz))
-    ty = z * torch.minimum(lim_y_pos, torch.maximum(-lim_y_neg, y * rz))
-    zero = torch.zeros_like(z)
-    J = torch.stack([fx * rz, zero, -fx * tx * rz * rz,
-                     zero, fy * rz, -fy * ty * rz * rz], dim=-1).reshape(-1, 2, 3)
-    cov2d = J @ cov_c @ J.transpose(-1, -2)
-    means2d = torch.stack([fx * x * rz + cx, fy * y * rz + cy], dim=-1)
+    tan_fovx = f32(0.5) * f32(width) / fx
+    tan_fovy = f32(0.5) * f32(height) / fy
+    lim_x_pos = (f32(width) - cx) / fx + f32(0.3) * tan_fovx
+    lim_x_neg = cx / fx + f32(0.3) * tan_fovx
+    lim_y_pos = (f32(height) - cy) / fy + f32(0.3) * tan_fovy
+    lim_y_neg = cy / fy + f32(0.3) * tan_fovy
+    safe_z = np.where(np.abs(z) < 1e-12, f32(1e-12), z)  # culled below anyway
+    rz = f32(1.0) / safe_z
+    tx = z * np.minimum(lim_x_pos, np.maximum(-lim_x_neg, x * rz))
+    ty = z * np.minimum(lim_y_pos, np.maximum(-lim_y_neg, y * rz))
+    zero = np.zeros_like(z)
+    J = np.stack([fx * rz, zero, -fx * tx * rz * rz,
+                  zero, fy * rz, -fy * ty * rz * rz], axis=-1).reshape(-1, 2, 3)
+    cov2d = J @ cov_c @ np.swapaxes(J, -1, -2)
+    means2d = np.stack([fx * x * rz + cx, fy * y * rz + cy], axis=-1)
 
-    a = cov2d[:, 0, 0] + eps2d
-    b = 0.5 * (cov2d[:, 0, 1] + cov2d[:, 1, 0])
-    c = cov2d[:, 1, 1] + eps2d
+    a = cov2d[:, 0, 0] + f32(eps2d)
+    b = f32(0.5) * (cov2d[:, 0, 1] + cov2d[:, 1, 0])
+    c = cov2d[:, 1, 1] + f32(eps2d)
     det = a * c - b * b
     ok_det = det > 0
-    inv_det = 1.0 / torch.where(ok_det, det, torch.ones_like(det))
-    conics = torch.stack([c * inv_det, -b * inv_det, a * inv_det], dim=-1)
+    inv_det = f32(1.0) / np.where(ok_det, det, f32(1.0))
+    conics = np.stack([c * inv_det, -b * inv_det, a * inv_det], axis=-1)
 
     # The box holds every pixel whose alpha can reach ALPHA_MIN: along each axis the
     # ellipse {d: d^T conic d <= e^2} extends e * sqrt(cov_axis) from the centre.
+    opacities = np.asarray(opacities, f32)
     ok_op = opacities >= ALPHA_MIN
-    extend = torch.sqrt(2.0 * torch.log(torch.where(ok_op, opacities, torch.ones_like(opacities))
-                                        / ALPHA_MIN)).clamp(max=RADIUS_EXTEND)
-    rx = torch.ceil(extend * torch.sqrt(a.clamp(min=0)))
-    ry = torch.ceil(extend * torch.sqrt(c.clamp(min=0)))
-    mx, my = means2d.unbind(-1)
+    extend = np.minimum(np.sqrt(f32(2.0) * np.log(np.where(ok_op, opacities, f32(1.0)) / f32(ALPHA_MIN))),
+                        f32(RADIUS_EXTEND))
+    rx = np.ceil(extend * np.sqrt(np.maximum(a, 0)))
+    ry = np.ceil(extend * np.sqrt(np.maximum(c, 0)))
+    mx, my = means2d[:, 0], means2d[:, 1]
     valid = ((z >= near_plane) & (z <= far_plane) & ok_det & ok_op
              & ~((rx <= 0) & (ry <= 0))
              & (mx + rx > 0) & (mx - rx < width) & (my + ry > 0) & (my - ry < height))
-    radii = torch.stack([rx, ry], dim=-1).to(torch.int32) * valid[:, None].to(torch.int32)
-    return Projected(means2d=means2d, depths=z, conics=conics, radii=radii)
+    radii = np.stack([rx, ry], axis=-1).astype(np.int32) * valid[:, None].astype(np.int32)
+    return Projected(means2d=means2d.astype(f32), depths=z.astype(f32), conics=conics.astype(f32),
+                     radii=radii)

@@ -12,9 +12,10 @@ views with or without a GPU:
 * compositing stops *before* a Gaussian that would take the transmittance to
   1e-4 or below; colour = sum c_i alpha_i T_i, alpha = 1 - T.
 
-On the CPU, ``pipeline.views.splat_tiles`` does this per 16 px tile, as gsplat does,
-compiled by numba and run on every core. On a CUDA device without gsplat, it is
-vectorised in torch rather than tiled: each view is turned into
+On the host, ``pipeline.views.splat_tiles`` does this per 16 px tile, as gsplat does,
+compiled by numba and run on every core, without torch (a CPU worker's start-up probe
+renders through it, so the worker need not import torch to start). On a CUDA device
+without gsplat, it is vectorised in torch rather than tiled: each view is turned into
 fragments (pixel, Gaussian), one row span of a Gaussian's footprint at a time,
 in depth order; fragments are sorted by pixel (stably, so depth order holds
 within a pixel) and composited with a segmented cumulative sum of
@@ -33,7 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -72,20 +74,32 @@ def render_gaussians(g: Gaussians, cameras: Cameras, backend: str = "cpu", devic
     g:       Gaussians (means [N, 3], scales [N, 3], quats [N, 4] wxyz, opacities [N],
              colors [N, 3], all float32; opacities and colours in [0, 1])
     cameras: Cameras (viewmats [C, 4, 4], Ks [C, 3, 3] without skew, width W, height H)
-    backend: "cpu" (Kiln's renderer, runs with torch on ``device``) or "gsplat" (CUDA only;
-             one ``gsplat.rasterization`` call per batch of cameras, batches sized by memory)
-    device:  torch device string, "cpu" or "cuda[:n]"
+    backend: "cpu" (Kiln's renderer: compiled tiles on the host, torch fragments on a CUDA
+             device) or "gsplat" (CUDA only; one ``gsplat.rasterization`` call per batch of
+             cameras, batches sized by memory)
+    device:  "cpu" or a torch device string "cuda[:n]"
     progress: optional ``progress(fraction, message)``, called after each view (gsplat: each batch)
-    chunk_scale: multiplies the memory-bound block sizes (the CPU renderer's fragment budget,
+    chunk_scale: multiplies the memory-bound block sizes (the torch renderer's fragment budget,
              gsplat's camera batch) (< 1 after an out-of-memory retry)
     as_tensors: return torch tensors left on ``device`` instead of numpy arrays, so a stage
              on the same device (the bake) takes them without a round trip through the host
     returns Views: rgb [C, H, W, 3] float32 straight colour in [0, 1] (0 where alpha is 0),
              alpha [C, H, W] float32 in [0, 1]; numpy, or torch on ``device`` with ``as_tensors``
+
+    On the host (backend "cpu", device "cpu") torch is not imported unless ``as_tensors``
+    asks for tensors: a CPU worker's start-up probe renders through here.
     """
     _validate(g, cameras, backend)
     if not (isinstance(chunk_scale, (int, float)) and 0 < chunk_scale <= 1e3):
         raise StageInputError(f"chunk_scale must be a positive number, got {chunk_scale!r}")
+    if backend == "cpu" and device == "cpu":
+        rgb, alpha = _render_tiles(g, cameras, progress)
+        if as_tensors:
+            import torch
+
+            return Views(rgb=torch.from_numpy(rgb), alpha=torch.from_numpy(alpha),  # type: ignore[arg-type]  # tensors (as_tensors)
+                         cameras=cameras)
+        return Views(rgb=rgb, alpha=alpha, cameras=cameras)
     dev = torch_device(device, "render", backend)
     if backend == "gsplat":
         rgb, alpha = _render_gsplat(g, cameras, dev, progress, chunk_scale, as_tensors)
@@ -237,14 +251,39 @@ def _store(rgb_out, alpha_out, index, rgb, alpha) -> None:
 # ----------------------------------------------------------------------------- own renderer
 
 
-def _render_cpu(g: Gaussians, cameras: Cameras, dev, progress,
-                fragment_budget: int = DEFAULT_FRAGMENT_BUDGET, as_tensors: bool = False,
-                engine: str = "auto"):
-    """Kiln's renderer on ``dev``, a view at a time.
+def _render_tiles(g: Gaussians, cameras: Cameras, progress) -> tuple[np.ndarray, np.ndarray]:
+    """Kiln's renderer on the host: numpy projection, compiled tiles (``splat_tiles``), a view
+    at a time. Returns numpy (rgb [C, H, W, 3], alpha [C, H, W]) float32, straight colour."""
+    from pipeline.views.gaussian_math import covariance_3d
 
-    engine: "tiles" (``pipeline.views.splat_tiles``: compiled, on the host's cores), "fragments"
-    (``render_view``: torch tensors, any device; its fragment chunks bound the memory), or
-    "auto": tiles on the CPU, fragments on a CUDA device (a GPU without gsplat).
+    covars = covariance_3d(g.quats, g.scales)
+    C, H, W = len(cameras), cameras.height, cameras.width
+    rgb_out, alpha_out = _view_buffers(C, H, W, None, False)
+    for i in range(C):
+        premult, alpha = render_view_tiles(g, covars, cameras.viewmats[i], cameras.Ks[i], W, H)
+        a = alpha[..., None]
+        rgb_out[i] = np.clip(np.divide(premult, a, out=np.zeros_like(premult), where=a > 0), 0.0, 1.0)
+        alpha_out[i] = alpha
+        _report(progress, i + 1, C)
+    return rgb_out, alpha_out
+
+
+def render_view_tiles(g: Gaussians, covars: np.ndarray, viewmat: np.ndarray, K: np.ndarray,
+                      width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """One view with the compiled tile renderer: covars (N, 3, 3) float32 from
+    ``covariance_3d``. Returns (premultiplied rgb (H, W, 3) float32, alpha (H, W) float32)."""
+    from pipeline.views.gaussian_math import project_gaussians
+    from pipeline.views.splat_tiles import render_tiles
+
+    proj = project_gaussians(g.means, covars, g.opacities, viewmat, K, width, height)
+    return render_tiles(proj.means2d, proj.conics, proj.radii, proj.draw_order(), g.opacities,
+                        g.colors, width, height)
+
+
+def _render_cpu(g: Gaussians, cameras: Cameras, dev, progress,
+                fragment_budget: int = DEFAULT_FRAGMENT_BUDGET, as_tensors: bool = False):
+    """Kiln's torch renderer on ``dev`` (a CUDA device without gsplat; on the host, tests
+    check it against the tiles), a view at a time; its fragment chunks bound the memory.
     Returns (rgb [C, H, W, 3], alpha [C, H, W]) float32: numpy, or tensors on ``dev``."""
     import torch
 
@@ -254,67 +293,54 @@ def _render_cpu(g: Gaussians, cameras: Cameras, dev, progress,
         return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
 
     with torch.no_grad():
-        means = t(g.means)
-        covars = covariance_3d(t(g.quats), t(g.scales))
+        covars = covariance_3d(g.quats, g.scales)
         opacities = t(g.opacities)
         colors = t(g.colors)
         C, H, W = len(cameras), cameras.height, cameras.width
         rgb_out, alpha_out = _view_buffers(C, H, W, dev, as_tensors)
-        tiles = engine == "tiles" or (engine == "auto" and dev.type == "cpu")
         for i in range(C):
-            viewmat = t(cameras.viewmats[i])
-            K = t(cameras.Ks[i])
-            if tiles:
-                premult, alpha = _render_view_tiles(means, covars, opacities, colors, viewmat, K, W, H)
-            else:
-                premult, alpha = render_view(means, covars, opacities, colors, viewmat, K, W, H,
-                                             fragment_budget=fragment_budget)
+            premult, alpha = render_view(g, covars, opacities, colors, cameras.viewmats[i],
+                                         cameras.Ks[i], W, H, fragment_budget=fragment_budget)
             rgb = _to_straight(premult, alpha)
             _store(rgb_out, alpha_out, i, rgb, alpha)
             _report(progress, i + 1, C)
     return rgb_out, alpha_out
 
 
-def _render_view_tiles(means, covars, opacities, colors, viewmat, K, width: int, height: int):
-    """One view with the compiled tile renderer (CPU tensors in, as ``render_view`` takes them;
-    same outputs, as CPU tensors)."""
-    import torch
+@dataclass
+class _OnDevice:
+    """A ``Projected`` moved to a torch device for the fragment renderer."""
 
-    from pipeline.views.gaussian_math import project_gaussians
-    from pipeline.views.splat_tiles import render_tiles
-
-    proj = project_gaussians(means, covars, opacities, viewmat, K, width, height)
-    vis = proj.visible.nonzero().squeeze(1)
-    # gsplat's radix sort on depth keys is stable over Gaussian index: ties keep input order.
-    vis = vis[torch.sort(proj.depths[vis], stable=True).indices]
-    premult, alpha = render_tiles(proj.means2d.numpy(), proj.conics.numpy(), proj.radii.numpy(),
-                                  vis.numpy(), opacities.numpy(), colors.numpy(), width, height)
-    return torch.from_numpy(premult), torch.from_numpy(alpha)
+    means2d: Any
+    depths: Any
+    conics: Any
+    radii: Any
 
 
-def render_view(means, covars, opacities, colors, viewmat, K, width: int, height: int,
-                fragment_budget: int = DEFAULT_FRAGMENT_BUDGET):
-    """One view with the own renderer (gsplat's math, see the module docstring).
+def render_view(g: Gaussians, covars: np.ndarray, opacities, colors, viewmat: np.ndarray,
+                K: np.ndarray, width: int, height: int, fragment_budget: int = DEFAULT_FRAGMENT_BUDGET):
+    """One view with the torch fragment renderer (gsplat's math, see the module docstring).
 
-    means (N, 3), covars (N, 3, 3), opacities (N,), colors (N, 3), viewmat (4, 4), K (3, 3):
-    float32 torch tensors on one device.
+    g: the Gaussians (numpy); covars (N, 3, 3) float32 numpy from ``covariance_3d``;
+    opacities (N,), colors (N, 3): float32 torch tensors on the render device; viewmat
+    (4, 4), K (3, 3): numpy. The projection is computed on the host and moved there.
     fragment_budget: most (pixel, Gaussian) fragments generated at once (memory bound).
-    returns (premultiplied rgb (H, W, 3) float32, alpha (H, W) float32)
+    returns (premultiplied rgb (H, W, 3) float32, alpha (H, W) float32) tensors on the device
     """
     import torch
 
     from pipeline.views.gaussian_math import project_gaussians
 
-    dev = means.device
+    dev = opacities.device
     n_pix = width * height
     premult = torch.zeros(n_pix, 3, dtype=torch.float32, device=dev)
     log_t = torch.zeros(n_pix, dtype=torch.float64, device=dev)   # log transmittance so far
     done = torch.zeros(n_pix, dtype=torch.bool, device=dev)       # compositing stopped here
 
-    proj = project_gaussians(means, covars, opacities, viewmat, K, width, height)
-    vis = proj.visible.nonzero().squeeze(1)
-    # gsplat's radix sort on depth keys is stable over Gaussian index: ties keep input order.
-    vis = vis[torch.sort(proj.depths[vis], stable=True).indices]
+    host = project_gaussians(g.means, covars, g.opacities, viewmat, K, width, height)
+    proj = _OnDevice(*(torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+                       for a in (host.means2d, host.depths, host.conics, host.radii)))
+    vis = torch.from_numpy(host.draw_order()).to(dev)
     # Spans are made for a run of Gaussians at a time (about SPAN_BUDGET rows) so
     # memory stays bounded for many or large Gaussians; compositing carries over.
     my = proj.means2d[vis, 1]

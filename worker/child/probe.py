@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import signal
 from contextlib import contextmanager
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -95,9 +95,25 @@ def _check_raster(backend: str, device: str, driver: dict | None = None) -> tupl
     return True, "ok"
 
 
+def nvidia_driver_missing() -> Optional[str]:
+    """Why CUDA cannot work here when the NVIDIA driver's library cannot even be loaded, else
+    None (then torch decides). Asked first so that a machine without a GPU starts its
+    worker without importing torch (~2 s and ~500 MB before any job asks for it)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no NVIDIA driver here (libcuda.so.1 cannot be loaded)"
+    return None
+
+
 def probe_cuda(ctx: dict) -> tuple[bool, str]:
     if ctx["device"] == "cpu":
         return False, "worker.device is 'cpu'"
+    missing = nvidia_driver_missing()
+    if missing:
+        return False, missing
     import torch
 
     if not torch.cuda.is_available():
