@@ -77,21 +77,34 @@ def composite(means2d, conics, radii, opacities, colors, start, ids, width, heig
             cb = np.float64(conics[g, 1])
             cc = np.float64(conics[g, 2])
             op = np.float64(opacities[g])
+            # alpha < 1/255 exactly where sigma > log(255 op): most of a footprint's box,
+            # skipped before the exp (the exact test below still decides at the border)
+            sigma_max = math.log(op / alpha_min) + 1e-9
             # pixel centres inside the footprint box, within this tile
             x0 = max(tx0, int(math.ceil(mx - rx - 0.5)))
             x1 = min(tx1, int(math.floor(mx + rx - 0.5)) + 1)
             y0 = max(ty0, int(math.ceil(my - ry - 0.5)))
             y1 = min(ty1, int(math.floor(my + ry - 0.5)) + 1)
+            det = ca * cc - cb * cb
             for py in range(y0, y1):
                 dy = my - (py + 0.5)
+                # this row's pixels with sigma <= sigma_max: the roots in dx of
+                # 0.5 ca dx^2 + cb dy dx + 0.5 cc dy^2 = sigma_max (one pixel of slack)
+                disc = 2.0 * ca * sigma_max - dy * dy * det
+                if disc < 0.0 or ca <= 0.0:
+                    continue
+                half = math.sqrt(disc) / ca
+                centre = mx + cb * dy / ca - 0.5          # px where this row's sigma is least
+                rx0 = max(x0, int(math.floor(centre - half)))
+                rx1 = min(x1, int(math.ceil(centre + half)) + 1)
                 row = (py - ty0) * tw - tx0
-                for px in range(x0, x1):
+                for px in range(rx0, rx1):
                     i = row + px
                     if done[i]:
                         continue
                     dx = mx - (px + 0.5)
                     sigma = 0.5 * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
-                    if sigma < 0.0:
+                    if sigma < 0.0 or sigma > sigma_max:
                         continue
                     a = min(0.999, op * math.exp(-sigma))
                     if a < alpha_min:
