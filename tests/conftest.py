@@ -14,9 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from worker.child.env import share_extension_env
+from worker.child.env import passive_openmp, share_extension_env
 
 share_extension_env()
+# The test process renders, bakes and segments in-process too: its OpenMP threads (torch's,
+# numba's) sleep when idle, as those of Kiln's own processes do, instead of spinning on the
+# two cores that the servers and workers it starts need (worker.child.env.passive_openmp).
+passive_openmp(os.environ)
 
 _SHARED: dict = {}   # fixture name -> (its generator, what it yielded)
 
