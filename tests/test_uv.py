@@ -224,6 +224,54 @@ def blob_with_handle() -> Mesh:
     return Mesh(m.vertices.astype(np.float32), m.faces.astype(np.int32))
 
 
+def _coverage_by_pairs(uvs, faces, size):
+    """The vectorised numpy rule the compiled coverage replaced, as its reference: every
+    (triangle, texel centre of its box) pair as arrays, the same barycentric formulae.
+    Returns (count (S*S,), hit_face, hit_texel) in face order."""
+    from pipeline.unwrap.uv_metrics import INSET
+
+    p = np.stack([uvs[:, 0].astype(np.float64) * size, (1.0 - uvs[:, 1].astype(np.float64)) * size], 1)
+    tri = p[faces]
+    lo = np.clip(np.ceil(tri.min(1) - 0.5), 0, size - 1).astype(np.int64)
+    hi = np.clip(np.floor(tri.max(1) - 0.5), 0, size - 1).astype(np.int64)
+    ncol = np.maximum(hi[:, 0] - lo[:, 0] + 1, 0)
+    n = ncol * np.maximum(hi[:, 1] - lo[:, 1] + 1, 0)
+    a, b, c = tri[:, 0], tri[:, 1], tri[:, 2]
+    det = (b[:, 0] - a[:, 0]) * (c[:, 1] - a[:, 1]) - (c[:, 0] - a[:, 0]) * (b[:, 1] - a[:, 1])
+    n[np.abs(det) < 1e-12] = 0
+    fid = np.repeat(np.arange(len(faces)), n)
+    local = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+    col = lo[fid, 0] + local % ncol[fid]
+    row = lo[fid, 1] + local // np.maximum(ncol[fid], 1)
+    px, py = col + 0.5, row + 0.5
+    ax, ay, d = a[fid, 0], a[fid, 1], det[fid]
+    w1 = ((px - ax) * (c[fid, 1] - ay) - (c[fid, 0] - ax) * (py - ay)) / d
+    w2 = ((b[fid, 0] - ax) * (py - ay) - (px - ax) * (b[fid, 1] - ay)) / d
+    inside = (w1 > INSET) & (w2 > INSET) & (1.0 - w1 - w2 > INSET)
+    texel = row[inside] * size + col[inside]
+    return np.bincount(texel, minlength=size * size), fid[inside], texel
+
+
+def test_compiled_coverage_decides_every_centre_as_the_array_version_did(small_mesh):
+    from pipeline.unwrap.uv_metrics import coverage
+
+    rng = np.random.default_rng(3)
+    # a real atlas, random triangles (folded, overlapping, outside [0, 1], degenerate ones)
+    atlas = unwrap(small_mesh, 256, 2, 20000)
+    layouts = [(atlas.uvs, atlas.faces, 256)]
+    pts = rng.uniform(-0.2, 1.2, (300, 2)).astype(np.float32)
+    tris = rng.integers(0, 300, (400, 3))
+    tris[:20, 2] = tris[:20, 1]                                   # degenerate
+    layouts.append((pts, tris, 64))
+    for uvs, faces, size in layouts:
+        got = coverage(uvs, faces, size)
+        count, hit_face, hit_texel = _coverage_by_pairs(uvs, faces, size)
+        np.testing.assert_array_equal(got.count.ravel(), count)
+        np.testing.assert_array_equal(got.hit_face, hit_face)
+        np.testing.assert_array_equal(got.hit_texel, hit_texel)
+        assert got.count.sum() > 0
+
+
 def test_long_thin_parts_are_cut_so_they_do_not_shrink_the_atlas(monkeypatch):
     import pipeline.unwrap.uv as uv_mod
     from pipeline.unwrap.uv_metrics import coverage

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 
 INSET = 1e-3
-CHUNK = 4_000_000          # candidate texels examined per pass (bounds memory)
 
 
 @dataclass
@@ -40,47 +39,17 @@ class Coverage:
 
 
 def coverage(uvs: np.ndarray, faces: np.ndarray, size: int) -> Coverage:
-    """Rasterize the UV triangles at texel centres, counting how many cover each."""
+    """Rasterize the UV triangles at texel centres, counting how many cover each
+    (a compiled loop over each triangle's box: ``coverage_kernel``)."""
+    from pipeline.unwrap.coverage_kernel import rasterize_centres
+
     p = np.empty((len(uvs), 2))
     p[:, 0] = uvs[:, 0].astype(np.float64) * size
     p[:, 1] = (1.0 - uvs[:, 1].astype(np.float64)) * size
-    tri = p[faces]                                             # (F, 3, 2)
-    lo = np.clip(np.ceil(tri.min(1) - 0.5), 0, size - 1).astype(np.int64)
-    hi = np.clip(np.floor(tri.max(1) - 0.5), 0, size - 1).astype(np.int64)
-    ncol = np.maximum(hi[:, 0] - lo[:, 0] + 1, 0)
-    nrow = np.maximum(hi[:, 1] - lo[:, 1] + 1, 0)
-    n = ncol * nrow
-    a, b, c = tri[:, 0], tri[:, 1], tri[:, 2]
-    det = (b[:, 0] - a[:, 0]) * (c[:, 1] - a[:, 1]) - (c[:, 0] - a[:, 0]) * (b[:, 1] - a[:, 1])
-    n[np.abs(det) < 1e-12] = 0
-    count = np.zeros(size * size, np.int64)
-    faces_out, texels_out = [], []
-    ends = np.cumsum(n)
-    start = 0
-    while start < len(faces):
-        base = ends[start - 1] if start else 0
-        stop = int(np.searchsorted(ends, base + CHUNK, side="right"))
-        stop = max(stop, start + 1)
-        idx = np.arange(start, stop)
-        k = n[idx]
-        fid = np.repeat(idx, k)
-        local = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
-        col = lo[fid, 0] + local % ncol[fid]
-        row = lo[fid, 1] + local // np.maximum(ncol[fid], 1)
-        px, py = col + 0.5, row + 0.5
-        ax, ay = a[fid, 0], a[fid, 1]
-        d = det[fid]
-        w1 = ((px - ax) * (c[fid, 1] - ay) - (c[fid, 0] - ax) * (py - ay)) / d
-        w2 = ((b[fid, 0] - ax) * (py - ay) - (px - ax) * (b[fid, 1] - ay)) / d
-        inside = (w1 > INSET) & (w2 > INSET) & (1.0 - w1 - w2 > INSET)
-        texel = row[inside] * size + col[inside]
-        count += np.bincount(texel, minlength=size * size)
-        faces_out.append(fid[inside])
-        texels_out.append(texel)
-        start = stop
-    return Coverage(count=count.reshape(size, size).astype(np.int32),
-                    hit_face=np.concatenate(faces_out) if faces_out else np.zeros(0, np.int64),
-                    hit_texel=np.concatenate(texels_out) if texels_out else np.zeros(0, np.int64))
+    count, hit_face, hit_texel = rasterize_centres(p, np.ascontiguousarray(faces, np.int64), int(size),
+                                                   INSET)
+    return Coverage(count=count.reshape(size, size).astype(np.int32), hit_face=hit_face,
+                    hit_texel=hit_texel)
 
 
 def distortion(vertices: np.ndarray, faces: np.ndarray, uvs: np.ndarray) -> dict:
