@@ -99,18 +99,18 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
     photo:     the original photo, rgb (H, W, 3) uint8, mask (H, W) bool
     camera:    the photo's camera in the mesh's world frame, at the photo's size
     raster_ctx: the caller's rasterizer context (``pipeline.raster.rasterize.raster_context``)
+    device:    the bake's device; the projection itself runs on the host whatever it is
+               (numpy and the compiled samplers of ``pipeline.raster.image_sampling``: a
+               few hundred thousand texels take milliseconds, and need no torch)
     beyond_mask: True: surface that runs past the mask's edge ramps off over a few percent of
                the object (the mask of Kiln's own reconstruction is its silhouette); False: a
                texel whose projection falls outside the mask gets no weight (a mask that leaves
                out what stands in front of the object: the photo there shows something else)
     """
-    import torch
-
     from pipeline.raster import rasterize as rz
 
     n = _check_inputs(mesh, face_ids, positions, normals, photo, camera)
     check_array("texel barycentrics", bary, dtype=np.float32, shape=(n, 3))
-    dev = torch.device(device)
     crop, cam = _crop_and_scale(photo, camera, texture_size)
     out_colors = np.zeros((n, 3), np.float32)
     out_weight = np.zeros(n, np.float32)
@@ -132,14 +132,10 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
     # the hand-overs span this much surface whatever the shape
     ramp = ANGLE_RAMP_WIDTH * (float(np.ptp(mesh.vertices, axis=0).max()) or 1.0)
 
-    R = torch.as_tensor(cam.viewmat[:3, :3], dtype=torch.float32, device=dev)
-    t = torch.as_tensor(cam.viewmat[:3, 3], dtype=torch.float32, device=dev)
-    K = torch.as_tensor(cam.K, dtype=torch.float32, device=dev)
+    R = np.asarray(cam.viewmat[:3, :3], np.float32)
+    t = np.asarray(cam.viewmat[:3, 3], np.float32)
+    K = np.asarray(cam.K, np.float32)
     center = -(R.T @ t)
-    depth_t = torch.as_tensor(depth, device=dev)
-    edges_t = torch.as_tensor(edges, device=dev)
-    signed_t = torch.as_tensor(signed, device=dev)
-    pyr = [torch.as_tensor(level, device=dev).permute(2, 0, 1)[None].contiguous() for level in pyramid]
     signed_at = np.zeros(n, np.float32)
     cos_at = np.zeros(n, np.float32)
     # depth-tested visibility alone: at a smooth silhouette the depth slopes steeply enough
@@ -148,16 +144,14 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
     ortho = cam.projection == "orthographic"
     for start in range(0, n, CHUNK):
         sl = slice(start, start + CHUNK)
-        p = torch.as_tensor(positions[sl], device=dev)
-        nrm = torch.nn.functional.normalize(torch.as_tensor(normals[sl], device=dev), dim=1)
-        c, w, sd, cos, vis = _project_chunk(p, nrm, R, t, K, center, ortho, footprint, depth_t, edges_t,
-                                       pyr, torch.as_tensor(levels[sl], device=dev), signed_t,
-                                       cam.width, cam.height)
-        out_colors[sl] = c.cpu().numpy()
-        out_weight[sl] = w.cpu().numpy()
-        signed_at[sl] = sd.cpu().numpy()
-        cos_at[sl] = cos.cpu().numpy()
-        sighted[sl] = vis.cpu().numpy()
+        nrm = normals[sl] / np.maximum(np.linalg.norm(normals[sl], axis=1, keepdims=True), 1e-12)
+        c, w, sd, cos, vis = _project_chunk(positions[sl], nrm, R, t, K, center, ortho, footprint, depth,
+                                            edges, pyramid, levels[sl], signed, cam.width, cam.height)
+        out_colors[sl] = c
+        out_weight[sl] = w
+        signed_at[sl] = sd
+        cos_at[sl] = cos
+        sighted[sl] = vis
     out_weight *= _angle_weight(positions, out_weight > 0, cos_at, ramp)
     # a texel spans about 2**level crop pixels
     if beyond_mask:
@@ -174,90 +168,82 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
     return PhotoProjection(out_colors, out_weight, density, glance, glance_colors)
 
 
-def _project_chunk(p, nrm, R, t, K, center, ortho: bool, footprint: float, depth, edges, pyr,
+def _project_chunk(p, nrm, R, t, K, center, ortho: bool, footprint: float, depth, edges, pyramid,
                    levels, signed, width: int, height: int):
     """(colors (N, 3), weight (N,) before the view angle's and the mask's, signed distance
     (N,) in photo pixels from the mask's edge (> 0 inside), cos of the view angle (N,),
-    visibility (N,) 0 or 1) for one block of texels."""
-    import torch
+    visibility (N,) 0 or 1) for one block of texels: numpy float32 arrays."""
+    from pipeline.raster.image_sampling import bilinear
 
     cam = p @ R.T + t
     z = cam[:, 2]
     if ortho:
         xy = cam[:, :2]
-        to_cam = -R[2].expand_as(p)                      # every ray is parallel to the view axis
-        pixel = torch.full_like(z, footprint)
-        in_front = torch.ones_like(z, dtype=torch.bool)
+        to_cam = np.broadcast_to(-R[2], p.shape)          # every ray is parallel to the view axis
+        pixel = np.full_like(z, footprint)
+        in_front = np.ones(len(z), bool)
     else:
-        zs = torch.where(z > 1e-6, z, torch.ones_like(z))
+        zs = np.where(z > 1e-6, z, np.float32(1.0))
         xy = cam[:, :2] / zs[:, None]
-        to_cam = torch.nn.functional.normalize(center - p, dim=1)
-        pixel = z * footprint
+        to_cam = center - p
+        to_cam = to_cam / np.maximum(np.linalg.norm(to_cam, axis=1, keepdims=True), 1e-12)
+        pixel = z * np.float32(footprint)
         in_front = z > 1e-6
     px = xy[:, 0] * K[0, 0] + xy[:, 1] * K[0, 1] + K[0, 2]
     py = xy[:, 1] * K[1, 1] + K[1, 2]
     cos = (nrm * to_cam).sum(1)
-    col, row = px.floor().long(), py.floor().long()
+    col, row = np.floor(px), np.floor(py)
     inside = in_front & (col >= 0) & (col < width) & (row >= 0) & (row < height) & (cos > 0)
     tol = depth_tolerance(z, cos, pixel, DEPTH_SLOPE_PIXELS)
     # the depth of any of the four pixel centres around the texel will do: one pixel's
     # depth alone (a flat face, maybe a steeper neighbour's) misses grazing texels here and
     # there, and each miss is a hole in the photo's weight. Texels that close to a real
     # occlusion edge get no weight from the edge feather anyway.
-    visible = torch.zeros_like(inside)
-    c0, r0 = (px - 0.5).floor().long(), (py - 0.5).floor().long()
+    visible = np.zeros(len(z), bool)
+    # clipped before the cast: a texel far off the photo (or behind an orthographic camera)
+    # has an absurd coordinate, and only the four clamped neighbours are read
+    c0 = np.clip(np.floor(px - 0.5), -1, width).astype(np.int64)
+    r0 = np.clip(np.floor(py - 0.5), -1, height).astype(np.int64)
     for dr in (0, 1):
         for dc in (0, 1):
-            rc, cc = (r0 + dr).clamp(0, height - 1), (c0 + dc).clamp(0, width - 1)
-            d = depth[rc, cc]
-            visible |= (d > 0) & ((z - d).abs() <= tol)
+            d = depth[np.clip(r0 + dr, 0, height - 1), np.clip(c0 + dc, 0, width - 1)]
+            visible |= (d > 0) & (np.abs(z - d) <= tol)
     visible &= inside
 
-    grid = torch.stack([2.0 * px / width - 1.0, 2.0 * py / height - 1.0], 1)[None, None]
-    edge_w = torch.nn.functional.grid_sample(edges[None, None], grid, mode="bilinear",
-                                             padding_mode="border", align_corners=False)[0, 0, 0]
-    colors = _sample_pyramid(pyr, grid, levels).clamp(0.0, 1.0)               # (N, 3)
-    sd = torch.nn.functional.grid_sample(signed[None, None], grid, mode="bilinear",
-                                         padding_mode="border", align_corners=False)[0, 0, 0]
-    weight = torch.where(visible, edge_w, torch.zeros_like(edge_w))
-    return colors, weight, sd, cos, visible.float()
+    edge_w = bilinear(edges, px, py)
+    colors = np.clip(_sample_pyramid(pyramid, px / width, py / height, levels), 0.0, 1.0)   # (N, 3)
+    sd = bilinear(signed, px, py)
+    weight = np.where(visible, edge_w, np.float32(0.0))
+    return colors, weight, sd, cos, visible.astype(np.float32)
 
 
-def _sample_pyramid(pyr, grid, levels):
+def _sample_pyramid(pyramid, u, v, levels):
     """Lookup between the two pyramid levels around ``levels`` (N,), bicubic in each, blended; (N, C).
 
-    pyr: list of (1, C, h_l, w_l) tensors, level 0 the crop itself; grid (1, 1, N, 2) in
-    grid_sample's normalised coordinates, which name the same photo point at every level.
+    pyramid: list of (h_l, w_l, C) float32 images, level 0 the crop itself; u, v (N,): the
+    points as fractions of the image's width and height, the same photo point at every level.
+    Bicubic, because it is sharper than bilinear: the photo is resampled twice on its way to
+    the screen (into the texture, then by the viewer), and two bilinear passes blur
+    one-pixel strokes into grey ramps (measured: +2 dB on fine line work).
     """
-    import torch
+    from pipeline.raster.image_sampling import bicubic
 
-    top = len(pyr) - 1
-    levels = levels.clamp(0.0, float(top))
-    lo = levels.floor().long()
-    frac = (levels - lo.float())[:, None]
-    out = torch.zeros(grid.shape[2], pyr[0].shape[1], device=grid.device)
-    for level in torch.unique(lo).tolist():
+    top = len(pyramid) - 1
+    levels = np.clip(levels, 0.0, float(top))
+    lo = np.floor(levels).astype(np.int64)
+    frac = (levels - lo)[:, None].astype(np.float32)
+    out = np.zeros((len(u), pyramid[0].shape[2]), np.float32)
+    for level in np.unique(lo).tolist():
         sel = lo == level
-        g = grid[:, :, sel]
-        a = _bicubic(pyr[level], g)
-        b = _bicubic(pyr[min(level + 1, top)], g)
+        a = _sample_level(pyramid[level], u[sel], v[sel], bicubic)
+        b = _sample_level(pyramid[min(level + 1, top)], u[sel], v[sel], bicubic)
         out[sel] = a * (1.0 - frac[sel]) + b * frac[sel]
     return out
 
 
-def _bicubic(image, grid):
-    """Bicubic lookup, (N, 4). Sharper than bilinear: the photo is resampled twice on its
-    way to the screen (into the texture, then by the viewer), and two bilinear passes
-    blur one-pixel strokes into grey ramps (measured: +2 dB on fine line work)."""
-    import torch
-
-    return torch.nn.functional.grid_sample(image, grid, mode="bicubic", padding_mode="zeros",
-                                           align_corners=False)[0, :, 0].T
-
-
-def _smoothstep(lo: float, hi: float, x):
-    s = ((x - lo) / (hi - lo)).clamp(0.0, 1.0)
-    return s * s * (3.0 - 2.0 * s)
+def _sample_level(image, u, v, bicubic):
+    h, w = image.shape[:2]
+    return bicubic(image, u * w, v * h)
 
 
 def _angle_weight(positions: np.ndarray, seen: np.ndarray, cos: np.ndarray, ramp: float) -> np.ndarray:

@@ -13,12 +13,13 @@ MAX_SLOPE = 10.0          # ... plus footprints x tan(view angle), tan capped at
 
 
 def depth_tolerance(z, cos, pixel, footprints: float):
-    """Allowed |z_texel - z_depthmap| for N texels (torch tensors).
+    """Allowed |z_texel - z_depthmap| for N texels: numpy arrays or torch tensors (written
+    with what both have, so the bake on a device and the host's photo projection share it).
 
     z:     (N,) camera depth of the texels
     cos:   (N,) cosine of the angle between the surface normal and the view ray
     pixel: (N,) size of one pixel at the texel's depth, in world units
     footprints: how many pixel footprints the slope may stretch (the caller's choice)
     """
-    tan = (1.0 - cos.clamp(0, 1) ** 2).sqrt() / cos.clamp(min=1.0 / MAX_SLOPE)
-    return DEPTH_REL_TOL * z.abs() + footprints * pixel * tan
+    tan = (1.0 - cos.clip(0, 1) ** 2) ** 0.5 / cos.clip(min=1.0 / MAX_SLOPE)
+    return DEPTH_REL_TOL * abs(z) + footprints * pixel * tan

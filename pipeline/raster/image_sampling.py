@@ -1,0 +1,38 @@
+"""Read images at arbitrary points on the host: bilinear with the border held, bicubic with
+zeros outside, as ``torch.nn.functional.grid_sample`` does with ``align_corners=False``.
+
+Coordinates are in pixels with pixel (col, row)'s centre at (col + 0.5, row + 0.5), the
+convention of every camera in Kiln. The photo projection reads its photo, masks and depth
+maps through these on any machine: a few hundred thousand texels are a few milliseconds for
+the compiled loops (``sampling_kernels``), and the bake does not need torch for them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def bilinear(image: np.ndarray, px: np.ndarray, py: np.ndarray) -> np.ndarray:
+    """image (H, W) float32 at N points (px, py) -> (N,) float32; points outside read the
+    nearest border value."""
+    from pipeline.raster.sampling_kernels import bilinear_border
+
+    out = np.empty(len(px), np.float32)
+    bilinear_border(np.ascontiguousarray(image, np.float32), _index(px), _index(py), out)
+    return out
+
+
+def bicubic(image: np.ndarray, px: np.ndarray, py: np.ndarray) -> np.ndarray:
+    """image (H, W, C) float32 at N points (px, py) -> (N, C) float32; zero outside. Can
+    overshoot [0, 1] near sharp edges, as any bicubic does: clamp where that matters."""
+    from pipeline.raster.sampling_kernels import bicubic_zeros
+
+    image = np.ascontiguousarray(image, np.float32)
+    out = np.empty((len(px), image.shape[2]), np.float32)
+    bicubic_zeros(image, _index(px), _index(py), out)
+    return out
+
+
+def _index(p: np.ndarray) -> np.ndarray:
+    """Pixel-index coordinates (pixel i's centre at i) in float64 for the kernels."""
+    return np.asarray(p, np.float64) - 0.5
