@@ -82,11 +82,14 @@ setup_python() {
         log "installing sam2 1.1.0 (CPU build, no build isolation)"
         SAM2_BUILD_CUDA=0 "$PY" -m pip install -q --no-build-isolation sam2==1.1.0
     fi
-    # The CPU splat renderer's kernels, compiled once into numba's cache (about 6 s on two
-    # cores) so that the first job does not pay it; numba recompiles by itself if they change.
-    if ! ls pipeline/views/__pycache__/splat_kernels.composite-*.nbi >/dev/null 2>&1; then
-        log "compiling the CPU splat renderer (numba, once)"
-        "$PY" -c 'from pipeline.views.splat_tiles import warm; warm()'
+    # The pipeline's numba kernels (pipeline/*/*_kernels.py), compiled into numba's cache
+    # (about 10 s on two cores) whenever one of them changed, so that no job pays it.
+    local kstamp="$VENV/.kiln-kernels"
+    local kwant
+    kwant=$(cat pipeline/*/*_kernels.py pipeline/kernels.py | sha256sum | cut -d' ' -f1)
+    if [ ! -f "$kstamp" ] || [ "$(cat "$kstamp")" != "$kwant" ]; then
+        log "compiling the pipeline's CPU kernels (numba, once per change)"
+        "$PY" -m pipeline.kernels && echo "$kwant" > "$kstamp"
     fi
 }
 

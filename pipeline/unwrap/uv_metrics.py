@@ -40,8 +40,8 @@ class Coverage:
 
 def coverage(uvs: np.ndarray, faces: np.ndarray, size: int) -> Coverage:
     """Rasterize the UV triangles at texel centres, counting how many cover each
-    (a compiled loop over each triangle's box: ``coverage_kernel``)."""
-    from pipeline.unwrap.coverage_kernel import rasterize_centres
+    (a compiled loop over each triangle's box: ``coverage_kernels``)."""
+    from pipeline.unwrap.coverage_kernels import rasterize_centres
 
     p = np.empty((len(uvs), 2))
     p[:, 0] = uvs[:, 0].astype(np.float64) * size
