@@ -15,7 +15,10 @@ import numpy as np
 
 def warm_all() -> None:
     """Call each kernel once on a tiny input of the types the stages pass."""
+    from kiln.settings import load
+
     from pipeline.raster.image_sampling import bicubic, bilinear
+    from pipeline.texture.opt.host import optimise
     from pipeline.unwrap.uv_metrics import coverage
     from pipeline.views.splat_tiles import warm as warm_splats
 
@@ -25,6 +28,9 @@ def warm_all() -> None:
     at = np.array([1.5, 2.25], np.float32)
     bilinear(np.zeros((4, 4), np.float32), at, at)
     bicubic(np.zeros((4, 4, 3), np.float32), at, at)
+    uv = np.full((4, 2), 0.5, np.float32)
+    optimise(np.zeros((4, 4, 3), np.float32), np.ones((4, 4), bool), uv, np.zeros((4, 3), np.float32),
+             load(overrides={"bake.steps": 2}).bake, lambda f, m: None)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import torch
 
 from kiln.settings import BakeSettings
 from pipeline.texture import bake
+from pipeline.texture.opt.schedule import StallSchedule
 from pipeline.camera.cameras import look_at, sphere_cameras
 from kiln.limits import MAX_RASTER_SIDE
 from pipeline.types import Cameras, Mesh, Texture, Views
@@ -224,7 +225,7 @@ def test_opt_reports_monotonic_progress(opt_bake):
 
 
 def test_stall_schedule_ends_after_a_stalled_loss_with_the_lr_annealed():
-    sch = bake._StallSchedule(120, window=12, drop=0.005, tail=8)
+    sch = StallSchedule(120, window=12, drop=0.005, tail=8)
     losses = {12: 0.0146, 24: 0.0131, 36: 0.0124, 48: 0.01225, 60: 0.0121, 72: 0.01208}
     step = 0
     while step < sch.end:
@@ -238,13 +239,13 @@ def test_stall_schedule_ends_after_a_stalled_loss_with_the_lr_annealed():
     assert sch.fraction(72) == pytest.approx(72 / 119)
     assert sch.fraction(79) == pytest.approx(1.0)
     # a loss that keeps dropping by more than 0.5 % a window runs every step
-    sch = bake._StallSchedule(120, window=12, drop=0.005, tail=8)
+    sch = StallSchedule(120, window=12, drop=0.005, tail=8)
     for step in range(120):
         if sch.wants_loss(step):
             sch.observe(step, 1.0 - 0.01 * step)
     assert (sch.stalled_at, sch.end) == (0, 120)
     # a stall in the last tail's worth of steps changes nothing
-    sch = bake._StallSchedule(40, window=12, drop=0.005, tail=8)
+    sch = StallSchedule(40, window=12, drop=0.005, tail=8)
     for step in (12, 24, 36):
         sch.observe(step, 0.5)
     assert (sch.stalled_at, sch.end) == (24, 32)

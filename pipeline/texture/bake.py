@@ -43,6 +43,7 @@ from pipeline.geometry import vertex_normals
 from pipeline.types import Cameras, ImageInput, Mesh, Raster, SourceCamera, Texture, Views
 from pipeline.validate import StageInputError, check_array, is_tensor
 from pipeline.texture import unseen as unseen_side
+from pipeline.texture.opt.schedule import STALL_TAIL, STALL_WINDOW, StallSchedule, learning_rate  # noqa: F401  (STALL_TAIL: tests)
 from pipeline.texture.visibility import depth_tolerance
 
 if TYPE_CHECKING:
@@ -59,7 +60,6 @@ ALPHA_MIN = 0.9                # view pixels at least this opaque are bake targe
 FAST_COS_POWER = 4.0           # sharpens the view weighting towards the most frontal view
 FAST_MIN_WEIGHT = 1e-4         # a texel with less total weight than this counts as unseen
 DEPTH_SLOPE_PIXELS = 1.0       # visibility: pixel footprints a slope may stretch (pipeline.texture.visibility)
-FINAL_LR_FRACTION = 0.05       # cosine decay of Adam's lr to this fraction: L1 signs otherwise jitter by ~lr
 INPAINT_RADIUS = 3
 GLANCE_MIN = 0.5              # a grazing photo colour is taken where the photo sees the texel at least this clearly
 PSNR_CAP_DB = 100.0            # identical images would give inf, which JSON cannot carry
@@ -67,13 +67,6 @@ FAST_CHUNK = 1 << 20           # texels per vectorised block in the fast bake
 SAMPLE_CHUNK = 1 << 22         # lookups per block in sample_texture
 MAX_OPT_PIXELS = 8_000_000     # opt fits a seeded random subset of the target pixels beyond this
 OPT_PIXELS_PER_TEXEL = 4.0     # opt solves for at most one texel per this many target pixels
-# opt stops early when its L1 stalls: measured every STALL_WINDOW steps, a drop of less than
-# STALL_DROP of it over the window is a stall; the lr then decays to its final value over
-# STALL_TAIL more steps, so the texture still settles (L1's sign steps jitter by about lr).
-# The default 120 steps on the toy: L1 0.0121 at step 54, 0.0120 from step 66 to 120.
-STALL_WINDOW = 12
-STALL_DROP = 0.005
-STALL_TAIL = 8
 
 
 # --------------------------------------------------------------------------- public API
@@ -744,7 +737,7 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
     init (S, S, 3) float32, chart (S, S) bool, pixel_uv (M, 2), target (M, 3).
     Returns (texture (S, S, 3) float32, touched (S, S) bool: texels some pixel
     samples, PSNR of ``init`` on the targets, the steps taken: ``settings.steps``, or fewer
-    when L1 stalled (``_StallSchedule``)).
+    when L1 stalled (``pipeline.texture.opt.schedule.StallSchedule``)).
     """
     import torch
 
@@ -776,12 +769,11 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
     steps = int(settings.steps)
     report_every = max(1, steps // 20)
     # a window longer than the run never measures a stall: every step runs
-    schedule = _StallSchedule(steps, window=STALL_WINDOW if settings.stop_when_stalled else steps + 1)
+    schedule = StallSchedule(steps, window=STALL_WINDOW if settings.stop_when_stalled else steps + 1)
     step = 0
     while step < schedule.end:
         # cosine decay: L1's sign gradients otherwise keep Adam's steps near lr to the end
-        lr = settings.lr * (FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION)
-                            * 0.5 * (1 + math.cos(math.pi * schedule.fraction(step))))
+        lr = learning_rate(settings.lr, schedule.fraction(step))
         torch.addmm(tgt, sample, tex, beta=-1.0, out=resid)          # rendered - target
         check_now = schedule.wants_loss(step)
         report_now = (step + 1) % report_every == 0 or step + 1 == schedule.end
@@ -808,38 +800,6 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
     touched[idx.reshape(-1)[w.reshape(-1) > 0]] = True
     result = tex.reshape(size, size, 3).cpu().numpy()
     return result, touched.reshape(size, size).cpu().numpy(), fast_psnr, step
-
-
-class _StallSchedule:
-    """Where opt's cosine lr schedule is, and when it ends: after ``steps``, or STALL_TAIL
-    steps after its L1 stalled (dropped by less than STALL_DROP of itself over STALL_WINDOW
-    steps); those last steps run the rest of the cosine, so the lr still ends at its final
-    fraction. ``wants_loss(step)``: whether to measure L1 before that step's update and
-    ``observe`` it."""
-
-    def __init__(self, steps: int, window: int = STALL_WINDOW, drop: float = STALL_DROP, tail: int = STALL_TAIL):
-        self.steps, self.window, self.drop, self.tail = steps, window, drop, tail
-        self.end = steps
-        self.stalled_at = 0          # the step the stall was seen at (0: none)
-        self._from = 0.0             # the cosine's fraction there
-        self._last: Optional[float] = None
-
-    def fraction(self, step: int) -> float:
-        if not self.stalled_at or step <= self.stalled_at:
-            return step / max(self.steps - 1, 1)
-        return self._from + (1.0 - self._from) * (step - self.stalled_at) / max(self.end - 1 - self.stalled_at, 1)
-
-    def wants_loss(self, step: int) -> bool:
-        return not self.stalled_at and step > 0 and step % self.window == 0
-
-    def observe(self, step: int, l1: float) -> None:
-        last, self._last = self._last, l1
-        still_dropping = last is not None and last > 0 and last - l1 >= self.drop * last
-        if last is None or still_dropping or step + self.tail >= self.steps:
-            return
-        self._from = self.fraction(step)
-        self.stalled_at = step
-        self.end = step + self.tail
 
 
 def _tv_pair_weights(chart: np.ndarray, tv_weight: float, dev):
