@@ -49,3 +49,13 @@ def test_bilinear_is_grid_samples_holding_the_border():
     assert got.shape == (len(px),) and got.dtype == np.float32
     np.testing.assert_allclose(got, ref, atol=2e-6)
     assert got[60] == img[0, -1]          # far right, far above: the top-right corner
+
+
+def test_bilinear_reads_every_channel_of_a_colour_image_as_each_plane_alone():
+    rng = np.random.default_rng(2)
+    img = rng.random((9, 14, 3)).astype(np.float32)
+    px, py = _points(rng, 14, 9, 500)
+    got = bilinear(img, px, py)
+    assert got.shape == (500, 3)
+    for c in range(3):
+        np.testing.assert_array_equal(got[:, c], bilinear(img[..., c], px, py))

@@ -13,13 +13,16 @@ import numpy as np
 
 
 def bilinear(image: np.ndarray, px: np.ndarray, py: np.ndarray) -> np.ndarray:
-    """image (H, W) float32 at N points (px, py) -> (N,) float32; points outside read the
-    nearest border value."""
+    """image (H, W) or (H, W, C) float32 at N points (px, py) -> (N,) or (N, C) float32;
+    points outside read the nearest border value."""
     from pipeline.raster.sampling_kernels import bilinear_border
 
-    out = np.empty(len(px), np.float32)
-    bilinear_border(np.ascontiguousarray(image, np.float32), _index(px), _index(py), out)
-    return out
+    image = np.asarray(image, np.float32)
+    flat = image.ndim == 2
+    planes = np.ascontiguousarray(image[..., None] if flat else image)
+    out = np.empty((len(px), planes.shape[2]), np.float32)
+    bilinear_border(planes, _index(px), _index(py), out)
+    return out[:, 0] if flat else out
 
 
 def bicubic(image: np.ndarray, px: np.ndarray, py: np.ndarray) -> np.ndarray:

@@ -59,9 +59,9 @@ def bicubic_zeros(image, x, y, out):
 
 @numba.njit(cache=True, nogil=True, parallel=True)
 def bilinear_border(image, x, y, out):
-    """out[n] = image (H, W) at (x[n], y[n]) in pixel-index coordinates, bilinear, the
+    """out[n, c] = image (H, W, C) at (x[n], y[n]) in pixel-index coordinates, bilinear, the
     coordinates clamped to the image first (torch's ``padding_mode="border"``)."""
-    h, w = image.shape
+    h, w, n_ch = image.shape
     for n in numba.prange(x.shape[0]):
         fx = min(max(x[n], 0.0), w - 1.0)
         fy = min(max(y[n], 0.0), h - 1.0)
@@ -71,6 +71,7 @@ def bilinear_border(image, x, y, out):
         ty = fy - y0
         x1 = min(x0 + 1, w - 1)
         y1 = min(y0 + 1, h - 1)
-        top = image[y0, x0] * (1.0 - tx) + image[y0, x1] * tx
-        bottom = image[y1, x0] * (1.0 - tx) + image[y1, x1] * tx
-        out[n] = top * (1.0 - ty) + bottom * ty
+        for c in range(n_ch):
+            top = image[y0, x0, c] * (1.0 - tx) + image[y0, x1, c] * tx
+            bottom = image[y1, x0, c] * (1.0 - tx) + image[y1, x1, c] * tx
+            out[n, c] = top * (1.0 - ty) + bottom * ty
