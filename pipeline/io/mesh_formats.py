@@ -50,17 +50,11 @@ def vertex_colours(mesh: Mesh, texture: Optional[Texture]) -> np.ndarray:
 
 def sample_texture(image: np.ndarray, uvs: np.ndarray) -> np.ndarray:
     """Bilinear samples of ``image`` ((H, W, 3) uint8, row 0 = top = v 1) at ``uvs`` ((N, 2),
-    texel centres at (i + 0.5) / size), clamped to the edge; (N, 3) float32 in [0, 1]."""
-    h, w = image.shape[:2]
-    x = np.clip(uvs[:, 0].astype(np.float64) * w - 0.5, 0.0, w - 1.0)
-    y = np.clip((1.0 - uvs[:, 1].astype(np.float64)) * h - 0.5, 0.0, h - 1.0)
-    x0, y0 = np.floor(x).astype(np.int64), np.floor(y).astype(np.int64)
-    x1, y1 = np.minimum(x0 + 1, w - 1), np.minimum(y0 + 1, h - 1)
-    fx, fy = (x - x0)[:, None], (y - y0)[:, None]
-    img = image.astype(np.float64) / 255.0
-    top = img[y0, x0] * (1 - fx) + img[y0, x1] * fx
-    bottom = img[y1, x0] * (1 - fx) + img[y1, x1] * fx
-    return (top * (1 - fy) + bottom * fy).astype(np.float32)
+    texel centres at (i + 0.5) / size), clamped to the edge; (N, 3) float32 in [0, 1]
+    (``pipeline.raster.image_sampling.sample_texture``, the bake's lookup)."""
+    from pipeline.raster.image_sampling import sample_texture as lookup
+
+    return np.clip(lookup(image, uvs), 0.0, 1.0)
 
 
 def weld(vertices: np.ndarray, faces: np.ndarray,

@@ -36,6 +36,18 @@ def bicubic(image: np.ndarray, px: np.ndarray, py: np.ndarray) -> np.ndarray:
     return out
 
 
+def sample_texture(image: np.ndarray, uv: np.ndarray) -> np.ndarray:
+    """A texture's bilinear lookups: image (H, W, C) uint8 (read as /255) or float, row 0 at
+    v = 1, at uv (N, 2) with texel (row, col)'s centre at ((col + .5) / W, 1 - (row + .5) / H),
+    clamped to the edge texels. Returns (N, C) float32. The one texture lookup of the bake's
+    fit measure, its renders and the vertex colours of untextured formats."""
+    image = np.asarray(image)
+    img = image.astype(np.float32) / np.float32(255.0) if image.dtype == np.uint8 else image.astype(np.float32)
+    h, w = image.shape[:2]
+    uv = np.asarray(uv, np.float32)
+    return bilinear(img, uv[:, 0] * np.float32(w), (np.float32(1.0) - uv[:, 1]) * np.float32(h))
+
+
 def _index(p: np.ndarray) -> np.ndarray:
     """Pixel-index coordinates (pixel i's centre at i) in float64 for the kernels."""
     return np.asarray(p, np.float64) - 0.5
