@@ -116,7 +116,8 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
     each source coloured.
     """
     _validate_inputs(mesh, views, settings)
-    dev = torch_device(device, "bake")
+    # on the host, numpy and compiled loops without torch (~2 s, ~500 MB); a device's views: torch
+    dev = "cpu" if device == "cpu" and (views is None or not views.on_device) else torch_device(device, "bake")
     report = _Progress(progress)
     size = int(settings.texture_size)
     timings: dict[str, float] = {}
@@ -272,7 +273,7 @@ class _ViewFit:
     sample_chunk: int
 
     def measure(self, final: np.ndarray, dev) -> dict:
-        rendered = sample_texture(final, self.pixel_uv, dev, chunk=self.sample_chunk)
+        rendered = sample_texture(final, self.pixel_uv)
         # host numbers: one way, not back
         target = self.target.cpu().numpy() if is_tensor(self.target) else np.asarray(self.target)  # type: ignore[union-attr]
         psnr = masked_psnr(rendered, target, np.ones(len(target), bool))
@@ -286,14 +287,14 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
     """The multi-view bake (fast back-projection, then opt) into ``image`` and ``seen`` (S, S).
     Views that show the mesh nowhere opaque are an error, unless ``may_skip`` (another source
     colours it): then None, and nothing is baked from them."""
-    import torch
-
     from pipeline.raster import rasterize as rz
 
     assert mesh.uvs is not None   # _validate_mesh refuses a mesh without
     t0 = time.perf_counter()
     view_raster = rz.rasterize_views(raster_ctx, mesh, views.cameras)
     if views.on_device:
+        import torch
+
         # views the renderer left on its device are read there: only the covered-pixel mask
         # (one byte a pixel) crosses to the host, to pick the pixels' uvs; the stack is not
         # moved whole (it can be gigabytes), only the picked colours and one view at a time
@@ -334,10 +335,9 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
         opt_uv, opt_target = pixel_uv, target
         if len(pixel_uv) > max_opt_pixels:
             # a seeded subset bounds memory (64 views at 2048^2 would be ~80M pixels)
-            gen = torch.Generator().manual_seed(int(seed))
-            pick = torch.randperm(len(pixel_uv), generator=gen)[:max_opt_pixels].sort().values
-            opt_uv = pixel_uv[pick.numpy()]
-            opt_target = target[pick.to(target.device)] if is_tensor(target) else target[pick.numpy()]
+            pick = np.sort(np.random.default_rng(int(seed)).permutation(len(pixel_uv))[:max_opt_pixels])
+            opt_uv = pixel_uv[pick]
+            opt_target = target[_on_device_of(target, pick)] if is_tensor(target) else target[pick]
         size = image.shape[0]
         opt_size = _opt_texture_size(size, int(tex.chart.sum()), len(opt_uv))
         step_report = lambda f, m: report(0.2 + 0.65 * f, m)   # noqa: E731
@@ -429,7 +429,7 @@ def render_textured(mesh: Mesh, texture: Texture, cameras: Cameras, raster_ctx: 
     covered = np.asarray(hits.tri_id) >= 0
     uv = np.asarray(rz.interpolate(hits, mesh, mesh.uvs), np.float32)
     rgb = np.zeros((*covered.shape, 3), np.float32)
-    rgb[covered] = sample_texture(texture.image, uv[covered], "cpu")
+    rgb[covered] = sample_texture(texture.image, uv[covered])
     return rgb, covered
 
 
@@ -451,47 +451,20 @@ def masked_psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
     return float(-10.0 * math.log10(mse))
 
 
-def sample_texture(image: np.ndarray, uv: np.ndarray, device: "str | torch.device" = "cpu",
-                   chunk: int = SAMPLE_CHUNK) -> np.ndarray:
-    """Bilinear lookup: image (S, S, 3) uint8 or float32 in [0, 1], uv (N, 2) -> (N, 3) float32."""
+def sample_texture(image: np.ndarray, uv: np.ndarray) -> np.ndarray:
+    """Bilinear lookup on the host: image (S, S, 3) uint8 or float32 in [0, 1], uv (N, 2) ->
+    (N, 3) float32 (``pipeline.raster.image_sampling.sample_texture``; texel centres at
+    (i + .5) / S, clamped to the edge texels)."""
+    from pipeline.raster.image_sampling import sample_texture as lookup
+
+    return lookup(image, uv)
+
+
+def _on_device_of(like, a: np.ndarray):
+    """The numpy array ``a`` as a tensor on the device of the tensor ``like``."""
     import torch
 
-    size = image.shape[0]
-    image = np.ascontiguousarray(image)
-    # torch refuses to share a read-only array (a texture read from a file): copy it then
-    tex = torch.as_tensor(image if image.flags.writeable else image.copy())
-    tex = (tex.float() / 255.0) if tex.dtype == torch.uint8 else tex.float()
-    tex = tex.reshape(size * size, 3).to(device)
-    out = np.empty((len(uv), 3), np.float32)
-    for start in range(0, len(uv), chunk):
-        idx, w = bilinear_taps(torch.as_tensor(uv[start:start + chunk], device=device), size)
-        out[start:start + len(idx)] = (tex[idx] * w[..., None]).sum(1).cpu().numpy()
-    return out
-
-
-def bilinear_taps(uv, size: int):
-    """The 4 texels and weights a bilinear lookup at ``uv`` reads.
-
-    uv: (N, 2) float32 tensor. Returns idx (N, 4) int64 flat texel indices
-    (row * size + col) and w (N, 4) float32, rows summing to 1. The
-    continuous texel coordinate is clamped to the outer texel centres, so
-    indices never repeat within a row and border texels extend outwards.
-    """
-    import torch
-
-    if size < 2:
-        raise ValueError("bilinear sampling needs a texture of at least 2x2")
-    x = (uv[:, 0] * size - 0.5).clamp(0.0, size - 1.0)
-    y = ((1.0 - uv[:, 1]) * size - 0.5).clamp(0.0, size - 1.0)
-    x0 = x.floor().clamp(max=size - 2)
-    y0 = y.floor().clamp(max=size - 2)
-    fx = (x - x0)[:, None]
-    fy = (y - y0)[:, None]
-    base = (y0.long() * size + x0.long())[:, None]
-    offsets = torch.tensor([0, 1, size, size + 1], device=uv.device)
-    idx = base + offsets
-    w = torch.cat([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], 1)
-    return idx, w.float()
+    return torch.as_tensor(a, device=like.device)
 
 
 def fill_texture(image: np.ndarray, seen: np.ndarray, chart: np.ndarray) -> np.ndarray:
@@ -701,18 +674,19 @@ def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_ctx: "R
     upsampled, to the full-resolution ``init`` (S, S, 3), which keeps the detail the
     back-projection found. Returns what ``_optimise`` returns, at full resolution."""
     import cv2
-    import torch
 
     from pipeline.raster import rasterize as rz
+    from pipeline.texture.opt.host import bilinear_taps
 
     size = init.shape[0]
     chart_o = np.asarray(rz.rasterize_uv(raster_ctx, mesh, opt_size).tri_id[0]) >= 0
     if not chart_o.any():       # charts thinner than a coarse texel: nothing to correct at this scale
         chart_o = np.ones((opt_size, opt_size), bool)
     # fit the correction to what the full-resolution init still gets wrong
-    fast_pred: "np.ndarray | torch.Tensor" = sample_texture(init, pixel_uv, dev, chunk=sample_chunk)
+    pred_host = sample_texture(init, pixel_uv)
+    fast_pred: "np.ndarray | torch.Tensor" = pred_host
     if is_tensor(target):       # views kept on the device: so is their target list
-        fast_pred = torch.as_tensor(fast_pred, device=target.device)
+        fast_pred = _on_device_of(target, pred_host)
         residual = target - fast_pred
     else:
         residual = (target - fast_pred).astype(np.float32)
@@ -723,10 +697,10 @@ def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_ctx: "R
     up = cv2.resize(_nearest_fill(delta, chart_o), (size, size), interpolation=cv2.INTER_LINEAR)
     image = np.clip(init + up, 0.0, 1.0).astype(np.float32)
     fast_psnr = -10.0 * math.log10(max(float(((fast_pred - target) ** 2).mean()), 1e-10))
-    idx, w = bilinear_taps(torch.as_tensor(pixel_uv, device=dev), size)
-    touched = torch.zeros(size * size, dtype=torch.bool, device=dev)
+    idx, w = bilinear_taps(pixel_uv, size)
+    touched = np.zeros(size * size, bool)
     touched[idx.reshape(-1)[w.reshape(-1) > 0]] = True
-    return image, touched.reshape(size, size).cpu().numpy(), fast_psnr, steps
+    return image, touched.reshape(size, size), fast_psnr, steps
 
 
 def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target: np.ndarray,
@@ -738,13 +712,20 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
     Returns (texture (S, S, 3) float32, touched (S, S) bool: texels some pixel
     samples, PSNR of ``init`` on the targets, the steps taken: ``settings.steps``, or fewer
     when L1 stalled (``pipeline.texture.opt.schedule.StallSchedule``)).
+
+    On the host (``dev`` "cpu", numpy targets) the compiled loop of ``pipeline.texture.opt.host``
+    takes the same steps without torch; this torch loop runs on a device.
     """
+    from pipeline.texture.opt import host
+
+    if dev == "cpu" and not is_tensor(target):
+        return host.optimise(init, chart, pixel_uv, target, settings, progress, bounds)
     import torch
 
     size = init.shape[0]
     n_texels = size * size
-    uv_t = torch.as_tensor(pixel_uv, device=dev)
-    idx, w = bilinear_taps(uv_t, size)
+    idx_np, w_np = host.bilinear_taps(pixel_uv, size)
+    idx, w = torch.as_tensor(idx_np, device=dev), torch.as_tensor(w_np, device=dev)
     # neighbouring pixels then read neighbouring texels: the sparse products stay cache friendly
     order = torch.argsort(idx[:, 0], stable=True)
     idx, w = idx[order], w[order]
@@ -803,28 +784,15 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
 
 
 def _tv_pair_weights(chart: np.ndarray, tv_weight: float, dev):
-    """Per-entry weights of TV's neighbour pairs on the flat (S*S*3) texture, or (None, None).
-
-    Entry i of tv_x weights the pair (i, i + 3) (right neighbour, same channel),
-    entry i of tv_y the pair (i, i + 3 S) (lower neighbour); both lengths are
-    trimmed to match the shifted slices. Only pairs with both texels inside a
-    chart count: gutter texels must not pull chart edges towards other charts.
-    """
+    """``pipeline.texture.opt.host.tv_pair_weights`` as tensors on ``dev`` (or (None, None))."""
     import torch
 
-    if tv_weight <= 0:
+    from pipeline.texture.opt.host import tv_pair_weights
+
+    tv_x, tv_y = tv_pair_weights(chart, tv_weight)
+    if tv_x is None or tv_y is None:
         return None, None
-    size = chart.shape[0]
-    both_x = np.zeros((size, size), bool)
-    both_x[:, :-1] = chart[:, 1:] & chart[:, :-1]
-    both_y = np.zeros((size, size), bool)
-    both_y[:-1] = chart[1:] & chart[:-1]
-    scale = tv_weight / (max(int(both_x.sum() + both_y.sum()), 1) * 3.0)   # mean over pairs and channels
-    weights = []
-    for both, shift in ((both_x, 3), (both_y, 3 * size)):
-        w = torch.as_tensor(np.repeat(both.reshape(-1), 3).astype(np.float32) * scale, device=dev)
-        weights.append(w[:-shift].contiguous())
-    return weights[0], weights[1]
+    return torch.as_tensor(tv_x, device=dev), torch.as_tensor(tv_y, device=dev)
 
 
 def _sampling_matrices(idx, w, n_texels: int):
