@@ -64,7 +64,6 @@ INPAINT_RADIUS = 3
 GLANCE_MIN = 0.5              # a grazing photo colour is taken where the photo sees the texel at least this clearly
 PSNR_CAP_DB = 100.0            # identical images would give inf, which JSON cannot carry
 FAST_CHUNK = 1 << 20           # texels per vectorised block in the fast bake
-SAMPLE_CHUNK = 1 << 22         # lookups per block in sample_texture
 MAX_OPT_PIXELS = 8_000_000     # opt fits a seeded random subset of the target pixels beyond this
 OPT_PIXELS_PER_TEXEL = 4.0     # opt solves for at most one texel per this many target pixels
 
@@ -270,7 +269,6 @@ class _ViewFit:
 
     pixel_uv: np.ndarray
     target: "np.ndarray | torch.Tensor"
-    sample_chunk: int
 
     def measure(self, final: np.ndarray, dev) -> dict:
         rendered = sample_texture(final, self.pixel_uv)
@@ -313,7 +311,6 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
 
     t0 = time.perf_counter()
     fast_chunk = max(1 << 12, int(FAST_CHUNK * chunk_scale))
-    sample_chunk = max(1 << 12, int(SAMPLE_CHUNK * chunk_scale))
     max_opt_pixels = max(1, int(MAX_OPT_PIXELS * chunk_scale))
     colors, seen_chart = _fast_bake(tex.positions, tex.normals, view_raster, views, dev, fast_chunk)
     image[tex.chart] = colors
@@ -347,14 +344,14 @@ def _bake_views(tex: _Texels, mesh: Mesh, views: Views, settings: BakeSettings, 
         else:
             result, touched, fast_psnr, opt_steps = _optimise_coarse(
                 init, opt_size, mesh, raster_ctx, opt_uv, opt_target, settings, dev,
-                step_report, sample_chunk)
+                step_report)
         image[...] = result
         seen |= touched
         stats["bake_fast_psnr_db"] = round(fast_psnr, 3)
         stats["bake_opt_texture_size"] = opt_size
         stats["bake_opt_steps"] = opt_steps
         timings["opt"] = time.perf_counter() - t0
-    return _ViewFit(pixel_uv, target, sample_chunk)
+    return _ViewFit(pixel_uv, target)
 
 
 def _texel_sources(photo_weight: np.ndarray, seen_views: np.ndarray, from_fallback: np.ndarray,
@@ -668,7 +665,7 @@ def _opt_texture_size(size: int, chart_texels: int, pixels: int) -> int:
 
 def _optimise_coarse(init: np.ndarray, opt_size: int, mesh: Mesh, raster_ctx: "RasterContext",
                      pixel_uv: np.ndarray, target: np.ndarray,
-                     settings: BakeSettings, dev, progress: ProgressFn, sample_chunk: int
+                     settings: BakeSettings, dev, progress: ProgressFn
                      ) -> tuple[np.ndarray, np.ndarray, float, int]:
     """Optimise a correction at ``opt_size`` (what the views can determine) and add it,
     upsampled, to the full-resolution ``init`` (S, S, 3), which keeps the detail the
