@@ -88,10 +88,12 @@ setup_python() {
         log "compiling the CPU splat renderer (numba, once)"
         "$PY" -c 'from pipeline.views.splat_tiles import warm; warm()'
     fi
-    # ... and the bake's (the symmetry search's nearest-neighbour grid)
-    if ! ls pipeline/texture/__pycache__/near_grid_kernels.query-*.nbi >/dev/null 2>&1; then
+    # ... and the bake's (the back-projection, the symmetry search's nearest-neighbour grid)
+    if ! ls pipeline/texture/__pycache__/back_projection_kernels.back_project-*.nbi \
+            pipeline/texture/__pycache__/near_grid_kernels.query-*.nbi >/dev/null 2>&1; then
         log "compiling the bake's kernels (numba, once)"
-        "$PY" -c 'from pipeline.texture.near_grid import warm; warm()'
+        "$PY" -c 'from pipeline.texture import back_projection_kernels, near_grid
+back_projection_kernels.warm(); near_grid.warm()'
     fi
 }
 

@@ -92,3 +92,12 @@ def back_project(positions, normals, viewmats, Ks, centers, depth, rgb, alpha, r
             acc[i, 1] += g * weight
             acc[i, 2] += b * weight
             acc[i, 3] += a * weight
+
+
+def warm() -> None:
+    """Compile ``back_project`` now (or load it from numba's cache): ``./run.sh setup``."""
+    f = np.zeros((1, 3), np.float32)
+    back_project(f, f, np.eye(4, dtype=np.float32)[None], np.eye(3, dtype=np.float32)[None], f,
+                 np.zeros((1, 2, 2), np.float32), np.zeros((1, 2, 2, 3), np.float32),
+                 np.zeros((1, 2, 2), np.float32), np.float32(0.004), np.float32(10.0), np.float32(1.0),
+                 np.float32(4.0), np.zeros((1, 4), np.float32))
