@@ -188,10 +188,12 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
     photo_weight = np.zeros(len(tex.face_ids), np.float32)
     from_glance = np.zeros(len(tex.face_ids), bool)
     if proj is not None:
+        t0 = time.perf_counter()
         stats.update(_blend_photo(image, seen, tex.chart, proj, size, have_views=views is not None))
         photo_weight = proj.weight
         from_glance = _blend_glance(image, seen, tex.chart, proj,
                                     None if seen_photo is None else seen_photo.trust)
+        timings["blend"] = time.perf_counter() - t0
     stats["photo_projection"] = use_photo
     if notes:
         stats["warnings"] = notes + list(stats.get("warnings", ()))
