@@ -44,6 +44,8 @@ class NearGrid:
         self.origin = lo.astype(np.float64)
         self.dims = (np.floor(extent / self.cell).astype(np.int64) + 1)
         self.start, self.order = build(self.points, self.origin, self.cell, self.dims)
+        # the points cell by cell, one after another: a query reads each cell as one run
+        self.ordered = np.ascontiguousarray(self.points[self.order])
 
     def query(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(dist (N,) float64, idx (N,) int64) of the nearest point to each of ``queries`` (N, 3)
@@ -57,7 +59,7 @@ class NearGrid:
             raise ValueError("NearGrid queries must be finite")
         dist = np.empty(len(q), np.float64)
         idx = np.empty(len(q), np.int64)
-        query(self.points, self.start, self.order, self.origin, self.cell, self.dims, q, self.radius,
+        query(self.ordered, self.start, self.order, self.origin, self.cell, self.dims, q, self.radius,
               dist, idx)
         return dist, idx
 

@@ -63,32 +63,35 @@ def _hi(origin, cell, i, n):
 
 
 @numba.njit(cache=True, nogil=True)
-def _scan(points, start, order, c, x, y, z, best, found):
-    # the points of cell c against the best so far; a tie keeps the lower index
+def _scan(ordered, start, order, c, x, y, z, best, found):
+    # the points of cell c (stored one after another in ``ordered``) against the best so far;
+    # a tie keeps the lower index
+    m = ordered.shape[0]
     for k in range(start[c], start[c + 1]):
-        p = order[k]
-        dx = x - points[p, 0]
-        dy = y - points[p, 1]
-        dz = z - points[p, 2]
+        dx = x - ordered[k, 0]
+        dy = y - ordered[k, 1]
+        dz = z - ordered[k, 2]
         d = dx * dx + dy * dy + dz * dz
-        if d < best or (d == best and p < found < points.shape[0]):
-            best = d
-            found = p
+        if d <= best:
+            p = order[k]
+            if d < best or p < found < m:
+                best = d
+                found = p
     return best, found
 
 
 @numba.njit(cache=True, nogil=True)
-def nearest_one(points, start, order, origin, cell, dims, x, y, z, r2):
+def nearest_one(ordered, start, order, origin, cell, dims, x, y, z, r2):
     """(squared distance, index) of the nearest point to (x, y, z) closer than sqrt(r2), or
     (r2, len(points)). The query's own cell first: what it finds prunes the other 26."""
     nx, ny, nz = dims[0], dims[1], dims[2]
-    m = points.shape[0]
+    m = ordered.shape[0]
     cx, cy, cz = cell_of(x, origin[0], cell), cell_of(y, origin[1], cell), cell_of(z, origin[2], cell)
     best = r2
     found = m
     own = 0 <= cx < nx and 0 <= cy < ny and 0 <= cz < nz
     if own:
-        best, found = _scan(points, start, order, (cx * ny + cy) * nz + cz, x, y, z, best, found)
+        best, found = _scan(ordered, start, order, (cx * ny + cy) * nz + cz, x, y, z, best, found)
     for ix in range(max(cx - 1, 0), min(cx + 2, nx)):
         gx = _gap(x, _lo(origin[0], cell, ix), _hi(origin[0], cell, ix, nx))
         for iy in range(max(cy - 1, 0), min(cy + 2, ny)):
@@ -99,28 +102,28 @@ def nearest_one(points, start, order, origin, cell, dims, x, y, z, r2):
                 gz = _gap(z, _lo(origin[2], cell, iz), _hi(origin[2], cell, iz, nz))
                 if gx * gx + gy * gy + gz * gz > best:
                     continue
-                best, found = _scan(points, start, order, (ix * ny + iy) * nz + iz, x, y, z, best, found)
+                best, found = _scan(ordered, start, order, (ix * ny + iy) * nz + iz, x, y, z, best, found)
     return best, found
 
 
 @numba.njit(cache=True, nogil=True)
-def query(points, start, order, origin, cell, dims, queries, radius, dist, idx):
+def query(ordered, start, order, origin, cell, dims, queries, radius, dist, idx):
     """Per query, the nearest point closer than ``radius`` (strictly, as cKDTree's
     ``distance_upper_bound``): its distance into ``dist`` and index into ``idx``, else inf and
     len(points). ``cell`` >= ``radius``, so the 3 x 3 x 3 cells around a query's own hold every
     candidate. One thread: the symmetry search's queries are small and many, and on 2 busy
     cores numba's threads made them slower, not faster."""
     for q in range(queries.shape[0]):
-        _answer(points, start, order, origin, cell, dims, queries, radius, dist, idx, q)
+        _answer(ordered, start, order, origin, cell, dims, queries, radius, dist, idx, q)
 
 
 @numba.njit(cache=True, nogil=True)
-def _answer(points, start, order, origin, cell, dims, queries, radius, dist, idx, q):
-    best, found = nearest_one(points, start, order, origin, cell, dims, queries[q, 0], queries[q, 1],
+def _answer(ordered, start, order, origin, cell, dims, queries, radius, dist, idx, q):
+    best, found = nearest_one(ordered, start, order, origin, cell, dims, queries[q, 0], queries[q, 1],
                               queries[q, 2], radius * radius)
-    if found < points.shape[0]:
+    if found < ordered.shape[0]:
         dist[q] = math.sqrt(best)
         idx[q] = found
     else:
         dist[q] = np.inf
-        idx[q] = points.shape[0]
+        idx[q] = ordered.shape[0]
