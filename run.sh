@@ -91,6 +91,13 @@ setup_python() {
         log "compiling the pipeline's CPU kernels (numba, once per change)"
         "$PY" -m pipeline.kernels && echo "$kwant" > "$kstamp"
     fi
+    # ... and the bake's (the back-projection, the symmetry search's nearest-neighbour grid)
+    if ! ls pipeline/texture/__pycache__/back_projection_kernels.back_project-*.nbi \
+            pipeline/texture/__pycache__/near_grid_kernels.query-*.nbi >/dev/null 2>&1; then
+        log "compiling the bake's kernels (numba, once)"
+        "$PY" -c 'from pipeline.texture import back_projection_kernels, near_grid
+back_projection_kernels.warm(); near_grid.warm()'
+    fi
 }
 
 need_debs

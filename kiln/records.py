@@ -182,7 +182,8 @@ class BakeStats:
     absolute error on the same pixels (what opt minimises); pixels: how many (all three None
     for a bake without views: a model baked from its photo and its own colours).
     texels_seen_fraction: seen / chart texels; texels_chart_fraction: chart / all texels.
-    timings: step -> seconds ("rasterize", "fast", "opt", "photo", "fill", "psnr").
+    timings: step -> seconds ("rasterize", "fast", "opt", "photo", "fallback", "mirror",
+             "blend" (the photo's colours over the rest), "fill", "psnr"); the steps run only.
     fast_psnr_db, opt_texture_size, opt_steps (opt only): the same PSNR for the fast result opt
     starts from, the size opt solves at, and the steps it took (fewer than ``bake.steps`` when
     its loss stalled: ``pipeline.texture.bake._StallSchedule``).

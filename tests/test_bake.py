@@ -7,6 +7,8 @@ texture, so a correct bake has a known answer.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -324,6 +326,23 @@ def test_fast_bake_respects_occlusion():
     assert texel_psnr(texture, truth, interior(open_, 1)) > 24.0
 
 
+@pytest.mark.parametrize("chunk", [bake.FAST_CHUNK, 1000])
+def test_fast_bake_kernel_matches_torch(scene, chunk):
+    """The numba back-projection (the CPU's) is the torch one (any device's), view by view
+    summed in the same order: the same texels seen, the same colours to float32 round-off."""
+    from pipeline.raster import rasterize as rz
+
+    mesh, cams, _, views = scene
+    tex = bake._texels(RASTER, mesh, TEX)
+    view_raster = rz.rasterize_views(RASTER, mesh, cams)
+    dev = torch.device("cpu")
+    c_k, s_k = bake._fast_bake(tex.positions, tex.normals, view_raster, views, dev, chunk, engine="kernel")
+    c_t, s_t = bake._fast_bake(tex.positions, tex.normals, view_raster, views, dev, chunk, engine="torch")
+    assert s_t.mean() > 0.99
+    np.testing.assert_array_equal(s_k, s_t)
+    np.testing.assert_allclose(c_k, c_t, rtol=0, atol=1e-5)
+
+
 # --------------------------------------------------------------------------- unseen texels and gutter
 
 @pytest.fixture(scope="module")
@@ -456,7 +475,10 @@ def _bake_both(scene, bake_settings, device, **kw):
                                       # a small chunk_scale takes the seeded pixel subset and
                                       # the coarse correction: the paths that index the targets
                                       ("opt", {"chunk_scale": 1e-3})])
-def test_tensor_views_bake_like_numpy_views(scene, mode, kw):
+def test_tensor_views_bake_like_numpy_views(scene, mode, kw, monkeypatch):
+    # both through the torch back-projection (views on a device take it): the same numbers
+    # to the bit; the CPU's numba twin is compared with it below
+    monkeypatch.setattr(bake, "_fast_bake", functools.partial(bake._fast_bake, engine="torch"))
     (a, sa), (b, sb) = _bake_both(scene, settings(mode, steps=30), "cpu", **kw)
     assert np.abs(a.image / 255.0 - b.image / 255.0).max() <= 1e-5
     assert np.array_equal(a.seen, b.seen)
@@ -464,6 +486,25 @@ def test_tensor_views_bake_like_numpy_views(scene, mode, kw):
         assert getattr(sa, k) == pytest.approx(getattr(sb, k), abs=1e-5), k
     if mode == "opt":
         assert sa.opt_texture_size == sb.opt_texture_size < TEX
+
+
+@pytest.mark.parametrize("mode, kw", [("fast", {}), ("opt", {}), ("opt", {"chunk_scale": 1e-3})])
+def test_bake_with_the_kernel_is_the_bake_with_torch(scene, mode, kw, monkeypatch):
+    """The whole bake with the CPU's numba back-projection against the torch one. Fast: the
+    same uint8 texture. Opt fits an L1 loss by its sign: a round-off difference in its start
+    flips some residuals' signs, which moves texels by a step or three of 1/255 (0.5 % of the
+    values at full size, 3 % through the coarse correction, which spreads each over 2x2):
+    the same texture to the eye and to the PSNR, as the CUDA bake is to the CPU's."""
+    mesh, _, _, views = scene
+    a, sa = bake.bake_texture(mesh, views, settings(mode, steps=30), RASTER, "cpu", seed=0, **kw)
+    monkeypatch.setattr(bake, "_fast_bake", functools.partial(bake._fast_bake, engine="torch"))
+    b, sb = bake.bake_texture(mesh, views, settings(mode, steps=30), RASTER, "cpu", seed=0, **kw)
+    assert np.array_equal(a.seen, b.seen)
+    diff = np.abs(a.image.astype(int) - b.image.astype(int))
+    assert diff.max() <= (0 if mode == "fast" else 3)
+    assert (diff > 0).mean() <= 0.05
+    assert texel_psnr(a, b, np.ones((TEX, TEX), bool)) > 50.0
+    assert sa.psnr_db == pytest.approx(sb.psnr_db, abs=0.05)   # of ~62 dB
 
 
 def test_tensor_views_are_checked_like_numpy_views(scene):

@@ -181,10 +181,12 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
     photo_weight = np.zeros(len(tex.face_ids), np.float32)
     from_glance = np.zeros(len(tex.face_ids), bool)
     if proj is not None:
+        t0 = time.perf_counter()
         stats.update(_blend_photo(image, seen, tex.chart, proj, size, have_views=views is not None))
         photo_weight = proj.weight
         from_glance = _blend_glance(image, seen, tex.chart, proj,
                                     None if seen_photo is None else seen_photo.trust)
+        timings["blend"] = time.perf_counter() - t0
     stats["photo_projection"] = use_photo
     if notes:
         stats["warnings"] = notes + list(stats.get("warnings", ()))
@@ -491,11 +493,26 @@ def fill_texture(image: np.ndarray, seen: np.ndarray, chart: np.ndarray) -> np.n
 # --------------------------------------------------------------------------- fast mode
 
 def _fast_bake(positions: np.ndarray, normals: np.ndarray, view_raster: Raster,
-               views: Views, dev, chunk: int = FAST_CHUNK) -> tuple[np.ndarray, np.ndarray]:
+               views: Views, dev, chunk: int = FAST_CHUNK, engine: Optional[str] = None
+               ) -> tuple[np.ndarray, np.ndarray]:
     """Visibility-weighted back-projection of N texels (positions, unit normals (N, 3)).
-    Returns colours (N, 3) float32 and seen (N,) bool, in the texels' order."""
+    Returns colours (N, 3) float32 and seen (N,) bool, in the texels' order.
+
+    engine: "kernel" (numba, ``back_projection_kernels``; views on the host and a CPU
+    device only) or "torch" (``_project_view``, any device); None: the kernel where it can run.
+    Both give the same numbers to float32 round-off (``tests/test_bake.py``)."""
     import torch
 
+    if engine is None:
+        engine = "kernel" if torch.device(dev).type == "cpu" and not views.on_device else "torch"
+    if engine == "kernel":
+        acc_np = _back_project_kernel(positions, normals, view_raster, views)
+        acc = torch.as_tensor(acc_np)
+        w = acc[:, 3]
+        ok = w > FAST_MIN_WEIGHT
+        colors = torch.where(ok[:, None], acc[:, :3] / w.clamp(min=FAST_MIN_WEIGHT)[:, None],
+                             torch.zeros_like(acc[:, :3])).clamp(0, 1)
+        return colors.numpy(), ok.numpy()
     p_all = torch.as_tensor(positions, device=dev)
     n_all = torch.nn.functional.normalize(torch.as_tensor(normals, device=dev), dim=1)
     cams = views.cameras
@@ -523,6 +540,24 @@ def _fast_bake(positions: np.ndarray, normals: np.ndarray, view_raster: Raster,
     colors = torch.where(ok[:, None], acc[:, :3] / w.clamp(min=FAST_MIN_WEIGHT)[:, None],
                          torch.zeros_like(acc[:, :3])).clamp(0, 1)
     return colors.cpu().numpy(), ok.cpu().numpy()
+
+
+def _back_project_kernel(positions: np.ndarray, normals: np.ndarray, view_raster: Raster, views: Views
+                         ) -> np.ndarray:
+    """The views' weighted sums (N, 4) as ``_project_view`` adds them, by the numba kernel."""
+    from pipeline.texture.back_projection_kernels import back_project
+    from pipeline.texture.visibility import DEPTH_REL_TOL, MAX_SLOPE
+
+    cams = views.cameras
+    f32 = np.float32
+    acc = np.zeros((len(positions), 4), f32)
+    back_project(np.ascontiguousarray(positions, f32), np.ascontiguousarray(normals, f32),
+                 np.ascontiguousarray(cams.viewmats, f32), np.ascontiguousarray(cams.Ks, f32),
+                 np.ascontiguousarray(camera_centers(cams), f32),
+                 np.ascontiguousarray(view_raster.depth, f32), np.ascontiguousarray(views.rgb, f32),
+                 np.ascontiguousarray(views.alpha, f32), f32(DEPTH_REL_TOL), f32(MAX_SLOPE),
+                 f32(DEPTH_SLOPE_PIXELS), f32(FAST_COS_POWER), acc)
+    return acc
 
 
 def _project_view(p, n, viewmat, K, center, depth, rgba):

@@ -125,20 +125,27 @@ def mirror_fill(positions: np.ndarray, normals: np.ndarray, colors: np.ndarray, 
     mirrored = plane.reflect_points(positions)
     mirrored_n = plane.reflect_vectors(normals)
     src = np.flatnonzero(seen)
-    dist, k = cKDTree(positions[src].astype(np.float64)).query(mirrored, distance_upper_bound=landing,
-                                                                workers=-1)
-    lands = np.isfinite(dist)
-    j = np.where(lands, src[np.minimum(k, len(src) - 1)], 0)
-    lands &= (mirrored_n * normals[j]).sum(axis=1) >= rules.normal_cos
-    # feathered by how close the image landed, so a mirror colour fades out where the
-    # mirrored surface leaves the seen one, rather than stopping at a line; full weight over
-    # the first half of ``landing`` (a texel or two away is landing on the surface: a ramp
-    # from 0 would mix a few % of the fill into every mirrored texel, measured 0.7 dB)
-    closeness = np.where(lands, 1.0 - _smoothstep(2.0 * np.minimum(dist, landing) / landing - 1.0), 0.0)
+    tree = cKDTree(positions[src].astype(np.float64))
+    dist = np.full(n, np.inf)
+    j = np.zeros(n, np.int64)
 
-    # the picture's check: pairs a photo sees on both sides, apart across the plane
+    def land(which: np.ndarray) -> None:
+        # the seen texel each of ``which`` mirrors onto (j, at dist), if any
+        if not which.any():
+            return
+        d, k = tree.query(mirrored[which], distance_upper_bound=landing, workers=-1)
+        dist[which] = d
+        j[which] = np.where(np.isfinite(d), src[np.minimum(k, len(src) - 1)], 0)
+
+    # the picture's check: pairs a photo sees on both sides, apart across the plane. Only
+    # these texels can make a pair, so they are landed first: the check often refuses (one
+    # photo sees one side), and then the other texels need no landing at all
     apart = 2.0 * np.abs(plane.signed_distance(positions)) > rules.separation * size
-    both = lands & apart & (confidence > rules.seen_weight) & (confidence[j] > rules.seen_weight)
+    may_pair = apart & (confidence > rules.seen_weight)
+    land(may_pair)
+    lands = np.isfinite(dist)
+    lands &= (mirrored_n * normals[j]).sum(axis=1) >= rules.normal_cos
+    both = lands & may_pair & (confidence[j] > rules.seen_weight)
     pairs = int(both.sum())
     if pairs < rules.min_pairs:
         return refuse(f"no photo sees both sides of the plane: {pairs} texel pairs seen on both sides "
@@ -150,6 +157,14 @@ def mirror_fill(positions: np.ndarray, normals: np.ndarray, colors: np.ndarray, 
         return refuse(f"the two sides' pictures differ: {100 * agreement:.0f} % of the {pairs} texel pairs "
                       f"seen on both sides agree in colour (at least {100 * rules.min_agreement:.0f} % "
                       "is needed)", pairs, agreement)
+    rest = ~may_pair
+    land(rest)
+    lands[rest] = np.isfinite(dist[rest]) & ((mirrored_n[rest] * normals[j[rest]]).sum(axis=1) >= rules.normal_cos)
+    # feathered by how close the image landed, so a mirror colour fades out where the
+    # mirrored surface leaves the seen one, rather than stopping at a line; full weight over
+    # the first half of ``landing`` (a texel or two away is landing on the surface: a ramp
+    # from 0 would mix a few % of the fill into every mirrored texel, measured 0.7 dB)
+    closeness = np.where(lands, 1.0 - _smoothstep(2.0 * np.minimum(dist, landing) / landing - 1.0), 0.0)
     weight = (closeness * confidence[j]).astype(np.float32)
     out_c = np.where((weight > 0)[:, None], colors[j], 0.0).astype(np.float32)
     some = np.flatnonzero(weight > 0)

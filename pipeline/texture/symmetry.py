@@ -19,11 +19,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from functools import partial
+from typing import Callable, Optional
 
 import numpy as np
 
 from pipeline.geometry import face_normals
+from pipeline.texture.near_grid import NearGrid
+
+# the score reads the mirrored samples' nearest targets within this many tolerances (the
+# refinement's first pairing radius, whose grid is built already); beyond it only when the
+# median distance lies beyond it
+SCORE_REACH = 5.0
 
 
 @dataclass(frozen=True)
@@ -103,28 +110,42 @@ class SymmetrySearch:
         unit = raw / np.maximum(2.0 * area, 1e-30)[:, None]
         pts, nrm = _sample_surface(v, f, area, unit, self.samples, rng)
         tgt, tgt_n = _sample_surface(v, f, area, unit, self.targets, rng)
-        tree = cKDTree(tgt)
+        grids: dict[float, NearGrid] = {}   # the refinement's pairing radii, one grid each
+        trees: list = []                     # the k-d tree, built when a score needs it
+
+        def near(points: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray]:
+            if radius not in grids:
+                grids[radius] = NearGrid(tgt, radius)
+            return grids[radius].query(points)
+
+        def nearest(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            if not trees:
+                trees.append(cKDTree(tgt))
+            return trees[0].query(points, workers=-1)
         # the targets' own spacing bounds how close a point on the surface can be measured
         spacing = math.sqrt(float(area.sum()) / self.targets)
         tol = max(self.tolerance * size, 1.5 * spacing)
+        reach = tol * SCORE_REACH
         centre = pts.mean(axis=0)
         best: Optional[MirrorPlane] = None
         for direction in _candidate_normals(pts - centre):
             plane = self._refine(direction, float(direction @ centre), pts[:self.refine_samples],
-                                 nrm[:self.refine_samples], tree, tgt, tgt_n, tol)
-            scored = self._score(plane, pts, nrm, tree, tgt_n, tol, size)
+                                 nrm[:self.refine_samples], near, tgt, tgt_n, tol)
+            scored = self._score(plane, pts, nrm, partial(near, radius=reach), nearest, tgt_n, tol, size)
             if best is None or scored.score > best.score:
                 best = scored
         return best
 
-    def _refine(self, n: np.ndarray, offset: float, pts: np.ndarray, nrm: np.ndarray, tree,
+    def _refine(self, n: np.ndarray, offset: float, pts: np.ndarray, nrm: np.ndarray,
+                near: Callable[[np.ndarray, float], tuple[np.ndarray, np.ndarray]],
                 tgt: np.ndarray, tgt_n: np.ndarray, tol: float) -> tuple[np.ndarray, float]:
         """ICP on a reflection, point-to-plane: pair each mirrored sample with its nearest
         target whose normal agrees, then move the plane (two angles and its offset, linearised)
         to bring the mirrored samples onto the targets' tangent planes. Point-to-point
         pairing drifts: on a curved surface the nearest point lies off to the side of the
         true mirror image, and the plane follows it. The pairing radius shrinks from a few
-        tolerances to one."""
+        tolerances to one. ``near(points, radius)``: each point's nearest target closer than
+        radius, as cKDTree's query with ``distance_upper_bound`` gives it."""
         centre = pts.mean(axis=0)
         p = pts - centre
         o = offset - float(n @ centre)
@@ -132,7 +153,7 @@ class SymmetrySearch:
             s = p @ n - o
             mirrored = p - 2.0 * s[:, None] * n
             radius = tol * (1.0 + 4.0 * (1.0 - it / max(self.iterations - 1, 1)))
-            dist, idx = tree.query(mirrored + centre, distance_upper_bound=radius, workers=-1)
+            dist, idx = near(mirrored + centre, radius)
             ok = np.isfinite(dist)
             ok[ok] &= ((nrm[ok] - 2.0 * (nrm[ok] @ n)[:, None] * n) * tgt_n[idx[ok]]).sum(axis=1) \
                 >= self.normal_cos
@@ -155,13 +176,25 @@ class SymmetrySearch:
                 break
         return n, o + float(n @ centre)
 
-    def _score(self, plane: tuple[np.ndarray, float], pts: np.ndarray, nrm: np.ndarray, tree,
+    def _score(self, plane: tuple[np.ndarray, float], pts: np.ndarray, nrm: np.ndarray,
+               near: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+               nearest: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
                tgt_n: np.ndarray, tol: float, size: float) -> MirrorPlane:
+        """The plane's score and median distance. ``near(points)``: nearest targets within a
+        reach of more than ``tol`` (inf beyond); ``nearest(points)``: nearest targets at any
+        distance, asked only when fewer than half the samples land within the reach (the
+        median then lies beyond it). Both give the same score and median: a sample beyond the
+        reach is off the surface either way."""
         n, offset = plane
         mirrored = pts - 2.0 * (pts @ n - offset)[:, None] * n
         mirrored_n = nrm - 2.0 * (nrm @ n)[:, None] * n
-        dist, idx = tree.query(mirrored, workers=-1)
-        agree = (mirrored_n * tgt_n[idx]).sum(axis=1) >= self.normal_cos
+        dist, idx = near(mirrored)
+        found = np.isfinite(dist)
+        if found.sum() < len(dist) // 2 + 1:
+            dist, idx = nearest(mirrored)
+            found = np.ones(len(dist), bool)
+        agree = np.zeros(len(dist), bool)
+        agree[found] = (mirrored_n[found] * tgt_n[idx[found]]).sum(axis=1) >= self.normal_cos
         on = (dist <= tol) & agree
         return MirrorPlane(normal=(float(n[0]), float(n[1]), float(n[2])), offset=float(offset),
                            score=float(on.mean()), distance=float(np.median(dist)) / size)
