@@ -82,21 +82,14 @@ setup_python() {
         log "installing sam2 1.1.0 (CPU build, no build isolation)"
         SAM2_BUILD_CUDA=0 "$PY" -m pip install -q --no-build-isolation sam2==1.1.0
     fi
-    # The pipeline's numba kernels (pipeline/*/*_kernels.py), compiled into numba's cache
+    # The pipeline's numba kernels (pipeline/**/*_kernels.py), compiled into numba's cache
     # (about 10 s on two cores) whenever one of them changed, so that no job pays it.
     local kstamp="$VENV/.kiln-kernels"
     local kwant
-    kwant=$(cat pipeline/*/*_kernels.py pipeline/kernels.py | sha256sum | cut -d' ' -f1)
+    kwant=$(cat pipeline/*/*_kernels.py pipeline/*/*/*_kernels.py pipeline/kernels.py | sha256sum | cut -d' ' -f1)
     if [ ! -f "$kstamp" ] || [ "$(cat "$kstamp")" != "$kwant" ]; then
         log "compiling the pipeline's CPU kernels (numba, once per change)"
         "$PY" -m pipeline.kernels && echo "$kwant" > "$kstamp"
-    fi
-    # ... and the bake's (the back-projection, the symmetry search's nearest-neighbour grid)
-    if ! ls pipeline/texture/__pycache__/back_projection_kernels.back_project-*.nbi \
-            pipeline/texture/__pycache__/near_grid_kernels.query-*.nbi >/dev/null 2>&1; then
-        log "compiling the bake's kernels (numba, once)"
-        "$PY" -c 'from pipeline.texture import back_projection_kernels, near_grid
-back_projection_kernels.warm(); near_grid.warm()'
     fi
 }
 

@@ -18,11 +18,14 @@ def warm_all() -> None:
     from kiln.settings import load
 
     from pipeline.raster.image_sampling import bicubic, bilinear
+    from pipeline.texture import back_projection_kernels, near_grid
     from pipeline.texture.opt.host import optimise
     from pipeline.unwrap.uv_metrics import coverage
     from pipeline.views.splat_tiles import warm as warm_splats
 
     warm_splats()
+    back_projection_kernels.warm()
+    near_grid.warm()
     tri = np.array([[0.1, 0.1], [0.9, 0.1], [0.5, 0.9]], np.float32)
     coverage(tri, np.array([[0, 1, 2]], np.int32), 8)
     at = np.array([1.5, 2.25], np.float32)

@@ -128,8 +128,7 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
     timings["rasterize"] = time.perf_counter() - t0
     image = np.zeros((size, size, 3), np.float32)
     seen = np.zeros((size, size), bool)
-    use_photo = settings.photo_projection and photo is not None \
-        and source_camera is not None
+    use_photo = settings.photo_projection and photo is not None and source_camera is not None
     fit, notes = None, []
     if views is not None:
         fit = _bake_views(tex, mesh, views, settings, raster_ctx, dev, seed, report, chunk_scale,
@@ -501,18 +500,16 @@ def _fast_bake(positions: np.ndarray, normals: np.ndarray, view_raster: Raster,
     engine: "kernel" (numba, ``back_projection_kernels``; views on the host and a CPU
     device only) or "torch" (``_project_view``, any device); None: the kernel where it can run.
     Both give the same numbers to float32 round-off (``tests/test_bake.py``)."""
-    import torch
-
     if engine is None:
-        engine = "kernel" if torch.device(dev).type == "cpu" and not views.on_device else "torch"
+        engine = "kernel" if dev == "cpu" and not views.on_device else "torch"
     if engine == "kernel":
         acc_np = _back_project_kernel(positions, normals, view_raster, views)
-        acc = torch.as_tensor(acc_np)
-        w = acc[:, 3]
-        ok = w > FAST_MIN_WEIGHT
-        colors = torch.where(ok[:, None], acc[:, :3] / w.clamp(min=FAST_MIN_WEIGHT)[:, None],
-                             torch.zeros_like(acc[:, :3])).clamp(0, 1)
-        return colors.numpy(), ok.numpy()
+        w_np = acc_np[:, 3]
+        seen = w_np > FAST_MIN_WEIGHT
+        colors_np = np.where(seen[:, None], acc_np[:, :3] / np.maximum(w_np, FAST_MIN_WEIGHT)[:, None], 0.0)
+        return np.clip(colors_np, 0, 1).astype(np.float32), seen
+    import torch
+
     p_all = torch.as_tensor(positions, device=dev)
     n_all = torch.nn.functional.normalize(torch.as_tensor(normals, device=dev), dim=1)
     cams = views.cameras
