@@ -163,10 +163,10 @@ def _probe_all(cfg: WorkerConfig, send: Sender, env_notes: dict[str, Any]) -> Ca
 
 # Libraries the stages import lazily (inside functions, to keep the app and CLI fast).
 # A worker imports them right after it says "ready", before it reads its first
-# message, so the first job after a (re)start does not pay ~1.5 s of imports (and torch's
-# ~2 s) in the middle of a stage, and "ready" (which the supervisor waits for) does not
-# wait for them. (On this main thread: a library imported on another thread while a stage
-# runs is visible half-made in sys.modules, and scipy reads torch from there.)
+# message, so the first job after a (re)start does not pay ~1.5 s of imports in the middle
+# of a stage, and "ready" (which the supervisor waits for) does not wait for them. (On this
+# main thread: a library imported on another thread while a stage runs is visible half-made
+# in sys.modules, and scipy reads torch from there.)
 _STAGE_LIBRARIES = ("trimesh", "trimesh.exchange.gltf", "scipy.ndimage", "scipy.sparse.linalg",
                     "scipy.sparse.csgraph", "scipy.spatial", "scipy.spatial.transform",
                     "skimage.measure", "cv2", "xatlas", "pyfqmr", "plyfile", "PIL.PngImagePlugin")
@@ -195,14 +195,14 @@ def _import_pipeline(cfg: WorkerConfig) -> None:
         importlib.import_module(f"pipeline.{mod}")
 
 
-def _warm_imports(settings: Settings) -> None:
+def _warm_imports() -> None:
     import importlib
 
-    # torch only for the bake (and the GPU paths, whose probes imported it already): a worker
-    # on a machine without a GPU starts without it (~2 s, ~500 MB), and one whose settings
-    # do not bake never loads it
-    libs = _STAGE_LIBRARIES + (("torch",) if settings.bake.enabled else ())
-    for lib in libs:
+    # not torch: on a machine without a GPU no stage of a default job imports it (the renderer,
+    # the photo projection and the bake run in numpy and compiled loops), and a GPU worker's
+    # probes imported it already; so a CPU worker never loads it (~2 s, ~500 MB) unless a
+    # job asks for what needs it (SAM 3D)
+    for lib in _STAGE_LIBRARIES:
         try:
             importlib.import_module(lib)
         except ImportError as e:  # the stage that needs it will say so in its own words
@@ -235,7 +235,7 @@ def worker_main(cfg: WorkerConfig, inbox: Any, outbox: Any) -> None:
     startup_s = round(time.perf_counter() - t0, 3)
     send(Ready(os.getpid(), caps, startup_s))
     t1 = time.perf_counter()
-    _warm_imports(cfg.settings)
+    _warm_imports()
     print(f"ready after {startup_s} s; stage libraries imported in {time.perf_counter() - t1:.3f} s",
           flush=True)
     # rasterizer contexts live on this (main) thread for the worker's life, one per
