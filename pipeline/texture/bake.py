@@ -9,9 +9,14 @@ Two modes (``BakeSettings.mode``):
 * ``opt``: the texture is optimised so that the mesh rendered with it matches
   the views: L1 between bilinearly sampled texture and view colour over every
   pixel the mesh covers and the view is opaque, plus a total-variation prior.
-  It starts from the ``fast`` result. The sampling is a fixed sparse matrix
-  (pixels x texels, 4 bilinear taps per row), built once, so a step is two
-  sparse-dense products; the same torch code runs on CPU and CUDA.
+  It starts from the ``fast`` result. The sampling is fixed (4 bilinear taps a pixel),
+  built once, so a step is the lookups and their transpose.
+
+Where it runs: on the host (device "cpu", views as numpy arrays) every step is numpy or a
+compiled loop (``back_projection_kernels``, ``opt/host.py``, the photo's
+``pipeline.raster.image_sampling``) and torch is never imported; views a GPU renderer left
+on its device are baked there by the torch twins (``_project_view``, the sparse products of
+``_optimise``), which the tests hold to the host's numbers on the CPU.
 
 Both then inpaint chart texels no view saw (OpenCV Telea) and dilate the
 gutter: texels outside the charts (and not read by any view pixel) copy their
