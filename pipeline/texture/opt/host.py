@@ -110,8 +110,10 @@ def optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target: 
 
     tex = np.ascontiguousarray(init, np.float32).reshape(n_texels, 3).copy()
     resid = np.empty_like(tgt)
-    k.residual(idx, w, tex, tgt, resid, False)
+    k.residual(idx, w, tex, tgt, resid)
     fast_psnr = -10.0 * math.log10(max(float(np.mean(resid.astype(np.float64) ** 2)), 1e-10))
+    del resid
+    sign = np.empty(tgt.shape, np.int8)
 
     # Adam is invariant to the loss scale, so drop the 1/(3M) of the mean: per-pixel
     # gradients of ~1 keep Adam's second moments far from float32 denormals
@@ -130,13 +132,12 @@ def optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target: 
         lr = learning_rate(settings.lr, schedule.fraction(step))
         check_now = schedule.wants_loss(step)
         report_now = (step + 1) % report_every == 0 or step + 1 == schedule.end
-        l1 = k.residual(idx, w, tex, tgt, resid, report_now or check_now)     # rendered - target
+        l1 = k.residual_signs(idx, w, tex, tgt, sign, report_now or check_now)   # of rendered - target
         if check_now:
             schedule.observe(step, l1)
-        k.sign_gradient(trow, rows, vals, resid, grad)
+        k.sign_gradient(trow, rows, vals, sign, grad)
         if tv_x is not None and tv_y is not None:
-            k.add_tv(flat, gflat, 3, tv_x)
-            k.add_tv(flat, gflat, 3 * size, tv_y)
+            k.add_tv(flat, gflat, 3, tv_x, 3 * size, tv_y)
         k.adam_step(flat, gflat, m1, m2, lr, ADAM_BETAS[0], ADAM_BETAS[1], ADAM_EPS, step + 1, lo, hi)
         step += 1
         if report_now:
