@@ -3,9 +3,10 @@ EWA projection to the image plane, written to match gsplat 1.5.3's CUDA kernels
 (``projection_ewa_3dgs_fused_fwd_kernel`` and ``persp_proj``) in its default
 mode (pinhole, ``rasterize_mode="classic"``, ``radius_clip=0``).
 
-numpy in float32, as gsplat's kernels compute: the CPU renderer runs without torch, and
-the torch renderer for a GPU without gsplat takes the projection to its device (a few
-arrays of N, cheap next to its fragments).
+On the host, without torch: rotations and covariances in numpy float32 as gsplat computes
+them, the projection a compiled loop (``projection_kernels``); the torch renderer for a GPU
+without gsplat takes the projection to its device (a few arrays of N, cheap next to its
+fragments).
 """
 
 from __future__ import annotations
@@ -89,62 +90,29 @@ def project_gaussians(means: np.ndarray, covars: np.ndarray, opacities: np.ndarr
                       viewmat: np.ndarray, K: np.ndarray, width: int, height: int,
                       eps2d: float = EPS2D, near_plane: float = NEAR_PLANE,
                       far_plane: float = FAR_PLANE) -> Projected:
-    """EWA-project 3D Gaussians into one pinhole camera, as gsplat does (float32).
+    """EWA-project 3D Gaussians into one pinhole camera, as gsplat does: a compiled loop over
+    the Gaussians (``projection_kernels``), in float64, results in float32.
 
     means:     (N, 3) float32, world space
     covars:    (N, 3, 3) float32, world-space covariances (see ``covariance_3d``)
     opacities: (N,) float32 in [0, 1]
     viewmat:   (4, 4) float32, world -> camera (OpenCV axes)
     K:         (3, 3) float32, intrinsics; only fx, fy, cx, cy are used (gsplat ignores skew)
+
+    The Jacobian is evaluated at the centre clamped to 1.3x the field of view (for Gaussians
+    far outside the image the linearisation would explode); ``eps2d`` is added to the 2D
+    covariance's diagonal; the radius box holds every pixel whose alpha can reach ALPHA_MIN
+    (along each axis the ellipse {d: d^T conic d <= e^2} extends e * sqrt(cov_axis)); a
+    Gaussian behind the near plane, degenerate, too faint or off the image gets radii 0.
     """
-    f32 = np.float32
-    viewmat = np.asarray(viewmat, f32)
-    K = np.asarray(K, f32)
-    R = viewmat[:3, :3]
-    t = viewmat[:3, 3]
-    mean_c = np.asarray(means, f32) @ R.T + t
-    cov_c = R @ np.asarray(covars, f32) @ R.T
-    x, y, z = mean_c[:, 0], mean_c[:, 1], mean_c[:, 2]
-    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    from pipeline.views.projection_kernels import project
 
-    # The Jacobian is evaluated at the centre clamped to 1.3x the field of view:
-    # for Gaussians far outside the image the linearisation would explode.
-    tan_fovx = f32(0.5) * f32(width) / fx
-    tan_fovy = f32(0.5) * f32(height) / fy
-    lim_x_pos = (f32(width) - cx) / fx + f32(0.3) * tan_fovx
-    lim_x_neg = cx / fx + f32(0.3) * tan_fovx
-    lim_y_pos = (f32(height) - cy) / fy + f32(0.3) * tan_fovy
-    lim_y_neg = cy / fy + f32(0.3) * tan_fovy
-    safe_z = np.where(np.abs(z) < 1e-12, f32(1e-12), z)  # culled below anyway
-    rz = f32(1.0) / safe_z
-    tx = z * np.minimum(lim_x_pos, np.maximum(-lim_x_neg, x * rz))
-    ty = z * np.minimum(lim_y_pos, np.maximum(-lim_y_neg, y * rz))
-    zero = np.zeros_like(z)
-    J = np.stack([fx * rz, zero, -fx * tx * rz * rz,
-                  zero, fy * rz, -fy * ty * rz * rz], axis=-1).reshape(-1, 2, 3)
-    cov2d = J @ cov_c @ np.swapaxes(J, -1, -2)
-    means2d = np.stack([fx * x * rz + cx, fy * y * rz + cy], axis=-1)
-
-    a = cov2d[:, 0, 0] + f32(eps2d)
-    b = f32(0.5) * (cov2d[:, 0, 1] + cov2d[:, 1, 0])
-    c = cov2d[:, 1, 1] + f32(eps2d)
-    det = a * c - b * b
-    ok_det = det > 0
-    inv_det = f32(1.0) / np.where(ok_det, det, f32(1.0))
-    conics = np.stack([c * inv_det, -b * inv_det, a * inv_det], axis=-1)
-
-    # The box holds every pixel whose alpha can reach ALPHA_MIN: along each axis the
-    # ellipse {d: d^T conic d <= e^2} extends e * sqrt(cov_axis) from the centre.
-    opacities = np.asarray(opacities, f32)
-    ok_op = opacities >= ALPHA_MIN
-    extend = np.minimum(np.sqrt(f32(2.0) * np.log(np.where(ok_op, opacities, f32(1.0)) / f32(ALPHA_MIN))),
-                        f32(RADIUS_EXTEND))
-    rx = np.ceil(extend * np.sqrt(np.maximum(a, 0)))
-    ry = np.ceil(extend * np.sqrt(np.maximum(c, 0)))
-    mx, my = means2d[:, 0], means2d[:, 1]
-    valid = ((z >= near_plane) & (z <= far_plane) & ok_det & ok_op
-             & ~((rx <= 0) & (ry <= 0))
-             & (mx + rx > 0) & (mx - rx < width) & (my + ry > 0) & (my - ry < height))
-    radii = np.stack([rx, ry], axis=-1).astype(np.int32) * valid[:, None].astype(np.int32)
-    return Projected(means2d=means2d.astype(f32), depths=z.astype(f32), conics=conics.astype(f32),
-                     radii=radii)
+    n = len(means)
+    out = Projected(means2d=np.empty((n, 2), np.float32), depths=np.empty(n, np.float32),
+                    conics=np.empty((n, 3), np.float32), radii=np.empty((n, 2), np.int32))
+    project(np.ascontiguousarray(means, np.float64), np.ascontiguousarray(covars, np.float64),
+            np.ascontiguousarray(opacities, np.float64), np.asarray(viewmat, np.float64),
+            np.asarray(K, np.float64), float(width), float(height), float(eps2d), float(near_plane),
+            float(far_plane), float(ALPHA_MIN), float(RADIUS_EXTEND), out.means2d, out.depths, out.conics,
+            out.radii)
+    return out
