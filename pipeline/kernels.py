@@ -21,9 +21,12 @@ def warm_all() -> None:
     from pipeline.texture import back_projection_kernels, near_grid
     from pipeline.texture.opt.host import optimise
     from pipeline.unwrap.uv_metrics import coverage
+    from pipeline.views.gaussian_math import project_gaussians
     from pipeline.views.splat_tiles import warm as warm_splats
 
     warm_splats()
+    project_gaussians(np.zeros((1, 3), np.float32), np.eye(3, dtype=np.float32)[None] * 0.01,
+                      np.ones(1, np.float32), np.eye(4, dtype=np.float32), np.eye(3, dtype=np.float32) * 8, 8, 8)
     back_projection_kernels.warm()
     near_grid.warm()
     tri = np.array([[0.1, 0.1], [0.9, 0.1], [0.5, 0.9]], np.float32)
