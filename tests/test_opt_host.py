@@ -5,6 +5,7 @@ the same fit, to float round-off; and against a texture it must recover."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from kiln.settings import load
@@ -46,7 +47,13 @@ def test_the_taps_are_the_bilinear_lookup_torch_makes():
     np.testing.assert_allclose(ours, ref, atol=1e-5)
 
 
-def test_the_host_fit_takes_the_device_loops_steps_to_the_same_texture():
+@pytest.mark.parametrize("gradient", ["scattered", "gathered"])
+def test_the_host_fit_takes_the_device_loops_steps_to_the_same_texture(gradient, monkeypatch):
+    # per-thread gradients where the atlas is small, the transpose's gather where it is not
+    if gradient == "gathered":
+        monkeypatch.setattr(host, "SCATTER_BYTES", 0)
+    else:
+        assert host._scatter_blocks(48 * 48) >= 2 or pytest.skip("one thread: nothing to scatter into")
     truth, uv, target, chart = _problem()
     rng = np.random.default_rng(2)
     init = np.clip(truth + rng.normal(0, 0.1, truth.shape), 0, 1).astype(np.float32)

@@ -27,6 +27,9 @@ ProgressFn = Callable[[float, str], None]
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
+# per-thread gradients (4 bytes x 3 channels a texel each) are kept within this many bytes;
+# beyond, the gradient is gathered through the lookups' transpose instead
+SCATTER_BYTES = 64 << 20
 
 
 def bilinear_taps(uv: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -106,14 +109,18 @@ def optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target: 
     idx, w = np.ascontiguousarray(idx[order]), np.ascontiguousarray(w[order])
     tgt = np.ascontiguousarray(np.asarray(target, np.float32)[order])
     m = len(idx)
-    trow, rows, vals = transpose_taps(idx, w, n_texels)
+    blocks = _scatter_blocks(n_texels)
+    if blocks:
+        buffers = np.empty((blocks, n_texels, 3), np.float32)
+    else:
+        trow, rows, vals = transpose_taps(idx, w, n_texels)
 
     tex = np.ascontiguousarray(init, np.float32).reshape(n_texels, 3).copy()
     resid = np.empty_like(tgt)
     k.residual(idx, w, tex, tgt, resid)
     fast_psnr = -10.0 * math.log10(max(float(np.mean(resid.astype(np.float64) ** 2)), 1e-10))
     del resid
-    sign = np.empty(tgt.shape, np.int8)
+    sign = np.empty(tgt.shape if not blocks else (0, 3), np.int8)
 
     # Adam is invariant to the loss scale, so drop the 1/(3M) of the mean: per-pixel
     # gradients of ~1 keep Adam's second moments far from float32 denormals
@@ -132,10 +139,15 @@ def optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target: 
         lr = learning_rate(settings.lr, schedule.fraction(step))
         check_now = schedule.wants_loss(step)
         report_now = (step + 1) % report_every == 0 or step + 1 == schedule.end
-        l1 = k.residual_signs(idx, w, tex, tgt, sign, report_now or check_now)   # of rendered - target
+        want_l1 = report_now or check_now
+        if blocks:
+            l1 = k.signs_scattered(idx, w, tex, tgt, buffers, want_l1)        # of rendered - target
+            k.sum_buffers(buffers, grad)
+        else:
+            l1 = k.residual_signs(idx, w, tex, tgt, sign, want_l1)
+            k.sign_gradient(trow, rows, vals, sign, grad)
         if check_now:
             schedule.observe(step, l1)
-        k.sign_gradient(trow, rows, vals, sign, grad)
         if tv_x is not None and tv_y is not None:
             k.add_tv(flat, gflat, 3, tv_x, 3 * size, tv_y)
         k.adam_step(flat, gflat, m1, m2, lr, ADAM_BETAS[0], ADAM_BETAS[1], ADAM_EPS, step + 1, lo, hi)
@@ -147,3 +159,12 @@ def optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target: 
     touched = np.zeros(n_texels, bool)
     touched[idx.reshape(-1)[w.reshape(-1) > 0]] = True
     return tex.reshape(size, size, 3), touched.reshape(size, size), fast_psnr, step
+
+
+def _scatter_blocks(n_texels: int) -> int:
+    """How many pixel blocks scatter their sign gradients into gradients of their own (one a
+    thread, as many as fit in SCATTER_BYTES), or 0: gather through the transpose instead."""
+    import numba
+
+    blocks = min(numba.get_num_threads(), SCATTER_BYTES // (n_texels * 12))
+    return blocks if blocks >= 2 else 0
