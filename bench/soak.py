@@ -328,8 +328,11 @@ class SoakReport:
 
 
 def run_soak(jobs: int = 200, clients: int = 4, restarts: int = 3, workers: int = 2, seed: int = 0,
-             fault_every_s: tuple[float, float] = (2.0, 6.0), work: Optional[Path] = None,
+             faults_per_job: float = 0.3, work: Optional[Path] = None,
              deadline_s: float = 3600.0) -> SoakReport:
+    """faults_per_job: how many worker faults the run sends per job (at least 3), each when a
+    random share of the jobs has started, like the server restarts: paced by the jobs and not
+    by the clock, so that faster jobs meet as many faults as slow ones."""
     rng = random.Random(seed)
     work = Path(work or tempfile.mkdtemp(prefix="kiln-soak-"))
     (work / "photos").mkdir(parents=True, exist_ok=True)
@@ -356,14 +359,20 @@ def run_soak(jobs: int = 200, clients: int = 4, restarts: int = 3, workers: int 
 
     faults = {k: 0 for k in FAULTS}
     restart_at = sorted(rng.uniform(0.15, 0.7) for _ in range(restarts))
+    # before the last jobs start, so that each lands while some run
+    fault_at = sorted(rng.uniform(0.05, 0.85) for _ in range(max(3, round(jobs * faults_per_job))))
     done_restarts = [0]
+    sent = [0]
 
     def injector() -> None:
+        last_sample = 0.0
         while not stop.is_set():
-            stop.wait(rng.uniform(*fault_every_s))
+            stop.wait(0.1)
             if stop.is_set():
                 return
-            server.sample_memory()
+            if time.monotonic() - last_sample >= 2.0:
+                server.sample_memory()
+                last_sample = time.monotonic()
             with lock:
                 progress = next_index[0] / jobs   # jobs started: a restart lands while some run
             if done_restarts[0] < len(restart_at) and progress >= restart_at[done_restarts[0]]:
@@ -372,12 +381,15 @@ def run_soak(jobs: int = 200, clients: int = 4, restarts: int = 3, workers: int 
                 done_restarts[0] += 1
                 server.start()
                 continue
-            pids = server.worker_pids()
+            if sent[0] >= len(fault_at) or progress < fault_at[sent[0]]:
+                continue
+            pids = server.worker_pids()      # none while a worker restarts: sent at a later turn
             if pids:
                 kind = rng.choice(FAULTS)
                 try:
                     os.kill(rng.choice(pids), getattr(signal, kind))
                     faults[kind] += 1
+                    sent[0] += 1
                 except ProcessLookupError:
                     pass
 
@@ -447,9 +459,12 @@ def main(argv=None) -> int:
     p.add_argument("--restarts", type=int, default=3, help="kill -9 and restart the server this many times")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--faults-per-job", type=float, default=0.3,
+                   help="worker faults sent per job, paced by the jobs started (default 0.3, at least 3)")
     p.add_argument("--work", type=Path, help="folder for the server's var/ and logs (default: a temp folder)")
     args = p.parse_args(argv)
-    report = run_soak(args.jobs, args.clients, args.restarts, args.workers, args.seed, work=args.work)
+    report = run_soak(args.jobs, args.clients, args.restarts, args.workers, args.seed,
+                      faults_per_job=args.faults_per_job, work=args.work)
     print(report.table())
     return 0 if report.ok else 1
 
