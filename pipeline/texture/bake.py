@@ -48,7 +48,7 @@ from pipeline.geometry import vertex_normals
 from pipeline.types import Cameras, ImageInput, Mesh, Raster, SourceCamera, Texture, Views
 from pipeline.validate import StageInputError, check_array, is_tensor
 from pipeline.texture import unseen as unseen_side
-from pipeline.texture.opt.schedule import STALL_TAIL, STALL_WINDOW, StallSchedule, learning_rate  # noqa: F401  (STALL_TAIL: tests)
+from pipeline.texture.opt.schedule import STALL_TAIL, StallSchedule  # noqa: F401  (STALL_TAIL: tests)
 from pipeline.texture.visibility import depth_tolerance
 
 if TYPE_CHECKING:
@@ -781,17 +781,11 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
     grad = torch.empty_like(tex)
     tv_buf = torch.empty(n_texels * 3, device=dev) if tv_x is not None else None
     adam = _Adam(tex)
-    steps = int(settings.steps)
-    report_every = max(1, steps // 20)
-    # a window longer than the run never measures a stall: every step runs
-    schedule = StallSchedule(steps, window=STALL_WINDOW if settings.stop_when_stalled else steps + 1)
+    schedule = StallSchedule.for_settings(int(settings.steps), settings.stop_when_stalled)
     step = 0
     while step < schedule.end:
-        # cosine decay: L1's sign gradients otherwise keep Adam's steps near lr to the end
-        lr = learning_rate(settings.lr, schedule.fraction(step))
+        lr, check_now, report_now = schedule.plan(step, settings.lr)
         torch.addmm(tgt, sample, tex, beta=-1.0, out=resid)          # rendered - target
-        check_now = schedule.wants_loss(step)
-        report_now = (step + 1) % report_every == 0 or step + 1 == schedule.end
         l1 = float(resid.abs().mean()) if report_now or check_now else 0.0
         if check_now:
             schedule.observe(step, l1)
@@ -808,8 +802,7 @@ def _optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target:
         tex.clamp_(*bounds)
         step += 1
         if report_now:
-            stalled = f" (L1 stalled at step {schedule.stalled_at}: ending)" if schedule.stalled_at else ""
-            progress(step / schedule.end, f"step {step}/{schedule.end}, L1 {l1:.4f}{stalled}")
+            progress(step / schedule.end, schedule.message(step, l1))
 
     touched = torch.zeros(n_texels, dtype=torch.bool, device=dev)
     touched[idx.reshape(-1)[w.reshape(-1) > 0]] = True

@@ -47,28 +47,33 @@ def _box(p, faces, f, size):
 
 
 @numba.njit(cache=True, nogil=True)
-def rasterize_centres(p, faces, size, inset):
-    """p (V, 2) float64 texel coordinates (x right, y down), faces (F, 3) int64.
-    Returns (count (S*S,) int64, hit_face (K,) int64, hit_texel (K,) int64) in face order."""
-    n_hits = 0
-    for f in range(faces.shape[0]):
-        c0, c1, r0, r1 = _box(p, faces, f, size)
-        for row in range(r0, r1 + 1):
-            for col in range(c0, c1 + 1):
-                if _covered(p, faces, f, col, row, inset):
-                    n_hits += 1
-    count = np.zeros(size * size, np.int64)
-    hit_face = np.empty(n_hits, np.int64)
-    hit_texel = np.empty(n_hits, np.int64)
+def _hits(p, faces, size, inset, count, hit_face, hit_texel, write):
+    """Visit every (face, covered texel centre) in face order: count them or, with ``write``,
+    record each. Returns how many there are."""
     k = 0
     for f in range(faces.shape[0]):
         c0, c1, r0, r1 = _box(p, faces, f, size)
         for row in range(r0, r1 + 1):
             for col in range(c0, c1 + 1):
                 if _covered(p, faces, f, col, row, inset):
-                    t = row * size + col
-                    count[t] += 1
-                    hit_face[k] = f
-                    hit_texel[k] = t
+                    if write:
+                        t = row * size + col
+                        count[t] += 1
+                        hit_face[k] = f
+                        hit_texel[k] = t
                     k += 1
+    return k
+
+
+@numba.njit(cache=True, nogil=True)
+def rasterize_centres(p, faces, size, inset):
+    """p (V, 2) float64 texel coordinates (x right, y down), faces (F, 3) int64.
+    Returns (count (S*S,) int64, hit_face (K,) int64, hit_texel (K,) int64) in face order:
+    one pass sizes the lists, the next fills them."""
+    count = np.zeros(size * size, np.int64)
+    none = np.zeros(0, np.int64)
+    n_hits = _hits(p, faces, size, inset, count, none, none, False)
+    hit_face = np.empty(n_hits, np.int64)
+    hit_texel = np.empty(n_hits, np.int64)
+    _hits(p, faces, size, inset, count, hit_face, hit_texel, True)
     return count, hit_face, hit_texel

@@ -22,21 +22,9 @@ def tile_range(m, r, tile, n_tiles):
 
 
 @numba.njit(cache=True, nogil=True)
-def bin_tiles(means2d, radii, order, width, height, tile):
-    """Per tile, the Gaussians touching it in draw order: (start (T + 1,), ids)."""
-    ntx = (width + tile - 1) // tile
-    nty = (height + tile - 1) // tile
-    counts = np.zeros(ntx * nty + 1, np.int64)
-    for k in range(order.shape[0]):
-        g = order[k]
-        x0, x1 = tile_range(means2d[g, 0], radii[g, 0], tile, ntx)
-        y0, y1 = tile_range(means2d[g, 1], radii[g, 1], tile, nty)
-        for ty in range(y0, y1):
-            for tx in range(x0, x1):
-                counts[ty * ntx + tx + 1] += 1
-    start = np.cumsum(counts)
-    fill = start[:-1].copy()
-    ids = np.empty(start[-1], np.int64)
+def _pairs(means2d, radii, order, tile, ntx, nty, counts, fill, ids, write):
+    """Visit every (tile, Gaussian) pair in draw order: count them per tile (into counts[t + 1])
+    or, with ``write``, put each Gaussian at its tile's next free place in ``ids``."""
     for k in range(order.shape[0]):
         g = order[k]
         x0, x1 = tile_range(means2d[g, 0], radii[g, 0], tile, ntx)
@@ -44,9 +32,28 @@ def bin_tiles(means2d, radii, order, width, height, tile):
         for ty in range(y0, y1):
             for tx in range(x0, x1):
                 t = ty * ntx + tx
-                ids[fill[t]] = g
-                fill[t] += 1
+                if write:
+                    ids[fill[t]] = g
+                    fill[t] += 1
+                else:
+                    counts[t + 1] += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def bin_tiles(means2d, radii, order, width, height, tile):
+    """Per tile, the Gaussians touching it in draw order: (start (T + 1,), ids). One pass
+    sizes the lists, the next fills them."""
+    ntx = (width + tile - 1) // tile
+    nty = (height + tile - 1) // tile
+    counts = np.zeros(ntx * nty + 1, np.int64)
+    none = np.zeros(0, np.int64)
+    _pairs(means2d, radii, order, tile, ntx, nty, counts, none, none, False)
+    start = np.cumsum(counts)
+    fill = start[:-1].copy()
+    ids = np.empty(start[-1], np.int64)
+    _pairs(means2d, radii, order, tile, ntx, nty, counts, fill, ids, True)
     return start, ids
+
 
 @numba.njit(cache=True, nogil=True, parallel=True)
 def composite(means2d, conics, radii, opacities, colors, start, ids, width, height, tile,

@@ -21,7 +21,7 @@ import numpy as np
 
 from kiln.settings import BakeSettings
 
-from pipeline.texture.opt.schedule import STALL_WINDOW, StallSchedule, learning_rate
+from pipeline.texture.opt.schedule import StallSchedule
 
 ProgressFn = Callable[[float, str], None]
 
@@ -130,15 +130,10 @@ def optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target: 
     m2 = np.zeros(n_texels * 3, np.float32)
     flat, gflat = tex.reshape(-1), grad.reshape(-1)
     lo, hi = float(bounds[0]), float(bounds[1])
-    steps = int(settings.steps)
-    report_every = max(1, steps // 20)
-    # a window longer than the run never measures a stall: every step runs
-    schedule = StallSchedule(steps, window=STALL_WINDOW if settings.stop_when_stalled else steps + 1)
+    schedule = StallSchedule.for_settings(int(settings.steps), settings.stop_when_stalled)
     step = 0
     while step < schedule.end:
-        lr = learning_rate(settings.lr, schedule.fraction(step))
-        check_now = schedule.wants_loss(step)
-        report_now = (step + 1) % report_every == 0 or step + 1 == schedule.end
+        lr, check_now, report_now = schedule.plan(step, settings.lr)
         want_l1 = report_now or check_now
         if blocks:
             l1 = k.signs_scattered(idx, w, tex, tgt, buffers, want_l1)        # of rendered - target
@@ -153,8 +148,7 @@ def optimise(init: np.ndarray, chart: np.ndarray, pixel_uv: np.ndarray, target: 
         k.adam_step(flat, gflat, m1, m2, lr, ADAM_BETAS[0], ADAM_BETAS[1], ADAM_EPS, step + 1, lo, hi)
         step += 1
         if report_now:
-            stalled = f" (L1 stalled at step {schedule.stalled_at}: ending)" if schedule.stalled_at else ""
-            progress(step / schedule.end, f"step {step}/{schedule.end}, L1 {l1:.4f}{stalled}")
+            progress(step / schedule.end, schedule.message(step, l1))
 
     touched = np.zeros(n_texels, bool)
     touched[idx.reshape(-1)[w.reshape(-1) > 0]] = True

@@ -30,6 +30,12 @@ class StallSchedule:
     fraction. ``wants_loss(step)``: whether to measure L1 before that step's update and
     ``observe`` it."""
 
+    @classmethod
+    def for_settings(cls, steps: int, stop_when_stalled: bool) -> "StallSchedule":
+        """The schedule of ``bake.steps`` (``bake.stop_when_stalled`` off: a window longer than
+        the run, which never measures a stall, so every step runs)."""
+        return cls(steps, window=STALL_WINDOW if stop_when_stalled else steps + 1)
+
     def __init__(self, steps: int, window: int = STALL_WINDOW, drop: float = STALL_DROP, tail: int = STALL_TAIL):
         self.steps, self.window, self.drop, self.tail = steps, window, drop, tail
         self.end = steps
@@ -41,6 +47,18 @@ class StallSchedule:
         if not self.stalled_at or step <= self.stalled_at:
             return step / max(self.steps - 1, 1)
         return self._from + (1.0 - self._from) * (step - self.stalled_at) / max(self.end - 1 - self.stalled_at, 1)
+
+    def plan(self, step: int, lr: float) -> tuple[float, bool, bool]:
+        """For ``step``: (its learning rate, whether to measure L1 for ``observe``, whether to
+        report progress after it: twenty times a run, and at its end)."""
+        report_every = max(1, self.steps // 20)
+        return (learning_rate(lr, self.fraction(step)), self.wants_loss(step),
+                (step + 1) % report_every == 0 or step + 1 == self.end)
+
+    def message(self, done: int, l1: float) -> str:
+        """The progress line after ``done`` steps."""
+        stalled = f" (L1 stalled at step {self.stalled_at}: ending)" if self.stalled_at else ""
+        return f"step {done}/{self.end}, L1 {l1:.4f}{stalled}"
 
     def wants_loss(self, step: int) -> bool:
         return not self.stalled_at and step > 0 and step % self.window == 0
