@@ -47,6 +47,7 @@ from pipeline.camera.cameras import camera_centers
 from pipeline.geometry import vertex_normals
 from pipeline.types import Cameras, ImageInput, Mesh, Raster, SourceCamera, Texture, Views
 from pipeline.validate import StageInputError, check_array, is_tensor
+from pipeline.raster.image_sampling import sample_texture  # the bake's texture lookup (tests use it from here)
 from pipeline.texture import unseen as unseen_side
 from pipeline.texture.opt.schedule import STALL_TAIL, StallSchedule  # noqa: F401  (STALL_TAIL: tests)
 from pipeline.texture.visibility import depth_tolerance
@@ -149,9 +150,9 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
         report(0.85, "projecting the photo")
         if more_photos:
             proj, blend = _project_photos(tex, mesh, [(photo, source_camera), *more_photos], size, raster_ctx,
-                                          dev, photo_beyond_mask, level_photos, stats)
+                                          photo_beyond_mask, level_photos, stats)
         else:
-            proj = _project_photo(tex, mesh, photo, source_camera, size, raster_ctx, dev, photo_beyond_mask)
+            proj = _project_photo(tex, mesh, photo, source_camera, size, raster_ctx, photo_beyond_mask)
         timings["photo"] = time.perf_counter() - t0
 
     # the fallback colours what neither the views nor the photo see
@@ -178,7 +179,7 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
         if settings.mirror_fill == "auto":
             report(0.87, "looking for the mirror side")
             reader = _photo_reader(tex, mesh, [(photo, source_camera), *more_photos], blend, size, raster_ctx,
-                                   dev, photo_beyond_mask)
+                                   photo_beyond_mask)
             from_mirror = _blend_mirror(image, seen, tex, mesh, seen_photo, stats, reader)
         timings["mirror"] = time.perf_counter() - t0
 
@@ -209,7 +210,7 @@ def bake_texture(mesh: Mesh, views: Optional[Views], settings: BakeSettings, ras
     stats["texels_from"] = _texel_sources(photo_weight, seen_views, from_fallback, from_mirror, from_glance)
     if fit is not None:
         t0 = time.perf_counter()
-        stats.update(fit.measure(final, dev))
+        stats.update(fit.measure(final))
         timings["psnr"] = time.perf_counter() - t0
     stats.update({
         "texels_seen_fraction": round(float(seen[tex.chart].mean()), 4),
@@ -276,7 +277,7 @@ class _ViewFit:
     pixel_uv: np.ndarray
     target: "np.ndarray | torch.Tensor"
 
-    def measure(self, final: np.ndarray, dev) -> dict:
+    def measure(self, final: np.ndarray) -> dict:
         rendered = sample_texture(final, self.pixel_uv)
         # host numbers: one way, not back
         target = self.target.cpu().numpy() if is_tensor(self.target) else np.asarray(self.target)  # type: ignore[union-attr]
@@ -454,15 +455,6 @@ def masked_psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
     return float(-10.0 * math.log10(mse))
 
 
-def sample_texture(image: np.ndarray, uv: np.ndarray) -> np.ndarray:
-    """Bilinear lookup on the host: image (S, S, 3) uint8 or float32 in [0, 1], uv (N, 2) ->
-    (N, 3) float32 (``pipeline.raster.image_sampling.sample_texture``; texel centres at
-    (i + .5) / S, clamped to the edge texels)."""
-    from pipeline.raster.image_sampling import sample_texture as lookup
-
-    return lookup(image, uv)
-
-
 def _on_device_of(like, a: np.ndarray):
     """The numpy array ``a`` as a tensor on the device of the tensor ``like``."""
     import torch
@@ -594,15 +586,15 @@ def _project_view(p, n, viewmat, K, center, depth, rgba):
 # --------------------------------------------------------------------------- photo
 
 def _project_photo(tex: "_Texels", mesh: Mesh, photo: ImageInput, camera: SourceCamera, size: int,
-                   raster_ctx: "RasterContext", dev, beyond_mask: bool):
+                   raster_ctx: "RasterContext", beyond_mask: bool):
     from pipeline.texture.photo_projection import project_photo
 
     return project_photo(mesh, tex.face_ids, tex.bary, tex.positions, tex.normals, photo, camera, size,
-                         raster_ctx, str(dev), beyond_mask=beyond_mask)
+                         raster_ctx, beyond_mask=beyond_mask)
 
 
 def _project_photos(tex: "_Texels", mesh: Mesh, photos: Sequence[tuple[ImageInput, SourceCamera]], size: int,
-                    raster_ctx, dev, beyond_mask: bool, level: bool, stats: dict):
+                    raster_ctx, beyond_mask: bool, level: bool, stats: dict):
     """Several photos as one projection (``pipeline.texture.multi_photo``); their figures go
     into ``stats["photos"]``."""
     from pipeline.texture.multi_photo import project_photos
@@ -610,14 +602,14 @@ def _project_photos(tex: "_Texels", mesh: Mesh, photos: Sequence[tuple[ImageInpu
 
     def some(photo: ImageInput, camera: SourceCamera, idx: np.ndarray):   # the texels idx only
         return project_photo(mesh, tex.face_ids[idx], tex.bary[idx], tex.positions[idx], tex.normals[idx], photo,
-                             camera, size, raster_ctx, str(dev), beyond_mask=beyond_mask)
+                             camera, size, raster_ctx, beyond_mask=beyond_mask)
 
     proj, stats["photos"], blend = project_photos(photos, tex.positions, tex.normals, some, level=level)
     return proj, blend
 
 
 def _photo_reader(tex: "_Texels", mesh: Mesh, photos: Sequence[tuple[ImageInput, SourceCamera]], blend,
-                  size: int, raster_ctx, dev, beyond_mask: bool):
+                  size: int, raster_ctx, beyond_mask: bool):
     """A ``mirror_fill.Resample``: the photos' colours at surface points next to given chart
     texels, read from each photo as that texel's own colour was (same pyramid level, same
     depth test), and with several photos blended by that texel's shares and levelling
@@ -626,7 +618,7 @@ def _photo_reader(tex: "_Texels", mesh: Mesh, photos: Sequence[tuple[ImageInput,
 
     def read(texels: np.ndarray, points: np.ndarray, normals: np.ndarray):
         got = [project_photo(mesh, tex.face_ids[texels], tex.bary[texels], points, normals, photo, camera, size,
-                             raster_ctx, str(dev), beyond_mask=beyond_mask) for photo, camera in photos]
+                             raster_ctx, beyond_mask=beyond_mask) for photo, camera in photos]
         if blend is None:
             return got[0].colors, got[0].weight > 0
         return blend.combine(texels, [g.colors for g in got], [g.weight for g in got])

@@ -87,9 +87,10 @@ class PhotoProjection:
 
 def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions: np.ndarray,
                   normals: np.ndarray, photo: ImageInput, camera: SourceCamera, texture_size: int,
-                  raster_ctx: "RasterContext", device: str = "cpu",
-                  beyond_mask: bool = True) -> PhotoProjection:
-    """Colours and weights from the photo for N texels on ``mesh``'s surface.
+                  raster_ctx: "RasterContext", beyond_mask: bool = True) -> PhotoProjection:
+    """Colours and weights from the photo for N texels on ``mesh``'s surface, on the host
+    whatever the bake's device (numpy and ``pipeline.raster.image_sampling``'s compiled
+    lookups: a few hundred thousand texels take milliseconds, and need no torch).
 
     mesh:      the UV-mapped mesh (vertices (V, 3) float32, faces (F, 3) int32, uvs (V, 2))
     face_ids:  (N,) int32, the face each texel lies on
@@ -99,9 +100,6 @@ def project_photo(mesh: Mesh, face_ids: np.ndarray, bary: np.ndarray, positions:
     photo:     the original photo, rgb (H, W, 3) uint8, mask (H, W) bool
     camera:    the photo's camera in the mesh's world frame, at the photo's size
     raster_ctx: the caller's rasterizer context (``pipeline.raster.rasterize.raster_context``)
-    device:    the bake's device; the projection itself runs on the host whatever it is
-               (numpy and the compiled samplers of ``pipeline.raster.image_sampling``: a
-               few hundred thousand texels take milliseconds, and need no torch)
     beyond_mask: True: surface that runs past the mask's edge ramps off over a few percent of
                the object (the mask of Kiln's own reconstruction is its silhouette); False: a
                texel whose projection falls outside the mask gets no weight (a mask that leaves
@@ -235,15 +233,10 @@ def _sample_pyramid(pyramid, u, v, levels):
     out = np.zeros((len(u), pyramid[0].shape[2]), np.float32)
     for level in np.unique(lo).tolist():
         sel = lo == level
-        a = _sample_level(pyramid[level], u[sel], v[sel], bicubic)
-        b = _sample_level(pyramid[min(level + 1, top)], u[sel], v[sel], bicubic)
+        a, b = (bicubic(img, u[sel] * img.shape[1], v[sel] * img.shape[0])
+                for img in (pyramid[level], pyramid[min(level + 1, top)]))
         out[sel] = a * (1.0 - frac[sel]) + b * frac[sel]
     return out
-
-
-def _sample_level(image, u, v, bicubic):
-    h, w = image.shape[:2]
-    return bicubic(image, u * w, v * h)
 
 
 def _angle_weight(positions: np.ndarray, seen: np.ndarray, cos: np.ndarray, ramp: float) -> np.ndarray:
